@@ -1,0 +1,3 @@
+from etforge.cli import main
+
+main()

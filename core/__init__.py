@@ -1,0 +1,1 @@
+"""The plugin-agnostic core: it names no op and no chip."""

@@ -1,0 +1,126 @@
+"""Small, torch-level helpers shared by the partitioner, converters and quantizer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.fx import Node
+
+QUANTIZE_OPS = frozenset(
+    {
+        "quantized_decomposed.quantize_per_tensor.default",
+        "quantized_decomposed.quantize_per_tensor.tensor",
+    }
+)
+DEQUANTIZE_OPS = frozenset(
+    {
+        "quantized_decomposed.dequantize_per_tensor.default",
+        "quantized_decomposed.dequantize_per_tensor.tensor",
+        "quantized_decomposed.dequantize_per_channel.default",
+    }
+)
+
+
+def op_name(target: Any) -> str:
+    """Canonical 'namespace.op.overload' string of an ATen or Edge op target."""
+    name = getattr(target, "__name__", None)
+    if type(target).__name__ == "EdgeOpOverload" and isinstance(name, str):
+        return name
+    if isinstance(target, torch._ops.OpOverload):
+        return str(target)
+    if isinstance(name, str):
+        module = getattr(target, "__module__", "") or ""
+        return f"operator.{name}" if module in {"_operator", "operator"} else name
+    return str(target)
+
+
+def node_op(node: Node) -> str:
+    return op_name(node.target) if node.op == "call_function" else node.op
+
+
+def is_quantize(node: object) -> bool:
+    return isinstance(node, Node) and node.op == "call_function" and node_op(node) in QUANTIZE_OPS
+
+
+def is_dequantize(node: object) -> bool:
+    return isinstance(node, Node) and node.op == "call_function" and node_op(node) in DEQUANTIZE_OPS
+
+
+def tensor_meta(node: object) -> torch.Tensor | None:
+    val = node.meta.get("val") if isinstance(node, Node) else None
+    return val if isinstance(val, torch.Tensor) else None
+
+
+def shape_of(node: object) -> tuple[int, ...]:
+    val = tensor_meta(node)
+    if val is None:
+        raise ValueError(f"node {node} has no tensor shape")
+    return tuple(int(d) for d in val.shape)
+
+
+def tensor_inputs(node: Node) -> list[Node]:
+    return [a for a in node.all_input_nodes if tensor_meta(a) is not None]
+
+
+def node_dtype(node: Node) -> str:
+    """'int8' for a node computing on quantized values (Q/DQ around it), else its float dtype."""
+    if any(is_dequantize(a) for a in tensor_inputs(node)):
+        return "int8"
+    if node.users and all(is_quantize(u) for u in node.users):
+        return "int8"
+    val = tensor_meta(node)
+    if val is None and node.users:
+        # multi-output op (e.g. max_pool2d_with_indices): judge by its first getitem
+        first = next(iter(node.users))
+        return node_dtype(first) if tensor_meta(first) is not None else "unknown"
+    if val is None:
+        return "unknown"
+    return str(val.dtype).removeprefix("torch.")
+
+
+def single_user(node: Node) -> Node | None:
+    return next(iter(node.users)) if len(node.users) == 1 else None
+
+
+CONSTANT_KEY = "etforge_constant"
+
+
+def mark_constants(ep: object) -> None:
+    """Flag lifted parameters/buffers/constants so support checks can tell them from inputs."""
+    sig = ep.graph_signature  # type: ignore[attr-defined]
+    names = (
+        set(sig.inputs_to_parameters)
+        | set(sig.inputs_to_buffers)
+        | set(sig.inputs_to_lifted_tensor_constants)
+    )
+    for node in ep.graph_module.graph.nodes:  # type: ignore[attr-defined]
+        if node.op == "placeholder" and node.target in names:
+            node.meta[CONSTANT_KEY] = True
+
+
+def is_constant(arg: object) -> bool:
+    """A compile-time tensor: a lifted constant, or a dequantize of one."""
+    if is_dequantize(arg):
+        arg = arg.args[0]  # type: ignore[union-attr]
+    return isinstance(arg, Node) and (arg.op == "get_attr" or bool(arg.meta.get(CONSTANT_KEY)))
+
+
+_CLAMP_ACTIVATIONS = {(0.0, 6.0): "RELU6", (-1.0, 1.0): "RELU_N1_TO_1", (0.0, None): "RELU"}
+
+
+def activation_kind(node: Node) -> str | None:
+    """The LiteRT fused activation an activation node is (RELU, RELU6, RELU_N1_TO_1), else None."""
+    name = node_op(node)
+    if name in {"aten.relu.default", "aten.relu_.default"}:
+        return "RELU"
+    if name in {"aten.relu6.default", "aten.relu6_.default"}:
+        return "RELU6"
+    if name in {"aten.hardtanh.default", "aten.hardtanh_.default", "aten.clamp.default"}:
+        bounds = list(node.args[1:3]) + [None] * 2
+        lo = None if bounds[0] is None else float(bounds[0])
+        hi = None if bounds[1] is None else float(bounds[1])
+        if name.startswith("aten.hardtanh") and len(node.args) < 3:
+            return None  # default (-1, 1) needs explicit handling by callers; keep it unfused
+        return _CLAMP_ACTIVATIONS.get((lo, hi))
+    return None

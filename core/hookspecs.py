@@ -1,0 +1,102 @@
+"""The etforge plugin API.
+
+A plugin is a module (or object) registered under the entry-point group ``etforge``::
+
+    # pyproject.toml of your package
+    [project.entry-points.etforge]
+    my_ops = "my_package.my_ops"
+
+Its hooks are plain functions decorated with :data:`hookimpl`. Every hook takes no
+arguments and returns a list: plugins *describe* what they provide; the core decides when
+to use it. Hook bodies must stay cheap and must not import torch or executorch, so that
+``etforge plugins`` answers in well under a second; import heavy modules inside methods.
+
+Built-in plugins are registered in etforge's own ``pyproject.toml`` exactly this way.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pluggy
+
+if TYPE_CHECKING:
+    from etforge.core.converter import OpConverter
+    from etforge.core.npu_compiler import NpuCompiler
+    from etforge.core.quant_rule import QuantRule
+    from etforge.core.target import TargetSpec
+
+PROJECT = "etforge"
+ENTRY_POINT_GROUP = "etforge"
+
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+
+@hookspec
+def etforge_op_converters() -> list[OpConverter]:
+    """Return op converters: instances of :class:`etforge.core.converter.OpConverter`.
+
+    A converter names the Edge op overloads it handles as strings (``ops``), answers
+    ``is_supported(node, target) -> Support`` for one Edge node on one target, and emits
+    LiteRT operators in ``convert(node, ctx)``. When two converters claim the same op for
+    the same target, the higher ``priority`` is asked first; the other is a fallback for
+    nodes the winner refuses, and ``etforge plugins`` reports the conflict. Built-ins use
+    priority 0, so ``priority = 10`` deliberately overrides one.
+
+    Example::
+
+        from etforge import hookimpl
+        from etforge.core.converter import elementwise
+
+        @hookimpl
+        def etforge_op_converters():
+            return [elementwise("aten.floor.default", "FLOOR", dtypes=("float32",))]
+    """
+
+
+@hookspec
+def etforge_quantizer_rules() -> list[QuantRule]:
+    """Return PT2E quantizer rules: instances of :class:`etforge.core.quant_rule.QuantRule`.
+
+    A rule maps ATen op names (as ``torch.export`` produces them, e.g.
+    ``"aten.conv2d.default"``) to how their inputs and output are quantized: ``kind`` is one
+    of ``"weighted"`` (activation + per-channel weight + int32 bias), ``"io"`` (independent
+    per-tensor activations), ``"shared"`` (output and inputs share the first input's
+    qparams), ``"fixed"`` (output qparams fixed by the runtime, e.g. sigmoid 1/256, -128).
+    ``fuse`` lists activations that share the producing op's output observer. Rules
+    belong to a ``scheme``; a target selects the schemes it composes its quantizer from.
+
+    Example::
+
+        @hookimpl
+        def etforge_quantizer_rules():
+            return [QuantRule(ops=("aten.floor.default",), kind="shared")]
+    """
+
+
+@hookspec
+def etforge_targets() -> list[TargetSpec]:
+    """Return target specs: instances of :class:`etforge.core.target.TargetSpec`.
+
+    A target is data: its name, its NPU description (MAC count, kernel/stride/padding
+    limits … consulted by the op converters' support checks), how the leftovers run on the
+    CPU, the quantizer schemes it composes, and the compile options it accepts.
+
+    Example::
+
+        @hookimpl
+        def etforge_targets():
+            return [TargetSpec(name="toy", description="A toy NPU", npu=NpuSpec(family="toy"))]
+    """
+
+
+@hookspec
+def etforge_npu_compilers() -> list[NpuCompiler]:
+    """Return NPU compiler adapters: instances of :class:`etforge.core.npu_compiler.NpuCompiler`.
+
+    An adapter turns one partition's LiteRT flatbuffer into the device payload
+    (``compile(tflite, target, options) -> NpuPayload``). ``available()`` says whether its
+    toolchain is installed and why not; an unavailable compiler makes the NPU partitions
+    host-only, and the CLI and report say so.
+    """

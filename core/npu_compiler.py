@@ -1,0 +1,41 @@
+"""NPU compiler adapters: LiteRT partition -> device payload."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from etforge.core.target import TargetSpec
+
+
+@dataclass(frozen=True)
+class NpuPayload:
+    """What the delegate blob carries. ``format`` tags it; ``host_only`` if no device code."""
+
+    format: str
+    data: bytes
+    host_only: bool
+    kernel_selection: str | None = None
+    log: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class NpuCompiler:
+    """Base class of NPU compiler adapters (one per vendor toolchain)."""
+
+    name: str = ""
+    family: str = ""
+
+    def available(self) -> tuple[bool, str]:
+        """Whether the toolchain can run here, and if not, why (shown to the user)."""
+        return False, "not implemented"
+
+    def compile(
+        self, tflite: bytes, target: TargetSpec, options: dict[str, Any], partition: str
+    ) -> NpuPayload:
+        raise NotImplementedError
+
+    def describe(self) -> dict[str, Any]:
+        ok, why = self.available()
+        return {"name": self.name, "family": self.family, "available": ok, "status": why}

@@ -1,0 +1,216 @@
+"""The NPU partitioner: asks op-converter plugins, through the target, which nodes the NPU takes.
+
+Quantize/dequantize nodes around an accepted op join its partition, so partitions have
+int8 boundaries; grouping is ExecuTorch/torch.fx's cycle-free capability partitioner.
+Every decision, refusals included, is kept with its reason for the report.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from etforge.core import backend as _backend  # noqa: F401  (registers EtforgeNpuBackend)
+from etforge.core.graph_utils import (
+    is_dequantize,
+    is_quantize,
+    mark_constants,
+    node_dtype,
+    node_op,
+    tensor_inputs,
+)
+from etforge.core.litert_convert import select_converter
+from etforge.core.plugin_manager import Registry, registry
+from etforge.core.target import TargetSpec
+from executorch.exir.backend.compile_spec_schema import CompileSpec
+from executorch.exir.backend.partitioner import DelegationSpec, Partitioner, PartitionResult
+from executorch.exir.backend.utils import tag_constant_data
+from torch.export import ExportedProgram
+from torch.fx import Node
+from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
+from torch.fx.passes.operator_support import OperatorSupportBase
+
+_STRUCTURAL = {"operator.getitem"}
+
+
+@dataclass
+class Decision:
+    """Where one Edge node goes and who decided."""
+
+    node: str
+    op: str
+    npu: bool
+    converter: str | None
+    plugin: str | None
+    reason: str
+    partition: str | None = None
+
+
+class _Selected(OperatorSupportBase):
+    def __init__(self, nodes: set[Node]) -> None:
+        self.nodes = nodes
+
+    def is_node_supported(self, submodules: Any, node: Node) -> bool:
+        return node in self.nodes
+
+
+def _compute_nodes(ep: ExportedProgram) -> list[Node]:
+    return [
+        n
+        for n in ep.graph_module.graph.nodes
+        if n.op == "call_function"
+        and not is_quantize(n)
+        and not is_dequantize(n)
+        and node_op(n) not in _STRUCTURAL
+    ]
+
+
+class EtforgePartitioner(Partitioner):
+    """Tags the nodes the target's NPU takes; one instance per compile."""
+
+    def __init__(
+        self,
+        target: TargetSpec,
+        options: dict[str, Any] | None = None,
+        reg: Registry | None = None,
+        backend_id: str = "EtforgeNpuBackend",
+    ) -> None:
+        self.target = target
+        self.options = {**target.option_defaults(), **(options or {})}
+        self.registry = reg or registry()
+        self.backend_id = backend_id
+        spec = [
+            CompileSpec("target", target.name.encode()),
+            CompileSpec("options", json.dumps(self.options, sort_keys=True, default=list).encode()),
+        ]
+        self.delegation_spec = DelegationSpec(backend_id, spec)
+        self.decisions: list[Decision] = []
+        self._table = self.registry.converters_for(target)
+
+    # -- decomposition ------------------------------------------------------------------------
+    def ops_to_not_decompose(self, ep: ExportedProgram) -> tuple[list[torch._ops.OpOverload], Any]:
+        """Keep whole the ATen ops a converter asked for (e.g. linear), but only on nodes it accepts."""
+        mark_constants(ep)
+        wanted = {p for convs in self._table.values() for c in convs for p in c.preserve}
+        ops = []
+        for name in sorted(wanted):
+            ns, op, overload = name.split(".")
+            packet = getattr(getattr(torch.ops, ns), op, None)
+            if packet is not None and hasattr(packet, overload):
+                ops.append(getattr(packet, overload))
+        blocked = set(self.options.get("operators_not_to_delegate", ()))
+
+        def keep(node: Node) -> bool:
+            name = node_op(node)
+            if name in blocked or self.target.npu is None:
+                return False
+            return any(
+                conv.is_supported(node, self.target).ok
+                for convs in self._table.values()
+                for conv in convs
+                if name in conv.preserve
+            )
+
+        return ops, keep
+
+    # -- partitioning -------------------------------------------------------------------------
+    def decide(self, ep: ExportedProgram) -> set[Node]:
+        """Pick the NPU nodes; record a Decision (with reason) for every compute node."""
+        self.decisions = []
+        mark_constants(ep)
+        blocked = set(self.options.get("operators_not_to_delegate", ()))
+        chosen: dict[Node, Decision] = {}
+        for node in _compute_nodes(ep):
+            op = node_op(node)
+            if self.target.npu is None:
+                d = Decision(node.name, op, False, None, None, f"target {self.target.name} has no NPU")
+            elif op in blocked:
+                d = Decision(node.name, op, False, None, None, "listed in operators_not_to_delegate")
+            else:
+                conv, support = select_converter(node, self._table.get(op, []), self.target)
+                owner = self.registry.owner(conv) if conv else None
+                d = Decision(
+                    node.name, op, conv is not None, conv.name if conv else None, owner, support.reason
+                )
+            self.decisions.append(d)
+            if d.npu:
+                chosen[node] = d
+        # An int8 op needs int8 inputs: each tensor input must be a DQ or another NPU node
+        # (e.g. a ReLU fused into a delegated conv). Drop until stable.
+        changed = True
+        while changed:
+            changed = False
+            for node in list(chosen):
+                if node_dtype(node) != "int8":
+                    continue
+                why = _int8_boundary_problem(node, chosen)
+                if why:
+                    d = chosen.pop(node)
+                    d.npu, d.reason = False, why
+                    changed = True
+        return set(chosen)
+
+    def partition(self, exported_program: ExportedProgram) -> PartitionResult:
+        ep = exported_program
+        chosen = self.decide(ep)
+        nodes = set(chosen)
+        for node in chosen:
+            for a in node.all_input_nodes:
+                if is_dequantize(a):
+                    nodes.add(a)
+            for u in node.users:
+                if is_quantize(u) or node_op(u) in _STRUCTURAL:
+                    nodes.add(u)
+                    nodes.update(x for x in u.users if is_quantize(x))
+        groups = CapabilityBasedPartitioner(
+            ep.graph_module, _Selected(nodes), allows_single_node_partition=True
+        ).propose_partitions()
+        min_ops = int(self.options.get("min_partition_ops", 1))
+        by_name = {d.node: d for d in self.decisions}
+        tags: dict[str, DelegationSpec] = {}
+        groups = sorted(groups, key=lambda p: min(_order(ep, n) for n in p.nodes))
+        for group in groups:
+            compute = [n for n in group.nodes if n in chosen]
+            if len(compute) < min_ops:
+                for n in compute:
+                    by_name[n.name].npu = False
+                    by_name[
+                        n.name
+                    ].reason = f"partition of {len(compute)} op(s) < min_partition_ops={min_ops}"
+                continue
+            tag = f"etforge_{len(tags)}"
+            for n in group.nodes:
+                n.meta["delegation_tag"] = tag
+                if n.name in by_name:
+                    by_name[n.name].partition = tag
+            tags[tag] = self.delegation_spec
+        tag_constant_data(ep)
+        return PartitionResult(tagged_exported_program=ep, partition_tags=tags)
+
+
+def _int8_boundary_problem(node: Node, chosen: dict[Node, Decision]) -> str:
+    """Why an int8 NPU node would have a float value at the partition boundary ("" if none)."""
+    for a in tensor_inputs(node):
+        if (
+            a.op == "call_function"
+            and not is_dequantize(a)
+            and a not in chosen
+            and node_op(a) not in _STRUCTURAL
+        ):
+            return f"input {a.name} is not quantized and stays off the NPU"
+    for u in node.users:
+        targets = list(u.users) if node_op(u) in _STRUCTURAL else [u]
+        for t in targets:
+            if not is_quantize(t) and t not in chosen:
+                return f"output feeds {t.name}, which stays off the NPU, without being quantized"
+    return ""
+
+
+def _order(ep: ExportedProgram, node: Node) -> int:
+    cache = ep.graph_module.meta.setdefault("_etforge_order", {})
+    if not cache:
+        for i, n in enumerate(ep.graph_module.graph.nodes):
+            cache[n] = i
+    return cache[node]

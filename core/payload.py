@@ -1,0 +1,45 @@
+"""The delegate blob: a tagged container around what the NPU compiler produced.
+
+Layout: ``b"ETFG"`` magic, u32 header length, UTF-8 JSON header (format tag, partition,
+host_only, sizes), then the payload bytes at a 16-byte aligned offset.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+MAGIC = b"ETFG"
+FORMAT_LITERT_HOST = "litert-host-v1"  # LiteRT flatbuffer, no device code (SDK absent)
+_ALIGN = 16
+
+
+@dataclass(frozen=True)
+class Blob:
+    format: str
+    partition: str
+    host_only: bool
+    data: bytes
+    header: dict[str, Any]
+
+
+def pack(format: str, partition: str, host_only: bool, data: bytes, **extra: Any) -> bytes:
+    header = {"format": format, "partition": partition, "host_only": host_only, "size": len(data), **extra}
+    raw = json.dumps(header, sort_keys=True).encode()
+    head = MAGIC + struct.pack("<I", len(raw)) + raw
+    pad = (-len(head)) % _ALIGN
+    return head + b"\0" * pad + data
+
+
+def unpack(blob: bytes) -> Blob:
+    if blob[:4] != MAGIC:
+        raise ValueError("not an etforge delegate payload (bad magic)")
+    (n,) = struct.unpack_from("<I", blob, 4)
+    header = json.loads(blob[8 : 8 + n])
+    start = 8 + n + ((-(8 + n)) % _ALIGN)
+    data = blob[start : start + header["size"]]
+    if len(data) != header["size"]:
+        raise ValueError("truncated etforge delegate payload")
+    return Blob(header["format"], header["partition"], bool(header["host_only"]), data, header)

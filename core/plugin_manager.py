@@ -1,0 +1,209 @@
+"""Loads plugins from the ``etforge`` entry-point group and validates what their hooks return.
+
+Built-ins come through the same entry points as third-party plugins: there is no list of
+them here. Each plugin is loaded and each hook called in isolation, so one broken plugin
+is reported (distribution, version, entry point) while the others keep working.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+import pluggy
+from etforge.core import hookspecs
+from etforge.core.converter import OpConverter
+from etforge.core.errors import PluginError
+from etforge.core.npu_compiler import NpuCompiler
+from etforge.core.quant_rule import QuantRule
+from etforge.core.target import TargetSpec
+
+#: hook name -> (type each item must have, provides-key)
+HOOKS: dict[str, tuple[type, str]] = {
+    "etforge_op_converters": (OpConverter, "converters"),
+    "etforge_quantizer_rules": (QuantRule, "quantizer_rules"),
+    "etforge_targets": (TargetSpec, "targets"),
+    "etforge_npu_compilers": (NpuCompiler, "npu_compilers"),
+}
+
+
+@dataclass
+class PluginInfo:
+    """One entry point: where it came from and what it provided (or why it failed)."""
+
+    name: str
+    distribution: str
+    version: str
+    entry_point: str
+    provides: dict[str, list[Any]] = field(default_factory=dict)
+    error: str | None = None
+
+    @property
+    def label(self) -> str:
+        return f"{self.distribution} {self.version}, entry point {self.name!r} ({self.entry_point})"
+
+
+@dataclass(frozen=True)
+class Conflict:
+    """Two converters claim ``op`` on ``target``; ``order`` is who is asked first."""
+
+    op: str
+    target: str
+    order: tuple[tuple[str, str, int], ...]  # (plugin, converter, priority)
+    note: str
+
+
+class Registry:
+    """Everything the plugins provide, with per-target converter resolution."""
+
+    def __init__(self, plugins: list[PluginInfo]) -> None:
+        self.plugins = plugins
+        self._owner: dict[int, str] = {}
+        for p in plugins:
+            for items in p.provides.values():
+                for item in items:
+                    self._owner[id(item)] = p.name
+
+    # -- lookups ---------------------------------------------------------------------------
+    def _all(self, key: str) -> list[Any]:
+        return [item for p in self.plugins for item in p.provides.get(key, [])]
+
+    @property
+    def errors(self) -> list[PluginInfo]:
+        return [p for p in self.plugins if p.error]
+
+    def owner(self, item: object) -> str:
+        return self._owner.get(id(item), "?")
+
+    @property
+    def converters(self) -> list[OpConverter]:
+        return self._all("converters")
+
+    @property
+    def quantizer_rules(self) -> list[QuantRule]:
+        return self._all("quantizer_rules")
+
+    @property
+    def npu_compilers(self) -> dict[str, NpuCompiler]:
+        return {c.name: c for c in self._all("npu_compilers")}
+
+    @property
+    def targets(self) -> dict[str, TargetSpec]:
+        out: dict[str, TargetSpec] = {}
+        for t in self._all("targets"):
+            out.setdefault(t.name, t)
+        return out
+
+    def target(self, name: str) -> TargetSpec:
+        targets = self.targets
+        if name not in targets:
+            known = ", ".join(sorted(targets)) or "none (no target plugin loaded)"
+            raise PluginError(f"unknown target {name!r}; known targets: {known}")
+        return targets[name]
+
+    def rules_for(self, target: TargetSpec) -> list[QuantRule]:
+        """The target's rules, in scheme order then by descending priority (stable)."""
+        rules = self.quantizer_rules
+        out: list[QuantRule] = []
+        for scheme in target.quant_schemes:
+            out.extend(sorted((r for r in rules if r.scheme == scheme), key=lambda r: -r.priority))
+        return out
+
+    def converters_for(self, target: TargetSpec) -> dict[str, list[OpConverter]]:
+        """op name -> candidate converters, highest priority first (ties: plugin name)."""
+        table: dict[str, list[OpConverter]] = {}
+        for conv in self.converters:
+            if conv.applies_to(target):
+                for op in conv.ops:
+                    table.setdefault(op, []).append(conv)
+        for cands in table.values():
+            cands.sort(key=lambda c: (-c.priority, self.owner(c), c.name))
+        return table
+
+    def conflicts(self) -> list[Conflict]:
+        out: list[Conflict] = []
+        for tname, target in sorted(self.targets.items()):
+            for op, cands in sorted(self.converters_for(target).items()):
+                if len(cands) < 2:
+                    continue
+                tie = cands[0].priority == cands[1].priority
+                note = (
+                    "equal priority: order falls back to plugin name; set `priority` to make it explicit"
+                    if tie
+                    else f"{cands[0].name} overrides; the others are asked only for nodes it refuses"
+                )
+                order = tuple((self.owner(c), c.name, c.priority) for c in cands)
+                out.append(Conflict(op, tname, order, note))
+        return out
+
+
+def _validate(plugin: PluginInfo, hook: str, result: object) -> list[Any]:
+    expected, _ = HOOKS[hook]
+    if not isinstance(result, (list, tuple)):
+        raise PluginError(
+            f"plugin {plugin.label}: hook {hook}() returned {type(result).__name__}, expected a list of {expected.__name__}"
+        )
+    for item in result:
+        if not isinstance(item, expected):
+            raise PluginError(
+                f"plugin {plugin.label}: hook {hook}() returned an item of type {type(item).__name__}, "
+                f"expected {expected.__module__}.{expected.__name__}"
+            )
+    return list(result)
+
+
+def _entry_points() -> list[md.EntryPoint]:
+    eps = md.entry_points(group=hookspecs.ENTRY_POINT_GROUP)
+    # Deterministic order whatever the filesystem says; duplicates (same dist seen twice) dropped.
+    seen: set[tuple[str, str]] = set()
+    out = []
+    for ep in sorted(eps, key=lambda e: ((e.dist.name if e.dist else ""), e.name)):
+        key = ((ep.dist.name if ep.dist else ""), ep.name)
+        if key not in seen:
+            seen.add(key)
+            out.append(ep)
+    return out
+
+
+def load_plugins(entry_points: Iterable[md.EntryPoint] | None = None, strict: bool = False) -> Registry:
+    """Load every plugin; with ``strict`` the first broken plugin raises :class:`PluginError`."""
+    pm = pluggy.PluginManager(hookspecs.PROJECT)
+    pm.add_hookspecs(hookspecs)
+    infos: list[PluginInfo] = []
+    for ep in _entry_points() if entry_points is None else entry_points:
+        dist = ep.dist.name if ep.dist else "?"
+        version = ep.dist.version if ep.dist else "?"
+        info = PluginInfo(name=ep.name, distribution=dist, version=version, entry_point=ep.value)
+        infos.append(info)
+        try:
+            module = ep.load()
+            pm.register(module, name=f"{dist}:{ep.name}")
+            for hook in HOOKS:
+                impls = [i for i in getattr(pm.hook, hook).get_hookimpls() if i.plugin is module]
+                for impl in impls:
+                    try:
+                        result = impl.function()
+                    except Exception as exc:  # a plugin's bug must not take the others down
+                        raise PluginError(
+                            f"plugin {info.label}: hook {hook}() raised {type(exc).__name__}: {exc}"
+                        ) from exc
+                    info.provides.setdefault(HOOKS[hook][1], []).extend(_validate(info, hook, result))
+        except PluginError as exc:
+            info.error, info.provides = str(exc), {}
+        except Exception as exc:
+            info.error, info.provides = (
+                f"plugin {info.label}: failed to load: {type(exc).__name__}: {exc}",
+                {},
+            )
+        if info.error and strict:
+            raise PluginError(info.error)
+    return Registry(infos)
+
+
+@lru_cache(maxsize=1)
+def registry() -> Registry:
+    """The process-wide registry (entry points do not change while a process runs)."""
+    return load_plugins()

@@ -1,0 +1,1 @@
+"""Built-in plugins, registered through this package's own `etforge` entry points."""

@@ -1,0 +1,1 @@
+"""Built-in op plugins: one module per op family, each with its converters and quantizer rules."""

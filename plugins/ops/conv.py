@@ -1,0 +1,243 @@
+"""Convolutions: regular, depthwise, grouped, transposed, and 1-D (as 2-D with H = 1)."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from etforge.core.converter import SUPPORTED, OpConverter, Support, unsupported
+from etforge.core.hookspecs import hookimpl
+from etforge.core.quant_rule import QuantRule
+
+if TYPE_CHECKING:
+    from etforge.core.litert_convert import Constant, ConversionContext, Value
+    from etforge.core.target import TargetSpec
+    from torch.fx import Node
+
+FUSE = (
+    "aten.relu.default",
+    "aten.relu_.default",
+    "aten.relu6.default",
+    "aten.hardtanh.default",
+    "aten.hardtanh_.default",
+)
+NHWC = (0, 2, 3, 1)
+
+
+def _params(
+    node: Node,
+) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], bool, tuple[int, ...], int]:
+    stride, padding, dilation, transposed, out_pad, groups = node.args[3:9]
+    return tuple(stride), tuple(padding), tuple(dilation), bool(transposed), tuple(out_pad), int(groups)
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+class Convolution(OpConverter):
+    """CONV_2D / DEPTHWISE_CONV_2D / TRANSPOSE_CONV; weights permuted to OHWI / 1HWO at conversion."""
+
+    ops = ("aten.convolution.default",)
+    constraints = (
+        "weights and bias constant; 1-D or 2-D",
+        "kernel, stride, dilation <= npu max_kernel / max_stride / max_dilation",
+        "kernel_h * kernel_w * ceil(C_in / groups, num_macs) <= npu max_weight_rows",
+        "transposed: groups 1, dilation 1, stride <= max_transpose_conv_stride and <= kernel, padding < kernel",
+        "fuses relu / relu6 (hardtanh 0..6) into the conv",
+    )
+
+    def check(self, node: Node, target: TargetSpec) -> Support:
+        from etforge.core.graph_utils import is_constant, shape_of
+
+        x, w, b = node.args[0], node.args[1], node.args[2]
+        rank = len(shape_of(x))
+        if rank not in (3, 4):
+            return unsupported(f"{rank - 2}-D convolution (1-D and 2-D only)")
+        if not is_constant(w) or (b is not None and not is_constant(b)):
+            return unsupported("weights/bias are not constant")
+        stride, padding, dilation, transposed, out_pad, groups = _params(node)
+        kernel = shape_of(w)[2:]
+        npu = target.npu
+        assert npu is not None
+        lim = npu.limit
+        if max(kernel) > lim("max_kernel", 1 << 30) or max(stride) > lim("max_stride", 1 << 30):
+            return unsupported(f"kernel {list(kernel)} / stride {list(stride)} above the NPU limit")
+        if max(dilation) > lim("max_dilation", 1 << 30):
+            return unsupported(f"dilation {list(dilation)} above the NPU limit")
+        c_in = shape_of(x)[1]
+        rows = math.prod(kernel) * _round_up(c_in // groups, npu.num_macs)
+        if rows > lim("max_weight_rows", 1 << 62):
+            return unsupported(
+                f"kernel_h*kernel_w*ceil(C_in, {npu.num_macs}) = {rows} > {lim('max_weight_rows', 0)}"
+            )
+        if transposed:
+            if groups != 1:
+                return unsupported("transposed convolution with groups > 1")
+            if any(d != 1 for d in dilation):
+                return unsupported("transposed convolution with dilation")
+            if max(stride) > lim("max_transpose_conv_stride", 1 << 30) or any(
+                s > k for s, k in zip(stride, kernel, strict=False)
+            ):
+                return unsupported(f"transposed convolution stride {list(stride)} (kernel {list(kernel)})")
+            if any(p >= k for p, k in zip(padding, kernel, strict=False)) or any(
+                o > p for o, p in zip(out_pad, padding, strict=False)
+            ):
+                return unsupported(
+                    f"transposed convolution padding {list(padding)} / output_padding {list(out_pad)}"
+                )
+        elif any(o != 0 for o in out_pad):
+            return unsupported("output_padding on a regular convolution")
+        return SUPPORTED
+
+    def macs(self, node: Node) -> int:
+        from etforge.core.graph_utils import shape_of
+
+        w = shape_of(node.args[1])
+        transposed = bool(node.args[6])
+        spatial = math.prod(shape_of(node.args[0])) if transposed else math.prod(shape_of(node))
+        return spatial * w[1] * math.prod(w[2:])
+
+    def convert(self, node: Node, ctx: ConversionContext) -> None:
+        from etforge.core.graph_utils import shape_of
+        from etforge.core.litert_convert import Constant, Value
+
+        stride, padding, dilation, transposed, out_pad, groups = _params(node)
+        is_1d = len(shape_of(node.args[0])) == 3
+        act, out_node = ctx.fuse_activation(node)
+        w = ctx.constant(node.args[1])
+        assert w is not None
+        if is_1d:
+            x3 = ctx.input(node.args[0], (0, 2, 1))  # N, L, C
+            n, c, length = x3.shape
+            x4 = ctx.temp((n, 1, length, c), x3.dtype, "as2d", x3.quant)
+            ctx.reshape(x3, x4, (n, 1, length, c))
+            x = Value(x4, (n, c, 1, length), NHWC, x3.dtype, x3.quant)
+            w = Constant(w.data[:, :, None, :], w.dtype, w.quant, w.name)
+            stride, padding, dilation = (1, *stride), (0, *padding), (1, *dilation)
+            o = shape_of(out_node)
+            out_shape = (o[0], o[1], 1, o[2])
+            y = Value(
+                ctx.temp((o[0], 1, o[2], o[1]), x.dtype, "conv2d", ctx.output_quant(out_node)),
+                out_shape,
+                NHWC,
+                x.dtype,
+                None,
+            )
+        else:
+            x = ctx.input(node.args[0], NHWC)
+            y = ctx.output(out_node, NHWC)
+        if transposed:
+            _transpose_conv(ctx, x, w, node.args[2], stride, padding, y, act)
+        else:
+            _conv(ctx, x, w, node.args[2], stride, padding, dilation, groups, y, act)
+        if is_1d:
+            final = ctx.output(out_node, (0, 2, 1))
+            ctx.reshape(y, final, final.stored_shape)
+
+
+def _conv(
+    ctx: ConversionContext,
+    x: Value,
+    w: Constant,
+    bias: object,
+    stride: tuple[int, ...],
+    padding: tuple[int, ...],
+    dilation: tuple[int, ...],
+    groups: int,
+    y: Value,
+    act: str,
+) -> None:
+    from etforge.core.litert import options
+    from etforge.core.litert_convert import activation
+    from etforge.core.litert_convert import padding as pad_enum
+    from etforge.core.ophelpers import bias_tensor, choose_padding, pad_spatial
+
+    c_out, c_in_g, kh, kw = w.data.shape
+    c_in = x.shape[1]
+    mode = choose_padding(x.shape[2:], (kh, kw), stride, dilation, padding)
+    if mode == "EXPLICIT":
+        x, mode = pad_spatial(ctx, x, padding), "VALID"
+    b = bias_tensor(ctx, bias, c_out, x, w.quant, "bias")
+    common = dict(
+        padding=pad_enum(mode),
+        strideH=stride[0],
+        strideW=stride[1],
+        dilationHFactor=dilation[0],
+        dilationWFactor=dilation[1],
+        fusedActivationFunction=activation(act),
+    )
+    if groups == c_in and groups > 1 and c_in_g == 1:
+        wt = ctx.constant_tensor(w, (1, 2, 3, 0))  # (C_out, 1, kh, kw) -> 1HWO
+        ctx.emit(
+            "DEPTHWISE_CONV_2D",
+            [x, wt, b],
+            [y],
+            options("DepthwiseConv2DOptions", depthMultiplier=c_out // c_in, **common),
+        )
+    else:
+        wt = ctx.constant_tensor(w, NHWC)  # OIHW -> OHWI (grouped: I = C_in / groups)
+        ctx.emit("CONV_2D", [x, wt, b], [y], options("Conv2DOptions", **common))
+
+
+def _transpose_conv(
+    ctx: ConversionContext,
+    x: Value,
+    w: Constant,
+    bias: object,
+    stride: tuple[int, ...],
+    padding: tuple[int, ...],
+    y: Value,
+    act: str,
+) -> None:
+    """TRANSPOSE_CONV with VALID padding, then a SLICE crop for PyTorch's padding."""
+    import numpy as np
+    from etforge.core.litert import options
+    from etforge.core.litert_convert import activation
+    from etforge.core.litert_convert import padding as pad_enum
+    from etforge.core.ophelpers import bias_tensor
+
+    _, c_out, kh, kw = w.data.shape
+    n, _, h, wd = x.shape
+    full = (n, (h - 1) * stride[0] + kh, (wd - 1) * stride[1] + kw, c_out)
+    wt = ctx.constant_tensor(w, (1, 2, 3, 0))  # (C_in, C_out, kh, kw) -> (C_out, kh, kw, C_in)
+    b = bias_tensor(ctx, bias, c_out, x, w.quant, "bias")
+    shape_t = ctx.add_constant(np.asarray(full, np.int32), "int32", "output_shape")
+    opts = options(
+        "TransposeConvOptions",
+        padding=pad_enum("VALID"),
+        strideH=stride[0],
+        strideW=stride[1],
+        fusedActivationFunction=activation(act),
+    )
+    if full == y.stored_shape:
+        ctx.emit("TRANSPOSE_CONV", [shape_t, wt, x, b], [y], opts)
+        return
+    # Activations are elementwise, so fusing them before the crop is exact.
+    tmp = ctx.temp(full, y.dtype, "uncropped", ctx.builder.tensor_quant(y.tensor))
+    ctx.emit("TRANSPOSE_CONV", [shape_t, wt, x, b], [tmp], opts)
+    begin = ctx.add_constant(np.asarray([0, padding[0], padding[1], 0], np.int32), "int32", "begin")
+    size = ctx.add_constant(np.asarray(y.stored_shape, np.int32), "int32", "size")
+    ctx.emit("SLICE", [tmp, begin, size], [y])
+
+
+@hookimpl
+def etforge_op_converters() -> list[OpConverter]:
+    return [Convolution()]
+
+
+@hookimpl
+def etforge_quantizer_rules() -> list[QuantRule]:
+    return [
+        QuantRule(
+            ops=("aten.conv1d.default", "aten.conv2d.default", "aten.convolution.default"),
+            kind="weighted",
+            fuse=FUSE,
+        ),
+        QuantRule(
+            ops=("aten.conv_transpose1d.default", "aten.conv_transpose2d.input"),
+            kind="weighted",
+            weight_axis=1,
+            fuse=FUSE,
+        ),
+    ]

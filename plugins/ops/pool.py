@@ -1,0 +1,212 @@
+"""2-D pooling: max_pool2d, avg_pool2d, adaptive_avg_pool2d (NHWC, padding made explicit)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from etforge.core.converter import SUPPORTED, OpConverter, Support, unsupported
+from etforge.core.hookspecs import hookimpl
+from etforge.core.quant_rule import QuantRule
+
+if TYPE_CHECKING:
+    from etforge.core.litert_convert import ConversionContext, Value
+    from etforge.core.target import TargetSpec
+    from torch.fx import Node
+
+NHWC = (0, 2, 3, 1)
+
+
+def _window(node: Node) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], bool]:
+    from etforge.core.ophelpers import arg, pair
+
+    kernel = pair(arg(node, 1, "kernel_size"))
+    stride_raw = arg(node, 2, "stride", None)
+    stride = pair(stride_raw) if stride_raw else kernel
+    padding = pair(arg(node, 3, "padding", 0))
+    ceil_mode = bool(arg(node, 5 if "max" in str(node.target) else 4, "ceil_mode", False))
+    return kernel, stride, padding, ceil_mode
+
+
+def _pads(
+    in_hw: tuple[int, ...],
+    out_hw: tuple[int, ...],
+    kernel: tuple[int, ...],
+    stride: tuple[int, ...],
+    padding: tuple[int, ...],
+) -> list[tuple[int, int]]:
+    """(before, after) per dim so that a VALID window yields PyTorch's output size (ceil_mode too)."""
+    pads = []
+    for size, out, k, s, p in zip(in_hw, out_hw, kernel, stride, padding, strict=True):
+        needed = (out - 1) * s + k
+        pads.append((p, max(needed - size - p, 0)))
+    return pads
+
+
+def _pool(
+    ctx: ConversionContext,
+    builtin: str,
+    x: Value,
+    out: Value,
+    kernel: tuple[int, ...],
+    stride: tuple[int, ...],
+    mode: str = "VALID",
+) -> None:
+    from etforge.core.litert import options
+    from etforge.core.litert_convert import padding as pad_enum
+
+    opts = options(
+        "Pool2DOptions",
+        padding=pad_enum(mode),
+        strideH=stride[0],
+        strideW=stride[1],
+        filterHeight=kernel[0],
+        filterWidth=kernel[1],
+    )
+    ctx.emit(builtin, [x], [out], opts)
+
+
+def _check_limits(target: TargetSpec, kernel: tuple[int, ...], stride: tuple[int, ...]) -> Support:
+    npu = target.npu
+    assert npu is not None
+    if max(kernel) > npu.limit("max_kernel", 1 << 30) or max(stride) > npu.limit("max_stride", 1 << 30):
+        return unsupported(f"kernel {list(kernel)} / stride {list(stride)} above the NPU limit")
+    return SUPPORTED
+
+
+class MaxPool2d(OpConverter):
+    """MAX_POOL_2D; padding (and ceil_mode) become a PADV2 with the lowest value."""
+
+    ops = ("aten.max_pool2d_with_indices.default", "aten.max_pool2d.default")
+    constraints = ("dilation 1", "indices unused", "4-D input")
+
+    def check(self, node: Node, target: TargetSpec) -> Support:
+        from etforge.core.graph_utils import shape_of
+        from etforge.core.ophelpers import arg, pair
+
+        if any(d != 1 for d in pair(arg(node, 4, "dilation", 1))):
+            return unsupported("dilated max pooling")
+        out = node
+        if "with_indices" in str(node.target):
+            users = list(node.users)
+            if any(u.args[1] != 0 for u in users):
+                return unsupported("pooling indices are used")
+            if not users:
+                return unsupported("no output used")
+            out = users[0]
+        if len(shape_of(node.args[0])) != 4 or len(shape_of(out)) != 4:
+            return unsupported("max pooling on a non-4-D tensor")
+        kernel, stride, _, _ = _window(node)
+        return _check_limits(target, kernel, stride)
+
+    def convert(self, node: Node, ctx: ConversionContext) -> None:
+        from etforge.core.graph_utils import shape_of
+
+        out_node = next(iter(node.users)) if "with_indices" in str(node.target) else node
+        kernel, stride, padding, _ = _window(node)
+        x = ctx.input(node.args[0], NHWC)
+        out_shape = shape_of(out_node)
+        pads = _pads(x.shape[2:], out_shape[2:], kernel, stride, padding)
+        if any(a or b for a, b in pads):
+            x = _pad(ctx, x, pads, float("-inf"))
+        y = ctx.output(out_node, NHWC)
+        if out_node is not node:
+            ctx.values[node] = y
+        _pool(ctx, "MAX_POOL_2D", x, y, kernel, stride)
+
+
+def _pad(ctx: ConversionContext, x: Value, pads: list[tuple[int, int]], value: float | None) -> Value:
+    from etforge.core.ophelpers import pad_spatial
+
+    return pad_spatial(ctx, x, pads, value)
+
+
+class AvgPool2d(OpConverter):
+    """AVERAGE_POOL_2D: VALID, SAME when it equals count_include_pad=False, or PAD + VALID."""
+
+    ops = ("aten.avg_pool2d.default",)
+    constraints = ("no divisor_override", "ceil_mode only without partial windows", "4-D input")
+
+    def check(self, node: Node, target: TargetSpec) -> Support:
+        from etforge.core.graph_utils import shape_of
+        from etforge.core.ophelpers import arg, choose_padding
+
+        if arg(node, 6, "divisor_override") is not None:
+            return unsupported("divisor_override")
+        if len(shape_of(node.args[0])) != 4:
+            return unsupported("average pooling on a non-4-D tensor")
+        kernel, stride, padding, _ = _window(node)
+        x_hw, out_hw = shape_of(node.args[0])[2:], shape_of(node)[2:]
+        pads = _pads(x_hw, out_hw, kernel, stride, padding)
+        if any(b != a for a, b in pads):
+            return unsupported("ceil_mode with a partial last window")
+        include = bool(arg(node, 5, "count_include_pad", True))
+        if any(padding) and not include and choose_padding(x_hw, kernel, stride, (1, 1), padding) != "SAME":
+            return unsupported("count_include_pad=False with padding LiteRT SAME does not match")
+        return _check_limits(target, kernel, stride)
+
+    def convert(self, node: Node, ctx: ConversionContext) -> None:
+        from etforge.core.ophelpers import arg
+
+        kernel, stride, padding, _ = _window(node)
+        x = ctx.input(node.args[0], NHWC)
+        mode = "VALID"
+        if any(padding):
+            if bool(arg(node, 5, "count_include_pad", True)):
+                x = _pad(ctx, x, list(padding), None)
+            else:
+                mode = "SAME"
+        _pool(ctx, "AVERAGE_POOL_2D", x, ctx.output(node, NHWC), kernel, stride, mode)
+
+
+class AdaptiveAvgPool2d(OpConverter):
+    """Global pooling -> MEAN over H, W; evenly dividing output sizes -> AVERAGE_POOL_2D."""
+
+    ops = ("aten._adaptive_avg_pool2d.default", "aten.adaptive_avg_pool2d.default")
+    constraints = ("output size divides the input size",)
+
+    def check(self, node: Node, target: TargetSpec) -> Support:
+        from etforge.core.graph_utils import shape_of
+
+        ins, outs = shape_of(node.args[0]), shape_of(node)
+        if len(ins) != 4:
+            return unsupported("non-4-D input")
+        if any(i % o for i, o in zip(ins[2:], outs[2:], strict=True)):
+            return unsupported(f"output size {list(outs[2:])} does not divide input {list(ins[2:])}")
+        return SUPPORTED
+
+    def convert(self, node: Node, ctx: ConversionContext) -> None:
+        import numpy as np
+        from etforge.core.graph_utils import shape_of
+        from etforge.core.litert import options
+
+        x = ctx.input(node.args[0], NHWC)
+        outs = shape_of(node)
+        y = ctx.output(node, NHWC)
+        if outs[2:] == (1, 1):
+            axes = ctx.add_constant(np.asarray([1, 2], np.int32), "int32", "axes")
+            ctx.emit("MEAN", [x, axes], [y], options("ReducerOptions", keepDims=True))
+            return
+        kernel = tuple(i // o for i, o in zip(x.shape[2:], outs[2:], strict=True))
+        _pool(ctx, "AVERAGE_POOL_2D", x, y, kernel, kernel)
+
+
+@hookimpl
+def etforge_op_converters() -> list[OpConverter]:
+    return [MaxPool2d(), AvgPool2d(), AdaptiveAvgPool2d()]
+
+
+@hookimpl
+def etforge_quantizer_rules() -> list[QuantRule]:
+    # LiteRT's int8 pooling kernels do not rescale: output shares the input's qparams.
+    return [
+        QuantRule(
+            ops=(
+                "aten.max_pool2d.default",
+                "aten.avg_pool2d.default",
+                "aten.adaptive_avg_pool2d.default",
+                "aten._adaptive_avg_pool2d.default",
+            ),
+            kind="shared",
+            inputs=(0,),
+        ),
+    ]

@@ -1,0 +1,80 @@
+"""Reductions: mean and sum over dims -> MEAN / SUM with axes in stored coordinates."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, ClassVar
+
+from etforge.core.converter import SUPPORTED, OpConverter, Support, unsupported
+from etforge.core.hookspecs import hookimpl
+from etforge.core.quant_rule import QuantRule
+
+if TYPE_CHECKING:
+    from etforge.core.litert_convert import ConversionContext
+    from etforge.core.target import TargetSpec
+    from torch.fx import Node
+
+
+class Reduce(OpConverter):
+    litert: ClassVar[str] = ""
+    constraints = ("explicit dims", "no dtype change")
+
+    def check(self, node: Node, target: TargetSpec) -> Support:
+        from etforge.core.ophelpers import arg
+
+        if not arg(node, 1, "dim"):
+            return unsupported("reduction over all dims without explicit dims")
+        if node.kwargs.get("dtype") is not None:
+            return unsupported("dtype argument")
+        return SUPPORTED
+
+    def convert(self, node: Node, ctx: ConversionContext) -> None:
+        import numpy as np
+        from etforge.core.litert import options
+        from etforge.core.ophelpers import arg
+
+        v = ctx.value(node.args[0])
+        dims = sorted({int(d) % v.rank for d in arg(node, 1, "dim")})
+        keep = bool(arg(node, 2, "keepdim", False))
+        axes = ctx.add_constant(np.asarray(sorted(v.perm.index(d) for d in dims), np.int32), "int32", "axes")
+        if keep:
+            out_perm = v.perm
+        else:  # remaining dims keep their stored order, renumbered
+            rest = [d for d in v.perm if d not in dims]
+            rank_of = {d: i for i, d in enumerate(sorted(rest))}
+            out_perm = tuple(rank_of[d] for d in rest)
+        y = ctx.output(node, out_perm)
+        opts = options("ReducerOptions", keepDims=keep)
+        if self.litert == "SUM" and y.quant is not None:
+            # LiteRT's reference int8 SUM saturates instead of rescaling. MEAN rescales, and a
+            # MEAN quantized at scale s/count holds exactly the bytes of the SUM at scale s.
+            from math import prod
+
+            from etforge.core.litert import Quant
+
+            count = prod(v.shape[d] for d in dims)
+            mean_q = Quant.per_tensor(y.quant.scale[0] / count, y.quant.zero_point[0])
+            tmp = ctx.temp(y.stored_shape, "int8", "mean", mean_q)
+            ctx.emit("MEAN", [v, axes], [tmp], opts)
+            ctx.reshape(tmp, y, y.stored_shape)
+            return
+        ctx.emit(self.litert, [v, axes], [y], opts)
+
+
+class Mean(Reduce):
+    ops = ("aten.mean.dim",)
+    litert = "MEAN"
+
+
+class Sum(Reduce):
+    ops = ("aten.sum.dim_IntList",)
+    litert = "SUM"
+
+
+@hookimpl
+def etforge_op_converters() -> list[OpConverter]:
+    return [Mean(), Sum()]
+
+
+@hookimpl
+def etforge_quantizer_rules() -> list[QuantRule]:
+    return [QuantRule(ops=("aten.mean.dim", "aten.sum.dim_IntList"), kind="io", inputs=(0,))]

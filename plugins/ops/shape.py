@@ -1,0 +1,243 @@
+"""Data movement: view / reshape / flatten / squeeze / unsqueeze, permute, cat, slice, pad, clone.
+
+A permute relabels the stored layout (no op); reshapes need the logical order, so a
+channels-last input is transposed back first unless only size-1 dims move.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from etforge.core.converter import SUPPORTED, OpConverter, Support, unsupported
+from etforge.core.hookspecs import hookimpl
+from etforge.core.quant_rule import QuantRule
+
+if TYPE_CHECKING:
+    from etforge.core.litert_convert import ConversionContext
+    from etforge.core.target import TargetSpec
+    from torch.fx import Node
+
+
+def _rank_ok(node: Node, target: TargetSpec) -> Support:
+    from etforge.core.graph_utils import shape_of
+
+    max_rank = target.npu.limit("max_rank", 6) if target.npu else 6
+    ranks = [len(shape_of(node))] + [
+        len(shape_of(a)) for a in node.all_input_nodes if a.meta.get("val") is not None
+    ]
+    if max(ranks) > max_rank:
+        return unsupported(f"rank {max(ranks)} > {max_rank}")
+    return SUPPORTED
+
+
+class Reshape(OpConverter):
+    """Every view-like op: RESHAPE to the node's output shape."""
+
+    ops = (
+        "aten.view_copy.default",
+        "aten.view.default",
+        "aten._unsafe_view.default",
+        "aten.reshape.default",
+        "aten.squeeze_copy.dims",
+        "aten.squeeze_copy.dim",
+        "aten.squeeze_copy.default",
+        "aten.unsqueeze_copy.default",
+        "aten.expand_dims.default",
+    )
+    constraints = ("rank <= npu max_rank",)
+
+    def check(self, node: Node, target: TargetSpec) -> Support:
+        return _rank_ok(node, target)
+
+    def convert(self, node: Node, ctx: ConversionContext) -> None:
+        from etforge.core import layout
+        from etforge.core.graph_utils import shape_of
+
+        v = ctx.value(node.args[0])
+        out_shape = shape_of(node)
+        if not layout.is_identity(v.perm) and not layout.is_trivial(v.shape, v.perm):
+            v = ctx.input(node.args[0], layout.identity(v.rank))
+        y = ctx.output(node)
+        ctx.reshape(v, y, out_shape)
+
+
+class Permute(OpConverter):
+    """permute: no data moves; the output is the input's tensor with a relabelled layout."""
+
+    ops = (
+        "aten.permute_copy.default",
+        "aten.permute.default",
+        "aten.transpose_copy.int",
+        "aten.t_copy.default",
+    )
+
+    def convert(self, node: Node, ctx: ConversionContext) -> None:
+        from etforge.core import layout
+        from etforge.core.graph_utils import shape_of
+        from etforge.core.litert_convert import Value, _const_perm
+
+        v = ctx.value(node.args[0])
+        q = _const_perm(node, v.rank)
+        inv_q = layout.inverse(q)
+        out_perm = tuple(inv_q[p] for p in v.perm)
+        out = Value(v.tensor, shape_of(node), out_perm, v.dtype, v.quant)
+        requant = ctx.output_quant(node)
+        if requant is not None and requant != v.quant:
+            y = ctx.output(node, out_perm)
+            ctx.emit("QUANTIZE", [v], [y])
+            return
+        ctx.alias(node, out)
+
+
+class Identity(OpConverter):
+    """clone / alias / contiguous copies: the output is the input."""
+
+    ops = ("aten.clone.default", "aten.alias_copy.default", "aten.alias.default", "aten._to_copy.default")
+
+    def check(self, node: Node, target: TargetSpec) -> Support:
+        from etforge.core.graph_utils import tensor_meta
+
+        src, dst = tensor_meta(node.args[0]), tensor_meta(node)
+        if src is None or dst is None or src.dtype != dst.dtype:
+            return unsupported("dtype conversion")
+        return SUPPORTED
+
+    def convert(self, node: Node, ctx: ConversionContext) -> None:
+        v = ctx.value(node.args[0])
+        if ctx.output_quant(node) not in (None, v.quant):
+            y = ctx.output(node, v.perm)
+            ctx.emit("QUANTIZE", [v], [y])
+            return
+        ctx.alias(node, v)
+
+
+class Cat(OpConverter):
+    """CONCATENATION along the stored position of the logical axis (all inputs share a layout)."""
+
+    ops = ("aten.cat.default",)
+    constraints = ("rank <= npu max_rank",)
+
+    def check(self, node: Node, target: TargetSpec) -> Support:
+        return _rank_ok(node, target)
+
+    def convert(self, node: Node, ctx: ConversionContext) -> None:
+        from etforge.core import layout
+        from etforge.core.graph_utils import shape_of
+        from etforge.core.litert import options
+
+        rank = len(shape_of(node))
+        dim = int(node.args[1]) % rank if len(node.args) > 1 else 0
+        items = [a for a in node.args[0] if 0 not in shape_of(a)]
+        runtime = [a for a in items if not ctx.is_constant(a)]
+        perm = ctx.value(runtime[0]).perm if runtime else layout.identity(rank)
+        int8 = any(ctx.value(a).dtype == "int8" for a in runtime)
+        ins = [ctx.broadcast_input(a, rank, perm, int8) for a in items]
+        y = ctx.output(node, perm)
+        ctx.emit(
+            "CONCATENATION", ins, [y], options("ConcatenationOptions", axis=layout.stored_axis(perm, dim))
+        )
+
+
+class Slice(OpConverter):
+    """slice_copy -> STRIDED_SLICE in stored coordinates."""
+
+    ops = ("aten.slice_copy.Tensor", "aten.slice.Tensor")
+
+    def convert(self, node: Node, ctx: ConversionContext) -> None:
+        import numpy as np
+        from etforge.core.litert import options
+        from etforge.core.ophelpers import arg
+
+        v = ctx.value(node.args[0])
+        dim = int(arg(node, 1, "dim", 0)) % v.rank
+        size = v.shape[dim]
+        start = arg(node, 2, "start", None)
+        end = arg(node, 3, "end", None)
+        step = int(arg(node, 4, "step", 1))
+        start = 0 if start is None else int(start)
+        end = size if end is None else int(end)
+        start = max(start + size, 0) if start < 0 else min(start, size)
+        end = max(end + size, 0) if end < 0 else min(end, size)
+        begin, stop, strides = [0] * v.rank, list(v.stored_shape), [1] * v.rank
+        pos = v.perm.index(dim)
+        begin[pos], stop[pos], strides[pos] = start, end, step
+        y = ctx.output(node, v.perm)
+        consts = [
+            ctx.add_constant(np.asarray(a, np.int32), "int32", n)
+            for a, n in ((begin, "begin"), (stop, "end"), (strides, "strides"))
+        ]
+        ctx.emit("STRIDED_SLICE", [v, *consts], [y], options("StridedSliceOptions"))
+
+
+class ConstantPad(OpConverter):
+    """constant_pad_nd -> PAD (zero / zero point) or PADV2 (other values)."""
+
+    ops = ("aten.constant_pad_nd.default",)
+    constraints = ("non-negative padding",)
+
+    def check(self, node: Node, target: TargetSpec) -> Support:
+        if any(int(p) < 0 for p in node.args[1]):
+            return unsupported("negative padding (cropping)")
+        return _rank_ok(node, target)
+
+    def convert(self, node: Node, ctx: ConversionContext) -> None:
+        import numpy as np
+
+        v = ctx.value(node.args[0])
+        pads = [int(p) for p in node.args[1]]
+        value = float(node.args[2]) if len(node.args) > 2 else 0.0
+        spec = np.zeros((v.rank, 2), np.int32)
+        for i in range(len(pads) // 2):  # pads run from the last dim backwards
+            dim = v.rank - 1 - i
+            spec[v.perm.index(dim)] = (pads[2 * i], pads[2 * i + 1])
+        pads_t = ctx.add_constant(spec, "int32", "paddings")
+        y = ctx.output(node, v.perm)
+        if value == 0.0:
+            ctx.emit("PAD", [v, pads_t], [y])
+            return
+        q = v.quant
+        if q is None:
+            fill = np.asarray(value, np.float32)
+        else:
+            fill = np.asarray(np.clip(np.round(value / q.scale[0]) + q.zero_point[0], -128, 127), np.int8)
+        fill_t = ctx.add_constant(fill, v.dtype, "pad_value", quant=q)
+        ctx.emit("PADV2", [v, pads_t, fill_t], [y])
+
+
+@hookimpl
+def etforge_op_converters() -> list[OpConverter]:
+    return [Reshape(), Permute(), Identity(), Cat(), Slice(), ConstantPad()]
+
+
+@hookimpl
+def etforge_quantizer_rules() -> list[QuantRule]:
+    # LiteRT moves int8 data without rescaling: outputs share the input's qparams.
+    return [
+        QuantRule(
+            ops=(
+                "aten.view.default",
+                "aten.reshape.default",
+                "aten.flatten.using_ints",
+                "aten.squeeze.dim",
+                "aten.squeeze.dims",
+                "aten.squeeze.default",
+                "aten.unsqueeze.default",
+                "aten.permute.default",
+                "aten.transpose.int",
+                "aten.t.default",
+                "aten.slice.Tensor",
+                "aten.clone.default",
+                "aten.contiguous.default",
+                "aten.constant_pad_nd.default",
+                "aten.pad.default",
+                "aten._unsafe_view.default",
+            ),
+            kind="shared",
+            inputs=(0,),
+        ),
+        QuantRule(
+            ops=("aten.cat.default", "aten.concat.default", "aten.concatenate.default"),
+            kind="shared",
+            inputs=(0,),
+        ),
+    ]

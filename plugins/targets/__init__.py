@@ -1,0 +1,1 @@
+"""Built-in target plugins (i.MX RT700 variants) and NPU compiler adapters."""

@@ -1,0 +1,1 @@
+"""Host execution of compiled programs (LiteRT for NPU partitions) and firmware glue."""

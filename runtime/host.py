@@ -1,0 +1,57 @@
+"""Execute an Edge program on the host: delegate calls through LiteRT, everything else eagerly.
+
+This is how ``etforge verify`` and the tests see what the device would compute for the
+NPU partitions without the device: the payload's LiteRT model runs in the reference
+interpreter; CPU ops run as their Edge/ATen (or Cortex-M reference) implementations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from etforge.core import payload
+from etforge.runtime import litert_run
+from torch.export import ExportedProgram
+from torch.export.graph_signature import InputKind
+
+
+def _delegate_call(lowered: Any, args: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    blob = payload.unpack(bytes(lowered.processed_bytes))
+    if not blob.format.startswith("litert"):
+        raise RuntimeError(f"partition {blob.partition}: payload {blob.format!r} runs on the device only")
+    outs = litert_run.run(blob.data, [a.detach().contiguous().numpy() for a in args])
+    return tuple(torch.from_numpy(o) for o in outs)
+
+
+class _Runner(torch.fx.Interpreter):
+    def call_function(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if target is torch.ops.higher_order.executorch_call_delegate:
+            return _delegate_call(args[0], args[1:])
+        return super().call_function(target, args, kwargs)
+
+
+def program_inputs(ep: ExportedProgram, user_inputs: Sequence[torch.Tensor]) -> list[Any]:
+    """All placeholder values of ``ep`` in order: lifted constants then the user's inputs."""
+    values: list[Any] = []
+    it = iter(user_inputs)
+    for spec in ep.graph_signature.input_specs:
+        if spec.kind == InputKind.USER_INPUT:
+            values.append(next(it))
+        elif spec.kind in (InputKind.PARAMETER, InputKind.BUFFER):
+            values.append(
+                ep.state_dict[spec.target] if spec.target in ep.state_dict else ep.constants[spec.target]
+            )
+        else:
+            values.append(ep.constants[spec.target])
+    return values
+
+
+def run_program(ep: ExportedProgram, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Run an (Edge, possibly delegated) program on the host; returns its user outputs."""
+    with torch.no_grad():
+        out = _Runner(ep.graph_module).run(*program_inputs(ep, inputs))
+    if isinstance(out, torch.Tensor):
+        return [out]
+    return [o for o in out if isinstance(o, torch.Tensor)]

@@ -1,0 +1,146 @@
+"""A testing kit for op-plugin authors: prove a converter the way etforge proves its own.
+
+``check_op`` runs export -> quantize (composed quantizer) -> partition -> convert -> LiteRT
+and compares with the PT2E quantized torch reference (or the float model).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass
+class OpCheck:
+    """What ``check_op`` measured (kept for further assertions)."""
+
+    max_steps: float
+    mean_steps: float
+    max_rel: float
+    litert_ops: list[str]
+    delegated: list[str]
+    refused: dict[str, str]
+    outputs: list[torch.Tensor] = field(default_factory=list)
+    reference: list[torch.Tensor] = field(default_factory=list)
+
+
+class OpCheckError(AssertionError):
+    pass
+
+
+def _calibration(example: tuple[torch.Tensor, ...], n: int, seed: int) -> list[tuple[torch.Tensor, ...]]:
+    g = torch.Generator().manual_seed(seed)
+    out = [example]
+    for _ in range(n):
+        out.append(
+            tuple(
+                torch.randn(x.shape, generator=g) * x.std().clamp(min=1e-3) + x.mean()
+                if x.is_floating_point()
+                else x
+                for x in example
+            )
+        )
+    return out
+
+
+def _output_scales(edge_ep: Any) -> list[float | None]:
+    """Quantization scale of each user output (from its dequantize), None for float outputs."""
+    from etforge.core.graph_utils import is_dequantize
+
+    out_node = next(n for n in edge_ep.graph_module.graph.nodes if n.op == "output")
+    scales: list[float | None] = []
+    for a in out_node.args[0]:
+        scales.append(float(a.args[1]) if is_dequantize(a) and not hasattr(a.args[1], "op") else None)
+    return scales
+
+
+def check_op(
+    module: torch.nn.Module,
+    example_inputs: Sequence[torch.Tensor],
+    target: str = "litert",
+    quantize: bool = True,
+    max_steps: float = 1.0,
+    rtol: float = 1e-5,
+    atol: float = 1e-6,
+    calibration: Sequence[Sequence[torch.Tensor]] | None = None,
+    expect_delegated: bool = True,
+    options: dict[str, Any] | None = None,
+    seed: int = 0,
+) -> OpCheck:
+    """Assert that ``module`` lowers to LiteRT and matches its torch reference.
+
+    int8: at most ``max_steps`` output quantization steps from the PT2E quantized
+    reference. float32: ``rtol``/``atol`` against the eager module. With
+    ``expect_delegated`` every compute node must be on the NPU side.
+    """
+    from etforge.core import pipeline
+    from etforge.core.plugin_manager import registry
+    from etforge.runtime.host import run_program
+
+    reg = registry()
+    tgt = reg.target(target)
+    example = tuple(example_inputs)
+    module = module.eval()
+    ep = pipeline.export(module, example)
+    if quantize:
+        calib = [tuple(c) for c in calibration] if calibration is not None else _calibration(example, 8, seed)
+        ep = pipeline.quantize(ep, tgt, calib, reg)
+        reference = [t.detach() for t in _flat(ep.module()(*example))]
+    else:
+        with torch.no_grad():
+            reference = [t.detach() for t in _flat(module(*example))]
+    edge, partitioner, parts = pipeline.lower(ep, tgt, options, reg)
+    delegated = [d.node for d in partitioner.decisions if d.npu]
+    refused = {f"{d.node} ({d.op})": d.reason for d in partitioner.decisions if not d.npu}
+    ops = [op for p in parts for op in p.converted.operators]
+    if expect_delegated and refused:
+        raise OpCheckError(
+            "nodes were not delegated:\n" + "\n".join(f"  {k}: {v}" for k, v in refused.items())
+        )
+    edge_ep = edge.exported_program()
+    outputs = run_program(edge_ep, example)
+    if len(outputs) != len(reference):
+        raise OpCheckError(f"{len(outputs)} outputs, reference has {len(reference)}")
+    worst_steps, mean_steps, worst_rel = 0.0, 0.0, 0.0
+    scales = _output_scales(edge_ep)
+    for i, (got, ref) in enumerate(zip(outputs, reference, strict=True)):
+        if tuple(got.shape) != tuple(ref.shape):
+            raise OpCheckError(
+                f"output {i}: shape {list(got.shape)} != reference {list(ref.shape)}; LiteRT ops {ops}"
+            )
+        diff = (got.to(torch.float64) - ref.to(torch.float64)).abs()
+        scale = scales[i] if i < len(scales) else None
+        if quantize and scale:
+            steps = diff / scale
+            worst, mean = (
+                float(steps.max()) if steps.numel() else 0.0,
+                float(steps.mean()) if steps.numel() else 0.0,
+            )
+            worst_steps, mean_steps = max(worst_steps, worst), max(mean_steps, mean)
+            if worst > max_steps + 1e-3:
+                raise OpCheckError(
+                    f"output {i}: max error {worst:.2f} quantization steps (scale {scale:.4g}) > {max_steps}; "
+                    f"mean {mean:.3f}; LiteRT ops {ops}"
+                )
+        else:
+            tol = atol + rtol * ref.abs().to(torch.float64)
+            bad = diff > tol
+            rel = float((diff / (ref.abs().to(torch.float64) + atol)).max()) if diff.numel() else 0.0
+            worst_rel = max(worst_rel, rel)
+            if bool(bad.any()):
+                raise OpCheckError(
+                    f"output {i}: max abs error {float(diff.max()):.3g} beyond rtol={rtol}, atol={atol}; LiteRT ops {ops}"
+                )
+    return OpCheck(worst_steps, mean_steps, worst_rel, ops, delegated, refused, outputs, reference)
+
+
+def _flat(out: Any) -> list[torch.Tensor]:
+    if isinstance(out, torch.Tensor):
+        return [out]
+    flat: list[torch.Tensor] = []
+    for o in out:
+        flat.extend(_flat(o))
+    return flat
