@@ -11,10 +11,11 @@ import sys
 from typing import Any
 
 import click
-from etforge.core.errors import EtforgeError
-from etforge.core.plugin_manager import Registry, load_plugins
 from rich.console import Console
 from rich.table import Table
+
+from etforge.core.errors import EtforgeError
+from etforge.core.plugin_manager import Registry, load_plugins
 
 console = Console(highlight=False)
 err_console = Console(stderr=True, highlight=False)

@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 from typing import Any, final
 
-from etforge.core import payload
-from etforge.core.litert_convert import Converted, convert_program
-from etforge.core.plugin_manager import registry
 from executorch.exir.backend.backend_details import BackendDetails, PreprocessResult
 from executorch.exir.backend.compile_spec_schema import CompileSpec
 from torch.export import ExportedProgram
+
+from etforge.core import payload
+from etforge.core.litert_convert import Converted, convert_program
+from etforge.core.plugin_manager import registry
 
 #: Per-process record of converted partitions, in lowering order; the pipeline drains it
 #: to write ``partitions/*.tflite`` and the report (preprocess can return only bytes).

@@ -10,9 +10,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
+    from torch.fx import Node
+
     from etforge.core.litert_convert import ConversionContext
     from etforge.core.target import TargetSpec
-    from torch.fx import Node
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,9 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.export import ExportedProgram
+from torch.fx import Node
+
 from etforge.core import layout
 from etforge.core.converter import OpConverter, Support
 from etforge.core.errors import ConversionError
@@ -29,8 +32,6 @@ from etforge.core.graph_utils import (
 )
 from etforge.core.litert import LiteRTBuilder, Quant, enum, numpy_dtype, options
 from etforge.core.target import TargetSpec
-from torch.export import ExportedProgram
-from torch.fx import Node
 
 _TORCH_DTYPES = {torch.float32: "float32", torch.int8: "int8", torch.int32: "int32", torch.uint8: "uint8"}
 

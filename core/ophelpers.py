@@ -5,11 +5,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+from torch.fx import Node
+
 from etforge.core.errors import ConversionError
 from etforge.core.graph_utils import node_op
 from etforge.core.litert import Quant
 from etforge.core.litert_convert import ConversionContext, Value
-from torch.fx import Node
 
 
 def arg(node: Node, index: int, name: str, default: object = None) -> object:

@@ -12,6 +12,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from executorch.exir.backend.compile_spec_schema import CompileSpec
+from executorch.exir.backend.partitioner import DelegationSpec, Partitioner, PartitionResult
+from executorch.exir.backend.utils import tag_constant_data
+from torch.export import ExportedProgram
+from torch.fx import Node
+from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
+from torch.fx.passes.operator_support import OperatorSupportBase
+
 from etforge.core import backend as _backend  # noqa: F401  (registers EtforgeNpuBackend)
 from etforge.core.graph_utils import (
     is_dequantize,
@@ -24,13 +32,6 @@ from etforge.core.graph_utils import (
 from etforge.core.litert_convert import select_converter
 from etforge.core.plugin_manager import Registry, registry
 from etforge.core.target import TargetSpec
-from executorch.exir.backend.compile_spec_schema import CompileSpec
-from executorch.exir.backend.partitioner import DelegationSpec, Partitioner, PartitionResult
-from executorch.exir.backend.utils import tag_constant_data
-from torch.export import ExportedProgram
-from torch.fx import Node
-from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
-from torch.fx.passes.operator_support import OperatorSupportBase
 
 _STRUCTURAL = {"operator.getitem"}
 

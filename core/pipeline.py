@@ -11,14 +11,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from executorch.exir import EdgeCompileConfig, EdgeProgramManager, to_edge_transform_and_lower
+from torch.export import ExportedProgram
+
 from etforge.core import backend, payload
 from etforge.core.litert_convert import Converted
 from etforge.core.partitioner import EtforgePartitioner
 from etforge.core.plugin_manager import Registry, registry
 from etforge.core.quantize import ComposedQuantizer, convert, prepare
 from etforge.core.target import TargetSpec
-from executorch.exir import EdgeCompileConfig, EdgeProgramManager, to_edge_transform_and_lower
-from torch.export import ExportedProgram
 
 
 @dataclass

@@ -14,6 +14,7 @@ from functools import lru_cache
 from typing import Any
 
 import pluggy
+
 from etforge.core import hookspecs
 from etforge.core.converter import OpConverter
 from etforge.core.errors import PluginError

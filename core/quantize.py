@@ -11,8 +11,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
-from etforge.core.graph_utils import activation_kind, node_op, tensor_meta
-from etforge.core.quant_rule import QuantRule
 from torch.fx import GraphModule, Node
 from torchao.quantization.pt2e.fake_quantize import FakeQuantize, FusedMovingAvgObsFakeQuantize
 from torchao.quantization.pt2e.observer import (
@@ -30,6 +28,9 @@ from torchao.quantization.pt2e.quantizer import (
     Quantizer,
     SharedQuantizationSpec,
 )
+
+from etforge.core.graph_utils import activation_kind, node_op, tensor_meta
+from etforge.core.quant_rule import QuantRule
 
 ANNOTATION_KEY = "quantization_annotation"
 INT8_MIN, INT8_MAX = -128, 127

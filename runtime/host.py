@@ -11,10 +11,11 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from etforge.core import payload
-from etforge.runtime import litert_run
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
+
+from etforge.core import payload
+from etforge.runtime import litert_run
 
 
 def _delegate_call(lowered: Any, args: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:

@@ -7,6 +7,7 @@ from collections.abc import Callable
 import pytest
 import torch
 import torch.nn.functional as F
+
 from etforge.testing import check_op
 
 torch.manual_seed(0)

@@ -9,9 +9,10 @@ from etforge.core.hookspecs import hookimpl
 from etforge.core.quant_rule import QuantRule
 
 if TYPE_CHECKING:
+    from torch.fx import Node
+
     from etforge.core.litert_convert import ConversionContext
     from etforge.core.target import TargetSpec
-    from torch.fx import Node
 
 #: LiteRT builtins for clamp ranges it has a dedicated op for.
 _RANGES = {(0.0, 6.0): "RELU6", (-1.0, 1.0): "RELU_N1_TO_1", (0.0, None): "RELU"}

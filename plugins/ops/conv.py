@@ -10,9 +10,10 @@ from etforge.core.hookspecs import hookimpl
 from etforge.core.quant_rule import QuantRule
 
 if TYPE_CHECKING:
+    from torch.fx import Node
+
     from etforge.core.litert_convert import Constant, ConversionContext, Value
     from etforge.core.target import TargetSpec
-    from torch.fx import Node
 
 FUSE = (
     "aten.relu.default",
@@ -192,6 +193,7 @@ def _transpose_conv(
 ) -> None:
     """TRANSPOSE_CONV with VALID padding, then a SLICE crop for PyTorch's padding."""
     import numpy as np
+
     from etforge.core.litert import options
     from etforge.core.litert_convert import activation
     from etforge.core.litert_convert import padding as pad_enum

@@ -13,8 +13,9 @@ from etforge.core.hookspecs import hookimpl
 from etforge.core.quant_rule import QuantRule
 
 if TYPE_CHECKING:
-    from etforge.core.target import TargetSpec
     from torch.fx import Node
+
+    from etforge.core.target import TargetSpec
 
 
 class AddSub(Elementwise):

@@ -10,9 +10,10 @@ from etforge.core.hookspecs import hookimpl
 from etforge.core.quant_rule import QuantRule
 
 if TYPE_CHECKING:
+    from torch.fx import Node
+
     from etforge.core.litert_convert import Constant, ConversionContext
     from etforge.core.target import TargetSpec
-    from torch.fx import Node
 
 FUSE = (
     "aten.relu.default",

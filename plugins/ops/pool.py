@@ -9,9 +9,10 @@ from etforge.core.hookspecs import hookimpl
 from etforge.core.quant_rule import QuantRule
 
 if TYPE_CHECKING:
+    from torch.fx import Node
+
     from etforge.core.litert_convert import ConversionContext, Value
     from etforge.core.target import TargetSpec
-    from torch.fx import Node
 
 NHWC = (0, 2, 3, 1)
 
@@ -176,6 +177,7 @@ class AdaptiveAvgPool2d(OpConverter):
 
     def convert(self, node: Node, ctx: ConversionContext) -> None:
         import numpy as np
+
         from etforge.core.graph_utils import shape_of
         from etforge.core.litert import options
 

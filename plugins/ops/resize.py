@@ -9,9 +9,10 @@ from etforge.core.hookspecs import hookimpl
 from etforge.core.quant_rule import QuantRule
 
 if TYPE_CHECKING:
+    from torch.fx import Node
+
     from etforge.core.litert_convert import ConversionContext
     from etforge.core.target import TargetSpec
-    from torch.fx import Node
 
 
 class Resize(OpConverter):
@@ -30,6 +31,7 @@ class Resize(OpConverter):
 
     def convert(self, node: Node, ctx: ConversionContext) -> None:
         import numpy as np
+
         from etforge.core.graph_utils import shape_of
         from etforge.core.litert import options
 

@@ -13,9 +13,10 @@ from etforge.core.hookspecs import hookimpl
 from etforge.core.quant_rule import QuantRule
 
 if TYPE_CHECKING:
+    from torch.fx import Node
+
     from etforge.core.litert_convert import ConversionContext
     from etforge.core.target import TargetSpec
-    from torch.fx import Node
 
 
 def _rank_ok(node: Node, target: TargetSpec) -> Support:
@@ -145,6 +146,7 @@ class Slice(OpConverter):
 
     def convert(self, node: Node, ctx: ConversionContext) -> None:
         import numpy as np
+
         from etforge.core.litert import options
         from etforge.core.ophelpers import arg
 

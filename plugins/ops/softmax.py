@@ -9,9 +9,10 @@ from etforge.core.hookspecs import hookimpl
 from etforge.core.quant_rule import QuantRule
 
 if TYPE_CHECKING:
+    from torch.fx import Node
+
     from etforge.core.litert_convert import ConversionContext
     from etforge.core.target import TargetSpec
-    from torch.fx import Node
 
 
 class Softmax(OpConverter):

@@ -1,0 +1,37 @@
+"""Test helpers: installed distributions on disk and a CLI runner in a subprocess."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def write_distribution(
+    root: Path, dist: str, version: str, entry_points: dict[str, str], modules: dict[str, str]
+) -> Path:
+    """An installed distribution on disk (dist-info + modules), as pip would leave it."""
+    info = root / f"{dist.replace('-', '_')}-{version}.dist-info"
+    info.mkdir(parents=True, exist_ok=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
+    eps = "[etforge]\n" + "".join(f"{k} = {v}\n" for k, v in entry_points.items())
+    (info / "entry_points.txt").write_text(eps)
+    for name, source in modules.items():
+        (root / f"{name}.py").write_text(textwrap.dedent(source))
+    return root
+
+
+def run_cli(
+    *args: str, pythonpath: Path | None = None, python: str = sys.executable
+) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ)
+    if pythonpath is not None:
+        env["PYTHONPATH"] = f"{pythonpath}{os.pathsep}{env.get('PYTHONPATH', '')}"
+    env["COLUMNS"] = "200"
+    return subprocess.run(
+        [python, "-m", "etforge", *args], capture_output=True, text=True, env=env, timeout=600
+    )
