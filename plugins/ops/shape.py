@@ -93,7 +93,14 @@ class Permute(OpConverter):
 class Identity(OpConverter):
     """clone / alias / contiguous copies: the output is the input."""
 
-    ops = ("aten.clone.default", "aten.alias_copy.default", "aten.alias.default", "aten._to_copy.default")
+    ops = (
+        "aten.clone.default",
+        "aten.alias_copy.default",
+        "aten.alias.default",
+        "aten._to_copy.default",
+        "dim_order_ops._clone_dim_order.default",
+        "dim_order_ops._to_dim_order_copy.default",
+    )
 
     def check(self, node: Node, target: TargetSpec) -> Support:
         from etforge.core.graph_utils import tensor_meta
