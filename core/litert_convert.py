@@ -9,6 +9,7 @@ debug-handle map exists by construction.
 from __future__ import annotations
 
 import operator
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -76,6 +77,7 @@ class Converted:
     operators: list[str]  # LiteRT builtin name per op
     input_names: list[str]
     output_names: list[str]
+    seconds: float = 0.0
 
 
 def _constant_tensor(ep: ExportedProgram, node: Node) -> torch.Tensor | None:
@@ -518,6 +520,7 @@ def convert_program(
     name: str = "partition",
 ) -> Converted:
     """Convert a whole (partition) program; every compute node must be accepted by a converter."""
+    start = time.perf_counter()
     ctx = ConversionContext(ep, target, name)
     mark_constants(ep)
     graph = ep.graph_module.graph
@@ -571,6 +574,7 @@ def convert_program(
         operators=[names.get(c, str(c)) for c in ops],
         input_names=input_names,
         output_names=output_names,
+        seconds=time.perf_counter() - start,
     )
 
 

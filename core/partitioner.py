@@ -8,6 +8,7 @@ Every decision, refusals included, is kept with its reason for the report.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,6 +89,7 @@ class EtforgePartitioner(Partitioner):
         ]
         self.delegation_spec = DelegationSpec(backend_id, spec)
         self.decisions: list[Decision] = []
+        self.seconds = 0.0  # time spent deciding and tagging (for the benchmarks)
         self._table = self.registry.converters_for(target)
 
     # -- decomposition ------------------------------------------------------------------------
@@ -154,6 +156,13 @@ class EtforgePartitioner(Partitioner):
         return set(chosen)
 
     def partition(self, exported_program: ExportedProgram) -> PartitionResult:
+        start = time.perf_counter()
+        try:
+            return self._partition(exported_program)
+        finally:
+            self.seconds += time.perf_counter() - start
+
+    def _partition(self, exported_program: ExportedProgram) -> PartitionResult:
         ep = exported_program
         chosen = self.decide(ep)
         nodes = set(chosen)

@@ -21,8 +21,15 @@ def _bn_act(block: list[nn.Module], channels: int, act: nn.Module | None, dims: 
     return block
 
 
-def conv_bn(c_in: int, c_out: int, k: int | tuple[int, int], s: int = 1, groups: int = 1,
-            act: type[nn.Module] | None = nn.ReLU, padding: int | tuple[int, int] | None = None) -> nn.Sequential:
+def conv_bn(
+    c_in: int,
+    c_out: int,
+    k: int | tuple[int, int],
+    s: int = 1,
+    groups: int = 1,
+    act: type[nn.Module] | None = nn.ReLU,
+    padding: int | tuple[int, int] | None = None,
+) -> nn.Sequential:
     if padding is None:
         padding = (k - 1) // 2 if isinstance(k, int) else ((k[0] - 1) // 2, (k[1] - 1) // 2)
     layers: list[nn.Module] = [nn.Conv2d(c_in, c_out, k, s, padding, groups=groups, bias=False)]
@@ -52,7 +59,10 @@ class InvertedResidual(nn.Module):
         layers: list[nn.Module] = []
         if expand != 1:
             layers.append(conv_bn(c_in, hidden, 1, act=nn.ReLU6))
-        layers += [conv_bn(hidden, hidden, 3, stride, groups=hidden, act=nn.ReLU6), conv_bn(hidden, c_out, 1, act=None)]
+        layers += [
+            conv_bn(hidden, hidden, 3, stride, groups=hidden, act=nn.ReLU6),
+            conv_bn(hidden, c_out, 1, act=None),
+        ]
         self.conv = nn.Sequential(*layers)
         self.residual = stride == 1 and c_in == c_out
 
@@ -63,7 +73,15 @@ class InvertedResidual(nn.Module):
 class MobileNetV2(nn.Module):
     """torchvision's mobilenet_v2 architecture (width 1.0)."""
 
-    SETTINGS = ((1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1), (6, 160, 3, 2), (6, 320, 1, 1))
+    SETTINGS = (
+        (1, 16, 1, 1),
+        (6, 24, 2, 2),
+        (6, 32, 3, 2),
+        (6, 64, 4, 2),
+        (6, 96, 3, 1),
+        (6, 160, 3, 2),
+        (6, 320, 1, 1),
+    )
 
     def __init__(self, num_classes: int = 1000) -> None:
         super().__init__()
@@ -91,7 +109,11 @@ class MobileNetV1(nn.Module):
         def ch(c: int) -> int:
             return max(8, int(c * alpha))
 
-        plan = [(64, 1), (128, 2), (128, 1), (256, 2), (256, 1), (512, 2)] + [(512, 1)] * 5 + [(1024, 2), (1024, 1)]
+        plan = (
+            [(64, 1), (128, 2), (128, 1), (256, 2), (256, 1), (512, 2)]
+            + [(512, 1)] * 5
+            + [(1024, 2), (1024, 1)]
+        )
         layers: list[nn.Module] = [conv_bn(3, ch(32), 3, 2)]
         c_in = ch(32)
         for c, s in plan:
@@ -109,7 +131,9 @@ class ResBlock(nn.Module):
     def __init__(self, c_in: int, c_out: int, stride: int) -> None:
         super().__init__()
         self.body = nn.Sequential(conv_bn(c_in, c_out, 3, stride), conv_bn(c_out, c_out, 3, act=None))
-        self.shortcut = nn.Identity() if stride == 1 and c_in == c_out else conv_bn(c_in, c_out, 1, stride, act=None)
+        self.shortcut = (
+            nn.Identity() if stride == 1 and c_in == c_out else conv_bn(c_in, c_out, 1, stride, act=None)
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.relu(self.body(x) + self.shortcut(x))
@@ -174,7 +198,9 @@ ZOO: dict[str, ZooEntry] = {
     for e in (
         ZooEntry("cifarnet", CifarNet, (1, 3, 32, 32), "NXP CIFAR-10 example net"),
         ZooEntry("mobilenet_v2", lambda: MobileNetV2(1000), (1, 3, 224, 224), "MobileNetV2, 1000 classes"),
-        ZooEntry("mobilenet_v2_96", lambda: MobileNetV2(10), (1, 3, 96, 96), "MobileNetV2 at 96x96, 10 classes"),
+        ZooEntry(
+            "mobilenet_v2_96", lambda: MobileNetV2(10), (1, 3, 96, 96), "MobileNetV2 at 96x96, 10 classes"
+        ),
         ZooEntry("mobilenet_v1_025", MobileNetV1, (1, 3, 96, 96), "MLPerf Tiny VWW MobileNetV1 0.25"),
         ZooEntry("resnet8", ResNet8, (1, 3, 32, 32), "MLPerf Tiny image classification ResNet-8"),
         ZooEntry("ds_cnn", DSCNN, (1, 1, 49, 10), "MLPerf Tiny keyword spotting DS-CNN"),
