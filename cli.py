@@ -179,5 +179,167 @@ def ops(obj: Ctx, target_name: str, as_json: bool) -> None:
     console.print(table)
 
 
+def _parse_options(pairs: tuple[str, ...]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise click.BadParameter(f"{pair!r} is not key=value", param_hint="--option")
+        key, value = pair.split("=", 1)
+        out[key.strip()] = value.strip()
+    return out
+
+
+@main.command(name="compile")
+@click.argument("model")
+@click.option(
+    "--target",
+    "-t",
+    "target_name",
+    default="imxrt700cm",
+    show_default=True,
+    help="Target (see `etforge targets`).",
+)
+@click.option(
+    "-o", "--output", "out_dir", required=True, type=click.Path(file_okay=False), help="Output directory."
+)
+@click.option(
+    "--calib", "calib", type=click.Path(), help="Calibration data: a .pt file with a list of input tuples."
+)
+@click.option("--float", "float_", is_flag=True, help="Do not quantize (float32).")
+@click.option(
+    "--option", "raw_options", multiple=True, metavar="KEY=VALUE", help="Target option (repeatable)."
+)
+@click.pass_obj
+def compile_cmd(
+    obj: Ctx,
+    model: str,
+    target_name: str,
+    out_dir: str,
+    calib: str | None,
+    float_: bool,
+    raw_options: tuple[str, ...],
+) -> None:
+    """Compile MODEL (zoo:NAME, path/file.py:factory or a .pt2 file) into OUT/model.pte."""
+    from pathlib import Path
+
+    from etforge.core import output
+
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise EtforgeError(f"output {out} exists and is not a directory")
+    if out.is_dir():
+        output.clear_previous(out)  # whatever happens next, no stale program looks current
+    reg = obj.registry
+    target = reg.target(target_name)
+    try:
+        options = target.parse_options(_parse_options(raw_options))
+    except ValueError as exc:
+        raise EtforgeError(str(exc)) from None
+    with console.status("loading torch, executorch and the model ..."):
+        from etforge.core.compiler import compile_model
+        from etforge.core.load import load_calibration, load_model
+        from etforge.core.report import build_report
+
+        loaded = load_model(model)
+        calibration = loaded.calibration
+        if calib:
+            calibration = load_calibration(calib, loaded.example_inputs)
+    out.mkdir(parents=True, exist_ok=True)
+    result = compile_model(
+        loaded.module,
+        loaded.example_inputs,
+        target,
+        calibration=calibration,
+        options=options,
+        quantize=not float_,
+        program=loaded.program,
+        reg=reg,
+        progress=_progress,
+        what=model,
+    )
+    with _progress("write"):
+        report = build_report(result, reg, model)
+        output.write_outputs(out, result, report)
+    _print_summary(report, out)
+
+
+def _progress(stage: str) -> Any:
+    import contextlib
+    import time
+
+    @contextlib.contextmanager
+    def run() -> Any:
+        start = time.perf_counter()
+        with console.status(f"{stage} ..."):
+            yield
+        console.print(f"[green]✓[/] {stage:<10} {time.perf_counter() - start:6.2f} s")
+
+    return run()
+
+
+def _print_summary(report: dict[str, Any], out: Any) -> None:
+    from etforge.core.report import summary_rows
+
+    table = Table(title=f"{report['model']} on {report['target']}")
+    for col in ("node", "op", "placement", "partition", "decided by", "MACs", "reason"):
+        table.add_column(col, overflow="fold")
+    for row in summary_rows(report):
+        table.add_row(*row)
+    console.print(table)
+    macs = report["macs"]
+    console.print(
+        f"NPU MACs: {macs['npu']:,} of {macs['total']:,} ({100 * macs['npu_share']:.1f}%) · "
+        f"partitions: {len(report['partitions'])} · "
+        f"boundary transposes: {sum(p['boundary_transposes'] for p in report['partitions'])} · "
+        f"arena: {', '.join(f'{b:,} B' for b in report['memory']['arena_bytes'])} · "
+        f".pte: {report['memory']['pte_bytes']:,} B"
+    )
+    if report["host_only"]:
+        console.print(f"[yellow]NPU partitions are host-only:[/] {report['npu_compiler']['status']}")
+    console.print(f"wrote {out}/model.pte, {out}/partitions/, {out}/report.json")
+
+
+@main.command()
+@click.argument("out_dir", type=click.Path(file_okay=False))
+@click.option("--samples", default=32, show_default=True, help="Seeded random inputs to compare on.")
+@click.option("--seed", default=0, show_default=True)
+@click.option(
+    "--max-steps",
+    default=3.0,
+    show_default=True,
+    help="Max int8 difference when the whole model is on the NPU.",
+)
+@click.option(
+    "--min-top1", type=int, default=None, help="Required top-1 agreements (default: samples - samples/32)."
+)
+@click.pass_obj
+def verify(obj: Ctx, out_dir: str, samples: int, seed: int, max_steps: float | None, min_top1: int | None) -> None:
+    """Run OUT's program on the host (NPU partitions in LiteRT) and compare with torch."""
+    from pathlib import Path
+
+    _ = obj.registry
+    with console.status("rebuilding and running the program on the host ..."):
+        from etforge.runtime.verify import verify as run_verify
+
+        v = run_verify(Path(out_dir), samples=samples, seed=seed, max_steps=max_steps, min_top1=min_top1)
+    table = Table(title=f"verify {out_dir} ({v.samples} seeded inputs)")
+    table.add_column("metric")
+    table.add_column("value")
+    if v.max_steps is not None:
+        table.add_row("max |ours - quantized ref| (steps)", f"{v.max_steps:.2f}")
+        table.add_row("mean |ours - quantized ref| (steps)", f"{v.mean_steps:.4f}")
+    if v.top1_vs_quantized is not None:
+        table.add_row("top-1 agreement vs quantized ref", f"{v.top1_vs_quantized}/{v.samples}")
+        table.add_row("top-1 agreement vs float model", f"{v.top1_vs_float}/{v.samples}")
+    table.add_row("max |ours - float|", f"{v.max_abs_vs_float:.4g}")
+    table.add_row("whole model on the NPU", "yes" if v.whole_model_on_npu else "no")
+    console.print(table)
+    if not v.ok:
+        for f in v.failures:
+            err_console.print(f"[red]FAIL:[/] {f}")
+        sys.exit(1)
+    console.print("[green]verify passed[/]")
+
+
 if __name__ == "__main__":
     main()

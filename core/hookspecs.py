@@ -22,6 +22,7 @@ import pluggy
 
 if TYPE_CHECKING:
     from etforge.core.converter import OpConverter
+    from etforge.core.cpu_backend import CpuBackend
     from etforge.core.npu_compiler import NpuCompiler
     from etforge.core.quant_rule import QuantRule
     from etforge.core.target import TargetSpec
@@ -99,4 +100,15 @@ def etforge_npu_compilers() -> list[NpuCompiler]:
     (``compile(tflite, target, options) -> NpuPayload``). ``available()`` says whether its
     toolchain is installed and why not; an unavailable compiler makes the NPU partitions
     host-only, and the CLI and report say so.
+    """
+
+
+@hookspec
+def etforge_cpu_backends() -> list[CpuBackend]:
+    """Return CPU backends: instances of :class:`etforge.core.cpu_backend.CpuBackend`.
+
+    A CPU backend runs what the NPU does not take (a target names it in
+    ``cpu_fallback``). It may contribute a PT2E quantizer for the CPU-bound nodes (applied
+    after the NPU rules, to the nodes they left alone), the Edge compile config, and a
+    ``lower(ep)`` step that rewrites the leftover Edge ops into its kernels (e.g. CMSIS-NN).
     """

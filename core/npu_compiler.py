@@ -18,6 +18,8 @@ class NpuPayload:
     host_only: bool
     kernel_selection: str | None = None
     log: str = ""
+    #: ExecuTorch backend id the device runtime registers for this payload (None: etforge's).
+    runtime_backend_id: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 

@@ -48,6 +48,8 @@ class Decision:
     plugin: str | None
     reason: str
     partition: str | None = None
+    macs: int = 0
+    handle: int | None = None
 
 
 class _Selected(OperatorSupportBase):
@@ -93,10 +95,14 @@ class EtforgePartitioner(Partitioner):
         self._table = self.registry.converters_for(target)
 
     # -- decomposition ------------------------------------------------------------------------
+    def preserved_op_names(self) -> list[str]:
+        """ATen ops the target's converters ask to keep whole."""
+        return sorted({p for convs in self._table.values() for c in convs for p in c.preserve})
+
     def ops_to_not_decompose(self, ep: ExportedProgram) -> tuple[list[torch._ops.OpOverload], Any]:
         """Keep whole the ATen ops a converter asked for (e.g. linear), but only on nodes it accepts."""
         mark_constants(ep)
-        wanted = {p for convs in self._table.values() for c in convs for p in c.preserve}
+        wanted = set(self.preserved_op_names())
         ops = []
         for name in sorted(wanted):
             ns, op, overload = name.split(".")
@@ -137,6 +143,8 @@ class EtforgePartitioner(Partitioner):
                 d = Decision(
                     node.name, op, conv is not None, conv.name if conv else None, owner, support.reason
                 )
+            d.macs = self._macs(node)
+            d.handle = node.meta.get("debug_handle")
             self.decisions.append(d)
             if d.npu:
                 chosen[node] = d
@@ -154,6 +162,16 @@ class EtforgePartitioner(Partitioner):
                     d.npu, d.reason = False, why
                     changed = True
         return set(chosen)
+
+    def _macs(self, node: Node) -> int:
+        """MACs counted by any converter of the op (also for nodes the NPU refuses)."""
+        for conv in self.registry.converters:
+            if node_op(node) in conv.ops:
+                try:
+                    return int(conv.macs(node))
+                except Exception:
+                    return 0
+        return 0
 
     def partition(self, exported_program: ExportedProgram) -> PartitionResult:
         start = time.perf_counter()

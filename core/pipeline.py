@@ -14,8 +14,9 @@ import torch
 from executorch.exir import EdgeCompileConfig, EdgeProgramManager, to_edge_transform_and_lower
 from torch.export import ExportedProgram
 
-from etforge.core import backend, payload
+from etforge.core import backend
 from etforge.core.litert_convert import Converted
+from etforge.core.npu_compiler import NpuPayload
 from etforge.core.partitioner import EtforgePartitioner
 from etforge.core.plugin_manager import Registry, registry
 from etforge.core.quantize import ComposedQuantizer, convert, prepare
@@ -28,7 +29,12 @@ class Partition:
 
     name: str
     converted: Converted
-    blob: payload.Blob
+    payload: NpuPayload
+    processed: bytes
+
+    @property
+    def host_only(self) -> bool:
+        return self.payload.host_only
 
 
 def export(module: torch.nn.Module, example_inputs: tuple[Any, ...]) -> ExportedProgram:
@@ -70,6 +76,6 @@ def lower(
     partitioner = EtforgePartitioner(target, options, reg)
     start = len(backend.CONVERTED)
     edge = to_edge_transform_and_lower(ep, partitioner=[partitioner], compile_config=edge_config())
-    parts = [Partition(n, c, b) for n, c, b in backend.CONVERTED[start:]]
+    parts = [Partition(x.name, x.converted, x.payload, x.processed) for x in backend.CONVERTED[start:]]
     del backend.CONVERTED[start:]
     return edge, partitioner, parts

@@ -17,6 +17,7 @@ import pluggy
 
 from etforge.core import hookspecs
 from etforge.core.converter import OpConverter
+from etforge.core.cpu_backend import CpuBackend
 from etforge.core.errors import PluginError
 from etforge.core.npu_compiler import NpuCompiler
 from etforge.core.quant_rule import QuantRule
@@ -28,6 +29,7 @@ HOOKS: dict[str, tuple[type, str]] = {
     "etforge_quantizer_rules": (QuantRule, "quantizer_rules"),
     "etforge_targets": (TargetSpec, "targets"),
     "etforge_npu_compilers": (NpuCompiler, "npu_compilers"),
+    "etforge_cpu_backends": (CpuBackend, "cpu_backends"),
 }
 
 
@@ -90,6 +92,19 @@ class Registry:
     @property
     def npu_compilers(self) -> dict[str, NpuCompiler]:
         return {c.name: c for c in self._all("npu_compilers")}
+
+    @property
+    def cpu_backends(self) -> dict[str, CpuBackend]:
+        return {c.name: c for c in self._all("cpu_backends")}
+
+    def cpu_backend(self, target: TargetSpec) -> CpuBackend:
+        backends = self.cpu_backends
+        if target.cpu_fallback not in backends:
+            known = ", ".join(sorted(backends)) or "none"
+            raise PluginError(
+                f"target {target.name!r} needs CPU backend {target.cpu_fallback!r}; loaded: {known}"
+            )
+        return backends[target.cpu_fallback]
 
     @property
     def targets(self) -> dict[str, TargetSpec]:

@@ -17,7 +17,8 @@ from support import REPO
 
 BUILTIN_ENTRY_POINTS = {
     "ops_conv", "ops_linear", "ops_elementwise", "ops_activation", "ops_pool", "ops_shape",
-    "ops_softmax", "ops_reduce", "ops_resize", "targets_neutron", "targets_cortex_m", "targets_litert",
+    "ops_softmax", "ops_reduce", "ops_resize", "targets_neutron", "targets_cortex_m", "targets_litert", "cpu_portable",
+    "npu_eiq_neutron_sdk",
 }  # fmt: skip
 
 

@@ -1,0 +1,39 @@
+"""CPU backends: how the leftovers of the NPU partitioning run on the RT700's Cortex-M33."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from executorch.exir import EdgeCompileConfig
+    from torch.export import ExportedProgram
+    from torchao.quantization.pt2e.quantizer import Quantizer
+
+    from etforge.core.target import TargetSpec
+
+
+class CpuBackend:
+    """Base class: portable kernels need nothing beyond ExecuTorch's defaults."""
+
+    name: str = ""
+    description: str = ""
+    #: Placement label in the report for the ops this backend runs.
+    placement: str = "portable"
+
+    def quantizer(self, target: TargetSpec, options: dict[str, Any]) -> Quantizer | None:
+        """A PT2E quantizer for the nodes the NPU rules left unannotated (None: none)."""
+        return None
+
+    def edge_compile_config(self) -> EdgeCompileConfig | None:
+        return None
+
+    def preserve_ops(self) -> tuple[str, ...]:
+        """ATen ops ``to_edge`` must keep whole for this backend's lowering."""
+        return ()
+
+    def lower(self, ep: ExportedProgram, target: TargetSpec, options: dict[str, Any]) -> ExportedProgram:
+        """Rewrite the leftover Edge ops into this backend's kernels (identity by default)."""
+        return ep
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "description": self.description, "placement": self.placement}

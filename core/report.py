@@ -1,0 +1,135 @@
+"""The compile report: per-node placement and who decided, MACs, partitions, memory, stage times.
+
+JSON for tools (``report.json``); ``summary_rows`` gives the table printed for people.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from typing import Any
+
+from torch.export import ExportedProgram
+
+from etforge import __version__
+from etforge.core.compiler import CompileResult
+from etforge.core.graph_utils import node_op
+from etforge.core.plugin_manager import Registry
+
+REPORT_VERSION = 1
+
+
+def _final_placement(program: ExportedProgram) -> dict[int, str]:
+    """debug handle -> op namespace that runs it after CPU lowering (cortex_m, aten, ...)."""
+    out: dict[int, str] = {}
+    for node in program.graph_module.graph.nodes:
+        handle = node.meta.get("debug_handle")
+        if node.op == "call_function" and isinstance(handle, int):
+            ns = node_op(node).split(".")[0]
+            if ns == "cortex_m" or handle not in out:
+                out[handle] = ns
+    return out
+
+
+def build_report(result: CompileResult, reg: Registry, model: str) -> dict[str, Any]:
+    decisions = result.decisions
+    cpu = reg.cpu_backend(result.target)
+    final = _final_placement(result.host_program)
+    nodes = []
+    for d in decisions:
+        placement = "npu" if d.npu else cpu.placement
+        if not d.npu and cpu.placement == "cortex-m" and final.get(d.handle) != "cortex_m":
+            placement = "portable"  # no CMSIS-NN kernel took it
+        nodes.append(
+            {
+                "node": d.node,
+                "op": d.op,
+                "placement": placement,
+                "converter": d.converter,
+                "plugin": d.plugin,
+                "reason": d.reason or None,
+                "partition": d.partition,
+                "macs": d.macs,
+            }
+        )
+    total = sum(n["macs"] for n in nodes)
+    on_npu = sum(n["macs"] for n in nodes if n["placement"] == "npu")
+    compiler_name = result.target.npu.compiler if result.target.npu else None
+    compiler = reg.npu_compilers.get(compiler_name) if compiler_name else None
+    status = (
+        compiler.available()
+        if compiler
+        else (False, "no NPU on this target" if not compiler_name else "no such compiler plugin")
+    )
+    plan = result.executorch.executorch_program.execution_plan[0]
+    partitions = []
+    for p in result.partitions:
+        counts = Counter(p.converted.operators)
+        partitions.append(
+            {
+                "name": p.name,
+                "format": p.payload.format,
+                "host_only": p.host_only,
+                "tflite": f"partitions/{p.name}.tflite",
+                "tflite_bytes": len(p.converted.tflite),
+                "payload_bytes": len(p.processed),
+                "litert_ops": len(p.converted.operators),
+                "operators": dict(sorted(counts.items())),
+                "boundary_transposes": counts.get("TRANSPOSE", 0),
+                "kernel_selection": p.payload.kernel_selection is not None,
+            }
+        )
+    cpu_ops = Counter(
+        node_op(n)
+        for n in result.host_program.graph_module.graph.nodes
+        if n.op == "call_function" and "delegate" not in node_op(n)
+    )
+    return {
+        "report_version": REPORT_VERSION,
+        "etforge_version": __version__,
+        "model": model,
+        "target": result.target.name,
+        "cpu": result.target.cpu,
+        "cpu_backend": cpu.name,
+        "options": {k: list(v) if isinstance(v, tuple) else v for k, v in sorted(result.options.items())},
+        "quantized": result.quantized,
+        "npu_compiler": {"name": compiler_name, "available": bool(status[0]), "status": status[1]},
+        "host_only": any(p.host_only for p in result.partitions),
+        "inputs": [
+            {"shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")} for t in _example(result)
+        ],
+        "stages": {k: round(v, 4) for k, v in result.stage_seconds.items()},
+        "nodes": nodes,
+        "macs": {"total": total, "npu": on_npu, "npu_share": (on_npu / total) if total else 0.0},
+        "partitions": partitions,
+        "cpu_ops": dict(sorted(cpu_ops.items())),
+        "cortex_m_handles": sorted(h for h, ns in final.items() if ns == "cortex_m"),
+        "memory": {
+            "arena_bytes": [int(x) for x in plan.non_const_buffer_sizes[1:]],
+            "pte_bytes": len(result.pte),
+        },
+        "pte_sha256": hashlib.sha256(result.pte).hexdigest(),
+    }
+
+
+def _example(result: CompileResult) -> tuple[Any, ...]:
+    ex = result.float_program.example_inputs
+    return tuple(ex[0]) if ex else ()
+
+
+def summary_rows(report: dict[str, Any]) -> list[tuple[str, ...]]:
+    rows = []
+    for n in report["nodes"]:
+        who = f"{n['converter']} ({n['plugin']})" if n["converter"] else "-"
+        rows.append(
+            (
+                n["node"],
+                n["op"],
+                n["placement"],
+                n["partition"] or "-",
+                who,
+                str(n["macs"]),
+                n["reason"] or "",
+            )
+        )
+    return rows

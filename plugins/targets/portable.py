@@ -1,0 +1,17 @@
+"""The portable CPU backend: ExecuTorch's portable (and quantized) kernels, no extra lowering."""
+
+from __future__ import annotations
+
+from etforge.core.cpu_backend import CpuBackend
+from etforge.core.hookspecs import hookimpl
+
+
+class Portable(CpuBackend):
+    name = "portable"
+    description = "ExecuTorch portable kernels (aten::*.out, quantized_decomposed::*.out)"
+    placement = "portable"
+
+
+@hookimpl
+def etforge_cpu_backends() -> list[CpuBackend]:
+    return [Portable()]

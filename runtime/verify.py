@@ -1,0 +1,137 @@
+"""``etforge verify OUT``: run the compiled program on the host and compare with torch.
+
+The lowered program is rebuilt from ``quantized.pt2`` with the recorded target and
+options, and must reproduce ``partitions/*.tflite`` byte for byte — so what runs here is
+what the ``.pte`` holds. NPU partitions run in LiteRT, Cortex-M ops as their reference
+implementations, everything else in torch.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.export import ExportedProgram
+
+from etforge.core import output
+from etforge.core.errors import EtforgeError
+from etforge.core.graph_utils import node_op
+from etforge.core.plugin_manager import Registry, registry
+from etforge.runtime.host import run_program
+
+
+@dataclass
+class Verification:
+    samples: int
+    max_steps: float | None
+    mean_steps: float | None
+    top1_vs_quantized: int | None
+    top1_vs_float: int | None
+    max_abs_vs_float: float
+    whole_model_on_npu: bool
+    failures: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+
+def _output_scale(program: ExportedProgram) -> float | None:
+    out = next(n for n in program.graph_module.graph.nodes if n.op == "output")
+    arg = out.args[0][0]
+    if hasattr(arg, "op") and node_op(arg).split(".")[-2:] == ["dequantize_per_tensor", "default"]:
+        scale = arg.args[1]
+        return float(scale) if isinstance(scale, float) else None
+    return None
+
+
+def _inputs(report: dict[str, Any], seed: int, count: int) -> list[tuple[torch.Tensor, ...]]:
+    g = torch.Generator().manual_seed(seed)
+    channels_last = report["options"].get("dim_order") == "channels_last"
+    batches = []
+    for _ in range(count):
+        batch = []
+        for spec in report["inputs"]:
+            t = torch.randn(spec["shape"], generator=g).to(getattr(torch, spec["dtype"]))
+            if channels_last and t.dim() == 4:
+                t = t.to(memory_format=torch.channels_last)
+            batch.append(t)
+        batches.append(tuple(batch))
+    return batches
+
+
+def rebuild(
+    out: Path, report: dict[str, Any], reg: Registry
+) -> tuple[ExportedProgram, ExportedProgram, ExportedProgram | None]:
+    """(lowered host program, float program, quantized program) from a compile's outputs."""
+    from etforge.core.compiler import lower_program
+
+    float_ep = torch.export.load(str(out / output.FLOAT_PROGRAM))
+    qpath = out / output.QUANTIZED_PROGRAM
+    qep = torch.export.load(str(qpath)) if report["quantized"] else None
+    target = reg.target(report["target"])
+    options = {k: tuple(v) if isinstance(v, list) else v for k, v in report["options"].items()}
+    edge, _, parts, _ = lower_program(qep if qep is not None else float_ep, target, options, reg)
+    for p in parts:
+        saved = out / "partitions" / f"{p.name}.tflite"
+        if not saved.is_file() or saved.read_bytes() != p.converted.tflite:
+            raise EtforgeError(
+                f"{saved}: does not match the program rebuilt from {qpath.name}; recompile {out}"
+            )
+    return edge.exported_program(), float_ep, qep
+
+
+def verify(
+    out: Path, samples: int = 32, seed: int = 0, max_steps: float = 3.0, min_top1: int | None = None
+) -> Verification:
+    report_path = out / output.REPORT
+    if not report_path.is_file() or not (out / output.PTE).is_file():
+        raise EtforgeError(
+            f"{out}: no compiled program here (missing {output.PTE} or {output.REPORT}); run etforge compile first"
+        )
+    report = json.loads(report_path.read_text())
+    reg = registry()
+    program, float_ep, qep = rebuild(out, report, reg)
+    scale = _output_scale(program)
+    float_fn = float_ep.module()
+    q_fn = qep.module() if qep is not None else None
+    worst, total, count = 0.0, 0.0, 0
+    top1_q = top1_f = 0
+    max_abs_f = 0.0
+    for batch in _inputs(report, seed, samples):
+        ours = run_program(program, batch)[0].float()
+        with torch.no_grad():
+            ref_f = float_fn(*batch)
+            ref_q = q_fn(*batch) if q_fn is not None else ref_f
+        max_abs_f = max(max_abs_f, float((ours - ref_f).abs().max()))
+        if scale:
+            steps = (ours - ref_q).abs() / scale
+            worst = max(worst, float(steps.max()))
+            total += float(steps.sum())
+            count += steps.numel()
+        top1_q += int(ours.flatten(1).argmax(1).eq(ref_q.flatten(1).argmax(1)).all())
+        top1_f += int(ours.flatten(1).argmax(1).eq(ref_f.flatten(1).argmax(1)).all())
+    on_npu = all(n["placement"] == "npu" for n in report["nodes"]) and bool(report["nodes"])
+    classifier = report["inputs"] and len(report["nodes"]) > 0
+    result = Verification(
+        samples=samples,
+        max_steps=worst if scale else None,
+        mean_steps=(total / count) if count else None,
+        top1_vs_quantized=top1_q if classifier else None,
+        top1_vs_float=top1_f if classifier else None,
+        max_abs_vs_float=max_abs_f,
+        whole_model_on_npu=on_npu,
+    )
+    need = min_top1 if min_top1 is not None else samples - samples // 32
+    if report["quantized"] and top1_q < need:
+        result.failures.append(
+            f"top-1 agreement with the quantized reference {top1_q}/{samples} < {need}/{samples}"
+        )
+    if max_steps is not None and scale and on_npu and worst > max_steps:
+        result.failures.append(
+            f"max difference {worst:.1f} quantization steps > {max_steps} (whole model on the NPU)"
+        )
+    return result
