@@ -60,7 +60,7 @@ def write_outputs(out: Path, result: CompileResult, report: dict[str, Any]) -> N
         if program is None:
             target.unlink(missing_ok=True)
             continue
-        fd, tmp = tempfile.mkstemp(dir=out, prefix=f".{name}.")
+        fd, tmp = tempfile.mkstemp(dir=out, prefix=f".{name}.", suffix=".pt2")
         os.close(fd)
         try:
             torch.export.save(program, tmp)

@@ -1,0 +1,84 @@
+"""Benchmark: full compile per zoo model and target, and the lowering overhead ratio.
+
+Run: .venv/bin/python bench/compile.py [--models cifarnet,resnet8] [--targets imxrt700,imxrt700cm,cortex-m33]
+
+Per model and target: stage times, NPU MAC share, partitions, boundary transposes, arena
+bytes; and etforge's lowering stage divided by a bare ``to_edge_transform_and_lower`` (no
+partitioner, no extra passes) of the same quantized program, measured in the same run.
+Goal: ratio <= 1.1. Single-threaded torch; run nothing else meanwhile.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+from executorch.exir import to_edge_transform_and_lower
+
+from etforge import zoo
+from etforge.core.compiler import compile_model
+from etforge.core.pipeline import edge_config
+from etforge.core.plugin_manager import registry
+from etforge.core.report import build_report
+
+
+def bare_lowering(program: torch.export.ExportedProgram) -> float:
+    start = time.perf_counter()
+    to_edge_transform_and_lower(program, compile_config=edge_config())
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default=",".join(n for n in zoo.ZOO if n != "mobilenet_v2"))
+    parser.add_argument("--targets", default="imxrt700,imxrt700cm,cortex-m33")
+    parser.add_argument("--calibration", type=int, default=16)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    reg = registry()
+    cols = (
+        "model",
+        "target",
+        "export",
+        "quant",
+        "lower",
+        "serial",
+        "NPU MAC %",
+        "parts",
+        "transp",
+        "arena B",
+        "bare s",
+        "ratio",
+    )
+    print(" ".join(f"{c:>10}" for c in cols))
+    for name in args.models.split(","):
+        for target in args.targets.split(","):
+            model, example = zoo.build(name)
+            result = compile_model(
+                model, example, target, calibration=zoo.calibration(name, args.calibration), reg=reg
+            )
+            report = build_report(result, reg, f"zoo:{name}")
+            program = result.quantized_program
+            assert program is not None
+            bare = bare_lowering(program)
+            s = result.stage_seconds
+            row = (
+                name,
+                target,
+                f"{s['export']:.2f}",
+                f"{s['quantize']:.2f}",
+                f"{s['lower']:.2f}",
+                f"{s['serialize']:.2f}",
+                f"{100 * report['macs']['npu_share']:.1f}",
+                str(len(report["partitions"])),
+                str(sum(p["boundary_transposes"] for p in report["partitions"])),
+                ",".join(str(b) for b in report["memory"]["arena_bytes"]),
+                f"{bare:.2f}",
+                f"{s['lower'] / bare:.2f}",
+            )
+            print(" ".join(f"{c:>10}" for c in row), flush=True)
+
+
+if __name__ == "__main__":
+    main()
