@@ -46,6 +46,9 @@ class Value:
     perm: tuple[int, ...]
     dtype: str
     quant: Quant | None
+    #: For a flattened channels-last tensor kept in stored order (no TRANSPOSE): the
+    #: logical column each stored column holds. Only fully-connected consumers accept it.
+    columns: tuple[int, ...] | None = None
 
     @property
     def stored_shape(self) -> tuple[int, ...]:
@@ -116,6 +119,16 @@ class ConversionContext:
         self.op_nodes: dict[int, list[str]] = {}
         self._transposes: dict[tuple[int, tuple[int, ...]], int] = {}
         self._group: list[Node] = []
+        self._accepts_columns = False
+
+    def input_columns(self, arg: object) -> Value:
+        """Like ``input`` in identity layout, but may return a column-reordered flatten."""
+        self._accepts_columns = True
+        try:
+            v = self.value(arg)
+            return v if v.columns is not None else self.input(arg, layout.identity(v.rank))
+        finally:
+            self._accepts_columns = False
 
     # -- constants ---------------------------------------------------------------------------
     def constant(self, arg: object) -> Constant | None:
@@ -215,6 +228,10 @@ class ConversionContext:
             p = tuple(perm) if perm is not None else layout.identity(const.data.ndim)
             return Value(self.constant_tensor(const, p), tuple(const.data.shape), p, const.dtype, const.quant)
         v = self.value(arg)
+        if v.columns is not None and not self._accepts_columns:
+            raise ConversionError(
+                self.current, node_op(self.current), "input is a reordered flatten; only FC may consume it"
+            )
         if perm is None or tuple(perm) == v.perm:
             return v
         return self.relayout(v, tuple(perm))

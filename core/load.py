@@ -49,6 +49,12 @@ def _load_pt2(spec: str) -> LoadedModel:
     path = Path(spec)
     if not path.is_file():
         raise EtforgeError(f"model file {path} does not exist")
+    import zipfile
+
+    if not zipfile.is_zipfile(path):
+        raise EtforgeError(
+            f"{path}: not a torch.export program (a .pt2 is a zip archive from torch.export.save)"
+        )
     try:
         ep = torch.export.load(str(path))
     except Exception as exc:

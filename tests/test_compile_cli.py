@@ -170,3 +170,33 @@ def test_npu_compiler_crash_names_the_partition(tmp_path: Path) -> None:
     )
     err = _fails(tmp_path, "compile", f"{MODEL}:small", "--target", "crashy-npu", pythonpath=site)
     assert "crashy compiler on partition etforge_0" in err and "crashed (signal 6)" in err
+
+
+def test_compile_from_pt2_and_float(tmp_path: Path) -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("user_models", MODEL)
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    module, example, _ = mod.small()
+    pt2 = tmp_path / "small.pt2"
+    torch.export.save(torch.export.export(module, example), str(pt2))
+    out = tmp_path / "out"
+    proc = run_cli("compile", str(pt2), "--target", "litert", "--float", "-o", str(out))
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads((out / "report.json").read_text())
+    assert not report["quantized"] and report["macs"]["npu_share"] == 1.0
+    assert run_cli("verify", str(out)).returncode == 0
+    # the Neutron NPU runs int8 only: a float compile leaves every node on the CPU, with the reason
+    out2 = tmp_path / "out2"
+    proc = run_cli("compile", str(pt2), "--target", "imxrt700", "--float", "-o", str(out2))
+    assert proc.returncode == 0, proc.stderr
+    nodes = json.loads((out2 / "report.json").read_text())["nodes"]
+    assert all(n["placement"] == "portable" and "int8 only" in n["reason"] for n in nodes)
+
+
+def test_not_a_pt2(tmp_path: Path) -> None:
+    bad = tmp_path / "junk.pt2"
+    bad.write_bytes(b"not a zip")
+    assert "not a torch.export program" in _fails(tmp_path, "compile", str(bad))

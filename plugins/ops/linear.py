@@ -26,13 +26,14 @@ FUSE = (
 
 def _fully_connected(ctx: ConversionContext, node: Node, x_arg: object, w: Constant, bias: object) -> None:
     """y = x @ w.T + b over the last dim; ``w`` is (out_features, in_features)."""
-    from etforge.core import layout
     from etforge.core.litert import options
-    from etforge.core.litert_convert import activation
+    from etforge.core.litert_convert import Constant, activation
     from etforge.core.ophelpers import bias_tensor
 
     act, out_node = ctx.fuse_activation(node)
-    x = ctx.input(x_arg, layout.identity(len(ctx.value(x_arg).shape)))
+    x = ctx.input_columns(x_arg)
+    if x.columns is not None:  # a channels-last flatten: reorder the weight's columns instead
+        w = Constant(w.data[:, list(x.columns)], w.dtype, w.quant, w.name)
     wt = ctx.constant_tensor(w)
     b = bias_tensor(ctx, bias, w.data.shape[0], x, w.quant, "bias")
     y = ctx.output(out_node)

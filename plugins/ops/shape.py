@@ -57,9 +57,41 @@ class Reshape(OpConverter):
         v = ctx.value(node.args[0])
         out_shape = shape_of(node)
         if not layout.is_identity(v.perm) and not layout.is_trivial(v.shape, v.perm):
+            if _flatten_into_fc(node, v.shape, out_shape, v.perm):
+                # Keep the stored (channels-last) order; the FC weights absorb the permutation.
+                import numpy as np
+
+                order = np.arange(int(np.prod(v.shape[1:]))).reshape(v.shape[1:])
+                cols = order.transpose([p - 1 for p in v.perm[1:]]).ravel()
+                y = ctx.output(node)
+                ctx.reshape(v, y, out_shape)
+                y.columns = tuple(int(c) for c in cols)
+                return
             v = ctx.input(node.args[0], layout.identity(v.rank))
         y = ctx.output(node)
         ctx.reshape(v, y, out_shape)
+
+
+def _flatten_into_fc(
+    node: Node, in_shape: tuple[int, ...], out_shape: tuple[int, ...], perm: tuple[int, ...]
+) -> bool:
+    """A (N, ...) -> (N, K) flatten whose every consumer (through Q/DQ) is an FC with constant weights."""
+    from etforge.core.graph_utils import is_constant, is_dequantize, is_quantize, node_op
+
+    if len(out_shape) != 2 or perm[0] != 0 or out_shape[0] != in_shape[0]:
+        return False
+    frontier, consumers = [node], []
+    while frontier:
+        n = frontier.pop()
+        for u in n.users:
+            if is_quantize(u) or is_dequantize(u):
+                frontier.append(u)
+            else:
+                consumers.append((n, u))
+    return bool(consumers) and all(
+        node_op(u) == "aten.linear.default" and u.args[0] is src and is_constant(u.args[1])
+        for src, u in consumers
+    )
 
 
 class Permute(OpConverter):

@@ -1,0 +1,85 @@
+"""The composed quantizer: fixed/shared qparams where LiteRT requires them, fusion, and QAT."""
+
+from __future__ import annotations
+
+import torch
+
+from etforge.core import pipeline
+from etforge.core.graph_utils import is_dequantize, node_op
+from etforge.core.plugin_manager import registry
+from etforge.core.quantize import ComposedQuantizer, convert, prepare
+from etforge.runtime.host import run_program
+
+
+def _quantized(module: torch.nn.Module, x: tuple[torch.Tensor, ...]) -> torch.fx.GraphModule:
+    reg = registry()
+    gm = prepare(
+        pipeline.export(module, x).module(check_guards=False),
+        ComposedQuantizer(reg.rules_for(reg.target("litert"))),
+    )
+    gm(*x)
+    return convert(gm)
+
+
+def _qparams_after(gm: torch.fx.GraphModule, op: str) -> tuple[float, int]:
+    node = next(n for n in gm.graph.nodes if node_op(n) == op)
+    q = next(iter(node.users))
+    return float(q.args[1]), int(q.args[2])
+
+
+def test_fixed_qparams_for_sigmoid_softmax_tanh() -> None:
+    x = (torch.randn(2, 8) * 5,)
+    assert _qparams_after(_quantized(torch.nn.Sigmoid(), x), "aten.sigmoid.default") == (1 / 256, -128)
+    assert _qparams_after(_quantized(torch.nn.Softmax(-1), x), "aten.softmax.int") == (1 / 256, -128)
+    assert _qparams_after(_quantized(torch.nn.Tanh(), x), "aten.tanh.default") == (1 / 128, 0)
+
+
+def test_shared_qparams_for_max_pool_and_reshape() -> None:
+    class M(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.max_pool2d(x * 3.0, 2).flatten(1)
+
+    gm = _quantized(M(), (torch.randn(1, 2, 4, 4),))
+    mul = _qparams_after(gm, "aten.mul.Tensor")
+    assert _qparams_after(gm, "aten.max_pool2d.default") == mul
+    assert _qparams_after(gm, "aten.flatten.using_ints") == mul
+
+
+def test_conv_relu_share_one_output_observer() -> None:
+    gm = _quantized(
+        torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU()), (torch.randn(1, 3, 6, 6),)
+    )
+    conv = next(n for n in gm.graph.nodes if node_op(n) == "aten.conv2d.default")
+    assert [node_op(u) for u in conv.users] == ["aten.relu.default"]  # no Q/DQ between conv and relu
+    weight_dq = conv.args[1]
+    assert is_dequantize(weight_dq) and "per_channel" in node_op(weight_dq)
+    bias_dq = conv.args[2]
+    assert is_dequantize(bias_dq) and bias_dq.args[-1] == torch.int32
+
+
+def test_qat_uses_the_same_rules_and_lowers_exactly() -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(64, 3)
+    )
+    x = (torch.randn(4, 3, 4, 4),)
+    reg = registry()
+    target = reg.target("litert")
+    exported = torch.export.export(model.train(), x)
+    gm = prepare(
+        exported.module(check_guards=False), ComposedQuantizer(reg.rules_for(target), is_qat=True), qat=True
+    )
+    opt = torch.optim.SGD(gm.parameters(), lr=0.01)
+    for _ in range(3):
+        opt.zero_grad()
+        gm(*x).square().mean().backward()
+        opt.step()
+    gm = convert(gm)
+    qep = torch.export.export(gm, x)
+    edge, partitioner, parts = pipeline.lower(qep, target, None, reg)
+    assert all(d.npu for d in partitioner.decisions) and len(parts) == 1
+    out = run_program(edge.exported_program(), x)[0]
+    ref = gm(*x)
+    out_dq = next(n for n in edge.exported_program().graph.nodes if n.op == "output").args[0][0]
+    scale = float(out_dq.args[1])
+    assert float((out - ref).abs().max()) <= scale * 1.001
