@@ -138,7 +138,17 @@ def lower_program(
             )
             edge = to_edge(ep, compile_config=config).to_backend(partitioner)
         else:
-            edge = to_edge_transform_and_lower(ep, partitioner=[partitioner], compile_config=config)
+            try:
+                edge = to_edge_transform_and_lower(ep, partitioner=[partitioner], compile_config=config)
+            except RuntimeError as exc:
+                if "was not decomposed or delegated" not in str(exc):
+                    raise
+                # A kept-whole node ended up off the NPU (a partition-level refusal such as
+                # min_partition_ops): redo with everything decomposed; converters of the
+                # decomposed forms (addmm, permute ...) take what the NPU can run.
+                del backend.CONVERTED[start:]
+                partitioner.preserve = False
+                edge = to_edge_transform_and_lower(ep, partitioner=[partitioner], compile_config=config)
     finally:
         lowered = backend.CONVERTED[start:]
         del backend.CONVERTED[start:]

@@ -99,10 +99,24 @@ def mark_constants(ep: object) -> None:
             node.meta[CONSTANT_KEY] = True
 
 
+CONSTANT_FOLDABLE = frozenset(
+    {
+        "aten.permute_copy.default",
+        "aten.t_copy.default",
+        "aten.transpose_copy.int",
+        "aten.permute.default",
+        "aten.t.default",
+    }
+)
+
+
 def is_constant(arg: object) -> bool:
-    """A compile-time tensor: a lifted constant, or a dequantize of one."""
-    if is_dequantize(arg):
+    """A compile-time tensor: a lifted constant, or a dequantize / permute of one."""
+    if is_dequantize(arg) or (
+        isinstance(arg, Node) and arg.op == "call_function" and node_op(arg) in CONSTANT_FOLDABLE
+    ):
         arg = arg.args[0]  # type: ignore[union-attr]
+        return is_constant(arg)
     return isinstance(arg, Node) and (arg.op == "get_attr" or bool(arg.meta.get(CONSTANT_KEY)))
 
 

@@ -23,6 +23,7 @@ from torch.fx.passes.operator_support import OperatorSupportBase
 
 from etforge.core import backend as _backend  # noqa: F401  (registers EtforgeNpuBackend)
 from etforge.core.graph_utils import (
+    is_constant,
     is_dequantize,
     is_quantize,
     mark_constants,
@@ -91,6 +92,8 @@ class EtforgePartitioner(Partitioner):
         ]
         self.delegation_spec = DelegationSpec(backend_id, spec)
         self.decisions: list[Decision] = []
+        #: Keep converter-preferred ATen ops whole (see ops_to_not_decompose).
+        self.preserve = True
         self.seconds = 0.0  # time spent deciding and tagging (for the benchmarks)
         self._table = self.registry.converters_for(target)
 
@@ -100,29 +103,34 @@ class EtforgePartitioner(Partitioner):
         return sorted({p for convs in self._table.values() for c in convs for p in c.preserve})
 
     def ops_to_not_decompose(self, ep: ExportedProgram) -> tuple[list[torch._ops.OpOverload], Any]:
-        """Keep whole the ATen ops a converter asked for (e.g. linear), but only on nodes it accepts."""
+        """Keep whole the ATen ops a converter asked for (e.g. linear) when it accepts every node.
+
+        All-or-nothing per op lets ExecuTorch take its fast path (no per-node filter, one
+        decomposition); an op with any refused node is decomposed everywhere, and the
+        converters of its decomposed form (addmm, permute ...) still take the rest.
+        """
         mark_constants(ep)
-        wanted = set(self.preserved_op_names())
-        ops = []
-        for name in sorted(wanted):
-            ns, op, overload = name.split(".")
-            packet = getattr(getattr(torch.ops, ns), op, None)
-            if packet is not None and hasattr(packet, overload):
-                ops.append(getattr(packet, overload))
         blocked = set(self.options.get("operators_not_to_delegate", ()))
-
-        def keep(node: Node) -> bool:
-            name = node_op(node)
-            if name in blocked or self.target.npu is None:
-                return False
-            return any(
-                conv.is_supported(node, self.target).ok
-                for convs in self._table.values()
-                for conv in convs
-                if name in conv.preserve
-            )
-
-        return ops, keep
+        if self.target.npu is None:
+            return [], None
+        if not self.preserve:
+            return [], None
+        nodes_by_op: dict[str, list[Node]] = {}
+        for node in ep.graph_module.graph.nodes:
+            if node.op == "call_function":
+                nodes_by_op.setdefault(node_op(node), []).append(node)
+        ops = []
+        for name in self.preserved_op_names():
+            nodes = nodes_by_op.get(name, [])
+            convs = [c for cs in self._table.values() for c in cs if name in c.preserve]
+            if not nodes or name in blocked:
+                continue
+            if all(any(c.is_supported(n, self.target).ok for c in convs) for n in nodes):
+                ns, op, overload = name.split(".")
+                packet = getattr(getattr(torch.ops, ns), op, None)
+                if packet is not None and hasattr(packet, overload):
+                    ops.append(getattr(packet, overload))
+        return ops, None
 
     # -- partitioning -------------------------------------------------------------------------
     def decide(self, ep: ExportedProgram) -> set[Node]:
@@ -200,9 +208,11 @@ class EtforgePartitioner(Partitioner):
         tags: dict[str, DelegationSpec] = {}
         groups = sorted(groups, key=lambda p: min(_order(ep, n) for n in p.nodes))
         for group in groups:
-            compute = [n for n in group.nodes if n in chosen]
+            compute = [
+                n for n in group.nodes if n in chosen and not is_constant(n)
+            ]  # folded weights don't count
             if len(compute) < min_ops:
-                for n in compute:
+                for n in (n for n in group.nodes if n in chosen):
                     by_name[n.name].npu = False
                     by_name[
                         n.name
