@@ -260,7 +260,12 @@ def compile_cmd(
     with _progress("write"):
         report = build_report(result, reg, model)
         output.write_outputs(out, result, report)
+    with _progress("codegen"):
+        from etforge.codegen import generate
+
+        generated = generate(out / output.PTE, out / "codegen", report=report)
     _print_summary(report, out)
+    _print_codegen(generated, out / "codegen")
 
 
 def _progress(stage: str) -> Any:
@@ -297,6 +302,66 @@ def _print_summary(report: dict[str, Any], out: Any) -> None:
     if report["host_only"]:
         console.print(f"[yellow]NPU partitions are host-only:[/] {report['npu_compiler']['status']}")
     console.print(f"wrote {out}/model.pte, {out}/partitions/, {out}/report.json")
+
+
+def _print_codegen(result: Any, gen_dir: Any) -> None:
+    libs = ", ".join(f"{lib} {n}/{total}" for lib, (n, total) in result.per_library.items() if n)
+    console.print(
+        f"codegen: {len(result.registered)} operator(s) registered ({libs or 'none'} of a full build) -> {gen_dir}"
+    )
+    if result.missing:
+        err_console.print(f"[yellow]warning:[/] no kernel library provides: {', '.join(result.missing)}")
+
+
+@main.command()
+@click.argument("pte", type=click.Path(dir_okay=False))
+@click.option(
+    "-o", "--output", "out_dir", required=True, type=click.Path(file_okay=False), help="Where to write."
+)
+@click.option("--prefix", default="", help="Prefix for file names and C++ symbols.")
+@click.option(
+    "--namespace", default="etforge_model", show_default=True, help="C++ namespace of the generated code."
+)
+@click.option(
+    "--report", "report_path", type=click.Path(dir_okay=False), help="report.json (default: next to PTE)."
+)
+@click.option(
+    "--allow-missing", is_flag=True, help="Generate even when a used operator has no known kernel library."
+)
+@click.option("--check", is_flag=True, help="Write nothing; exit 1 if regenerating would change the files.")
+@click.pass_obj
+def codegen(
+    obj: Ctx,
+    pte: str,
+    out_dir: str,
+    prefix: str,
+    namespace: str,
+    report_path: str | None,
+    allow_missing: bool,
+    check: bool,
+) -> None:
+    """Generate the firmware sources for PTE: kernel registration, selective-build yaml, header, CMake."""
+    from pathlib import Path
+
+    from etforge.codegen import generate
+
+    report = json.loads(Path(report_path).read_text()) if report_path else None
+    result = generate(
+        Path(pte),
+        Path(out_dir),
+        prefix=prefix,
+        namespace=namespace,
+        report=report,
+        allow_missing=allow_missing,
+        check=check,
+    )
+    if check:
+        if result.changed:
+            err_console.print(f"[red]out of date:[/] {', '.join(result.changed)} in {out_dir}")
+            sys.exit(1)
+        console.print(f"{out_dir} is up to date")
+        return
+    _print_codegen(result, out_dir)
 
 
 @main.command()

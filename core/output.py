@@ -50,8 +50,12 @@ def write_outputs(out: Path, result: CompileResult, report: dict[str, Any]) -> N
     if parts.exists():
         for old in parts.glob("*.tflite"):
             old.unlink()
+    for old in parts.glob("*_kernel_selection.c") if parts.exists() else []:
+        old.unlink()
     for p in result.partitions:
         _atomic_write(parts / f"{p.name}.tflite", p.converted.tflite)
+        if p.payload.kernel_selection is not None:  # the eIQ Neutron SDK's, for codegen to merge
+            _atomic_write(parts / f"{p.name}_kernel_selection.c", p.payload.kernel_selection.encode())
     for name, program in (
         (FLOAT_PROGRAM, result.float_program),
         (QUANTIZED_PROGRAM, result.quantized_program),

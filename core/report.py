@@ -109,7 +109,35 @@ def build_report(result: CompileResult, reg: Registry, model: str) -> dict[str, 
             "pte_bytes": len(result.pte),
         },
         "pte_sha256": hashlib.sha256(result.pte).hexdigest(),
+        "io_quant": _io_quant(result.host_program),
     }
+
+
+def _io_quant(program: ExportedProgram) -> dict[str, list[dict[str, Any] | None]]:
+    """Quantization of the program's user inputs (first quantize) and outputs (last dequantize)."""
+
+    def params(node: Any) -> dict[str, Any] | None:
+        if node is None or len(node.args) < 3 or not isinstance(node.args[1], float):
+            return None
+        return {"scale": float(node.args[1]), "zero_point": int(node.args[2])}
+
+    graph = program.graph_module.graph
+    user_inputs = set(program.graph_signature.user_inputs)
+    inputs = []
+    for node in graph.nodes:
+        if node.op == "placeholder" and node.name in user_inputs:
+            q = next((u for u in node.users if node_op(u).split(".")[-2] == "quantize_per_tensor"), None)
+            inputs.append(params(q))
+    out = next(n for n in graph.nodes if n.op == "output")
+    outputs = []
+    for arg in out.args[0]:
+        is_dq = (
+            hasattr(arg, "op")
+            and arg.op == "call_function"
+            and node_op(arg).split(".")[-2] == "dequantize_per_tensor"
+        )
+        outputs.append(params(arg) if is_dq else None)
+    return {"inputs": inputs, "outputs": outputs}
 
 
 def _example(result: CompileResult) -> tuple[Any, ...]:

@@ -1,0 +1,199 @@
+"""``etforge codegen``: from a ``.pte`` (and its report) to the sources a firmware build compiles."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from etforge import __version__
+from etforge.codegen.kernels import catalogue, library_sizes
+from etforge.codegen.pte import ProgramInfo, read_program
+from etforge.codegen.registration import KernelEntry, build_entry
+from etforge.core.errors import EtforgeError
+
+PTE_ALIGNMENT = 16
+
+
+@dataclass
+class CodegenResult:
+    files: dict[str, bytes]
+    registered: list[str]
+    missing: list[str]
+    per_library: dict[str, tuple[int, int]]  # library -> (registered, full build)
+    changed: list[str] = field(default_factory=list)
+
+
+def _env() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+    )
+
+
+def _ident(name: str) -> str:
+    ident = re.sub(r"\W", "_", name)
+    return ident if not ident[:1].isdigit() else f"m_{ident}"
+
+
+def _float_literal(value: float) -> str:
+    return f"{value!r}f" if "e" in repr(value) or "." in repr(value) else f"{value!r}.0f"
+
+
+def _io(program: ProgramInfo, report: dict[str, Any] | None) -> list[dict[str, Any]]:
+    quant = (report or {}).get("io_quant", {})
+    methods = []
+    for m in program.methods:
+        ios = []
+        for kind, tensors in (("input", m.inputs), ("output", m.outputs)):
+            for i, t in enumerate(tensors):
+                q = (
+                    (quant.get(f"{kind}s") or [None] * (i + 1))[i]
+                    if quant.get(f"{kind}s") and i < len(quant[f"{kind}s"])
+                    else None
+                )
+                ios.append(
+                    {
+                        "kind": kind,
+                        "index": i,
+                        "dtype": t.dtype,
+                        "sizes": list(t.sizes),
+                        "dim_order": list(t.dim_order),
+                        "quant": None
+                        if q is None
+                        else {
+                            "scale": q["scale"],
+                            "zero_point": q["zero_point"],
+                            "scale_literal": _float_literal(q["scale"]),
+                        },
+                    }
+                )
+        methods.append(
+            {
+                "name": m.name,
+                "ident": _ident(m.name),
+                "arenas": m.arena_bytes,
+                "inputs": [x for x in ios if x["kind"] == "input"],
+                "outputs": [x for x in ios if x["kind"] == "output"],
+            }
+        )
+    return methods
+
+
+def _neutron(out_dir: Path, report: dict[str, Any] | None, pte_dir: Path) -> tuple[list[dict[str, str]], str]:
+    parts = (report or {}).get("partitions", [])
+    if not parts:
+        return [], "absent: the program has no NPU partitions"
+    selections = []
+    for p in parts:
+        path = pte_dir / "partitions" / f"{p['name']}_kernel_selection.c"
+        if p.get("kernel_selection") and path.is_file():
+            selections.append({"name": p["name"], "code": path.read_text()})
+    if selections:
+        return selections, f"merged from {len(selections)} partition(s) by the eIQ Neutron SDK"
+    status = (report or {}).get("npu_compiler", {}).get("status", "the NPU compiler produced none")
+    return [], f"absent: no partition has SDK kernel selection code ({status})"
+
+
+def generate(
+    pte: Path,
+    out_dir: Path,
+    prefix: str = "",
+    namespace: str = "etforge_model",
+    report: dict[str, Any] | None = None,
+    allow_missing: bool = False,
+    check: bool = False,
+    libraries: tuple[str, ...] | None = None,
+) -> CodegenResult:
+    """Render every file; write them (or, with ``check``, only compare with what is there)."""
+    if not re.fullmatch(r"[A-Za-z_]\w*(::[A-Za-z_]\w*)*", namespace):
+        raise EtforgeError(f"namespace {namespace!r} is not a C++ namespace")
+    if prefix and not re.fullmatch(r"[A-Za-z_]\w*", prefix):
+        raise EtforgeError(f"prefix {prefix!r} is not a C identifier prefix")
+    program = read_program(pte)
+    if report is None and (pte.parent / "report.json").is_file():
+        report = json.loads((pte.parent / "report.json").read_text())
+    kernels = catalogue()
+    if libraries is not None:
+        unknown = sorted(set(libraries) - set(library_sizes()))
+        if unknown:
+            raise EtforgeError(
+                f"unknown kernel libraries {', '.join(unknown)}; known: {', '.join(sorted(library_sizes()))}"
+            )
+        kernels = {op: k for op, k in kernels.items() if k.library in libraries}
+    used = program.operators
+    missing = [op for op in used if op not in kernels]
+    if missing and not allow_missing:
+        raise EtforgeError(
+            f"{pte}: no known kernel library provides {', '.join(missing)} "
+            "(pass --allow-missing to generate the rest and list them in the header)"
+        )
+    entries: list[KernelEntry] = [build_entry(kernels[op]) for op in used if op in kernels]
+    by_ns: dict[str, list[str]] = {}
+    for e in entries:
+        by_ns.setdefault(e.namespace, [])
+        if e.declaration not in by_ns[e.namespace]:
+            by_ns[e.namespace].append(e.declaration)
+    base = prefix.rstrip("_") or "etforge_model"
+    names = {
+        "source": f"{base}_kernels.cpp",
+        "header": f"{base}.h",
+        "yaml": "selected_operators.yaml",
+        "cmake": f"{base}.cmake",
+        "neutron": f"{base}_neutron_kernels.c",
+    }
+    selections, neutron_status = _neutron(out_dir, report, pte.parent)
+    if missing:
+        neutron_status += f"; operators without a kernel library: {', '.join(missing)}"
+    ctx = {
+        "version": __version__,
+        "program_name": pte.name,
+        "prefix": prefix,
+        "namespace": namespace,
+        "libraries": sorted({e.library for e in entries}),
+        "kernels": entries,
+        "declarations": sorted(by_ns.items()),
+        "header_name": names["header"],
+        "register_source": names["source"],
+        "pte_size": program.size,
+        "pte_alignment": PTE_ALIGNMENT,
+        "target": (report or {}).get("target", "unknown"),
+        "cpu": (report or {}).get("cpu", "unknown"),
+        "methods": _io(program, report),
+        "neutron_status": neutron_status,
+        "neutron_selection": bool(selections),
+        "operators": [e.op for e in entries],
+        "parts": selections,
+        "cmake_name": names["cmake"],
+        "sources": [names["source"]] + ([names["neutron"]] if selections else []),
+    }
+    env = _env()
+    rendered = {
+        names["source"]: env.get_template("register_kernels.cpp.j2").render(ctx),
+        names["header"]: env.get_template("model.h.j2").render(ctx),
+        names["yaml"]: env.get_template("selected_operators.yaml.j2").render(ctx),
+        names["cmake"]: env.get_template("etforge.cmake.j2").render(ctx),
+    }
+    if selections:
+        rendered[names["neutron"]] = env.get_template("neutron_kernel_selection.c.j2").render(ctx)
+    files = {k: v.encode() for k, v in rendered.items()}
+    changed = [
+        n for n, data in files.items() if not (out_dir / n).is_file() or (out_dir / n).read_bytes() != data
+    ]
+    if not check:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for name, data in files.items():
+            if name in changed:
+                (out_dir / name).write_bytes(data)
+    full = library_sizes()
+    counts = Counter(e.library for e in entries)
+    per_library = {lib: (counts.get(lib, 0), total) for lib, total in sorted(full.items())}
+    return CodegenResult(files, [e.op for e in entries], missing, per_library, changed)
