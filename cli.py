@@ -209,6 +209,9 @@ def _parse_options(pairs: tuple[str, ...]) -> dict[str, str]:
 @click.option(
     "--option", "raw_options", multiple=True, metavar="KEY=VALUE", help="Target option (repeatable)."
 )
+@click.option(
+    "--etrecord", is_flag=True, help="Also write OUT/model.etrecord for ExecuTorch's devtools Inspector."
+)
 @click.pass_obj
 def compile_cmd(
     obj: Ctx,
@@ -218,6 +221,7 @@ def compile_cmd(
     calib: str | None,
     float_: bool,
     raw_options: tuple[str, ...],
+    etrecord: bool,
 ) -> None:
     """Compile MODEL (zoo:NAME, path/file.py:factory or a .pt2 file) into OUT/model.pte."""
     from pathlib import Path
@@ -260,6 +264,9 @@ def compile_cmd(
     with _progress("write"):
         report = build_report(result, reg, model)
         output.write_outputs(out, result, report)
+    if etrecord:
+        with _progress("etrecord"):
+            output.write_etrecord(out, result)
     with _progress("codegen"):
         from etforge.codegen import generate
 
@@ -302,6 +309,47 @@ def _print_summary(report: dict[str, Any], out: Any) -> None:
     if report["host_only"]:
         console.print(f"[yellow]NPU partitions are host-only:[/] {report['npu_compiler']['status']}")
     console.print(f"wrote {out}/model.pte, {out}/partitions/, {out}/report.json")
+
+
+@main.command()
+@click.argument("out_dir", type=click.Path(file_okay=False))
+@click.option(
+    "--ops", "by_op", is_flag=True, help="Per Edge node: placement, LiteRT ops / Cortex-M op, MACs."
+)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def report(out_dir: str, by_op: bool, as_json: bool) -> None:
+    """Show the report of a compile in OUT."""
+    from pathlib import Path
+
+    path = Path(out_dir) / "report.json"
+    if not path.is_file():
+        raise EtforgeError(f"{out_dir}: no report.json here; run etforge compile first")
+    data = json.loads(path.read_text())
+    if not by_op:
+        if as_json:
+            click.echo(json.dumps(data, indent=2))
+        else:
+            _print_summary(data, out_dir)
+        return
+    rows = []
+    for n in data["nodes"]:
+        if n["placement"] == "npu":
+            ran_as = (
+                ", ".join(f"{o['partition']}#{o['index']} {o['op']}" for o in n["litert_ops"]) or "(folded)"
+            )
+        else:
+            ran_as = n["cpu_op"] or "-"
+        rows.append({"node": n["node"], "op": n["op"], "placement": n["placement"], "runs_as": ran_as, "macs": n["macs"],
+                     "debug_handle": n["debug_handle"]})  # fmt: skip
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    table = Table(title=f"{data['model']} on {data['target']}: Edge node -> what runs it")
+    for col in ("node", "placement", "LiteRT ops / CPU op", "MACs"):
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        table.add_row(r["node"], r["placement"], r["runs_as"], f"{r['macs']:,}")
+    console.print(table)
 
 
 def _print_codegen(result: Any, gen_dir: Any) -> None:

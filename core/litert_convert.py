@@ -368,8 +368,7 @@ class ConversionContext:
         args = list(node.args[:arity])
         rank = len(shape_of(node))
         runtime = [a for a in args if isinstance(a, Node) and not self.is_constant(a)]
-        base = self.value(runtime[0]) if runtime else None
-        perm = base.perm if base is not None and base.rank == rank else layout.identity(rank)
+        perm = self._cheapest_layout([self.value(a) for a in runtime], rank)
         int8 = any(self.value(a).dtype == "int8" for a in runtime)
         ins = [self.broadcast_input(a, rank, perm, int8) for a in args]
         kind = _ELEMENTWISE_OPTIONS.get(builtin)
@@ -381,6 +380,20 @@ class ConversionContext:
         out = self.output(out_node, perm)
         self.emit(builtin, ins, [out], options(kind, **fields) if kind else None)
         return out
+
+    def _cheapest_layout(self, values: list[Value], rank: int) -> tuple[int, ...]:
+        """The operands' layout needing the fewest new TRANSPOSEs (ties: channels-last)."""
+        candidates = {v.perm for v in values if v.rank == rank} or {layout.identity(rank)}
+
+        def cost(perm: tuple[int, ...]) -> tuple[int, bool]:
+            new = sum(
+                1
+                for v in values
+                if v.rank == rank and v.perm != perm and (v.tensor, perm) not in self._transposes
+            )
+            return new, perm != layout.channels_last(rank)
+
+        return min(sorted(candidates), key=cost)
 
     def broadcast_input(self, arg: object, rank: int, perm: tuple[int, ...], int8: bool = False) -> Value:
         """An elementwise operand raised to ``rank`` (leading 1s), stored in ``perm``.

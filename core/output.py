@@ -75,3 +75,22 @@ def write_outputs(out: Path, result: CompileResult, report: dict[str, Any]) -> N
             raise
     _atomic_write(out / REPORT, (json.dumps(report, indent=2, sort_keys=False) + "\n").encode())
     _atomic_write(out / PTE, result.pte)
+
+
+ETRECORD = "model.etrecord"
+
+
+def write_etrecord(out: Path, result: CompileResult) -> None:
+    """ExecuTorch devtools' ETRecord: the Edge program, the .pte and the delegates' debug maps."""
+    from executorch.devtools import generate_etrecord
+
+    fd, tmp = tempfile.mkstemp(dir=out, prefix=f".{ETRECORD}.")
+    os.close(fd)
+    try:
+        program = result.quantized_program if result.quantized_program is not None else result.float_program
+        generate_etrecord(tmp, result.edge, result.executorch, exported_program=program)
+        os.chmod(tmp, _umask_mode())
+        os.replace(tmp, out / ETRECORD)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

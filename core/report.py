@@ -19,26 +19,34 @@ from etforge.core.plugin_manager import Registry
 REPORT_VERSION = 1
 
 
-def _final_placement(program: ExportedProgram) -> dict[int, str]:
-    """debug handle -> op namespace that runs it after CPU lowering (cortex_m, aten, ...)."""
+def _final_ops(program: ExportedProgram) -> dict[int, str]:
+    """debug handle -> the op that runs it after CPU lowering (a cortex_m op wins)."""
     out: dict[int, str] = {}
     for node in program.graph_module.graph.nodes:
         handle = node.meta.get("debug_handle")
         if node.op == "call_function" and isinstance(handle, int):
-            ns = node_op(node).split(".")[0]
-            if ns == "cortex_m" or handle not in out:
-                out[handle] = ns
+            op = node_op(node)
+            if op.startswith("cortex_m.") or handle not in out:
+                out[handle] = op
     return out
 
 
 def build_report(result: CompileResult, reg: Registry, model: str) -> dict[str, Any]:
     decisions = result.decisions
     cpu = reg.cpu_backend(result.target)
-    final = _final_placement(result.host_program)
+    final = _final_ops(result.host_program)
+    litert_ops: dict[str, list[dict[str, Any]]] = {}
+    for p in result.partitions:
+        for index, names in p.converted.op_nodes.items():
+            for name in names:
+                litert_ops.setdefault(name, []).append(
+                    {"partition": p.name, "index": index, "op": p.converted.operators[index]}
+                )
     nodes = []
     for d in decisions:
         placement = "npu" if d.npu else cpu.placement
-        if not d.npu and cpu.placement == "cortex-m" and final.get(d.handle) != "cortex_m":
+        cpu_op = None if d.npu else final.get(d.handle) if d.handle is not None else None
+        if not d.npu and cpu.placement == "cortex-m" and not (cpu_op or "").startswith("cortex_m."):
             placement = "portable"  # no CMSIS-NN kernel took it
         nodes.append(
             {
@@ -50,6 +58,9 @@ def build_report(result: CompileResult, reg: Registry, model: str) -> dict[str, 
                 "reason": d.reason or None,
                 "partition": d.partition,
                 "macs": d.macs,
+                "debug_handle": d.handle,
+                "litert_ops": litert_ops.get(d.node, []),
+                "cpu_op": cpu_op,
             }
         )
     total = sum(n["macs"] for n in nodes)
@@ -77,6 +88,15 @@ def build_report(result: CompileResult, reg: Registry, model: str) -> dict[str, 
                 "operators": dict(sorted(counts.items())),
                 "boundary_transposes": counts.get("TRANSPOSE", 0),
                 "kernel_selection": p.payload.kernel_selection is not None,
+                "ops": [
+                    {
+                        "index": i,
+                        "op": op,
+                        "nodes": p.converted.op_nodes.get(i, []),
+                        "debug_handles": p.converted.debug_map.get(i, []),
+                    }
+                    for i, op in enumerate(p.converted.operators)
+                ],
             }
         )
     cpu_ops = Counter(
@@ -103,7 +123,6 @@ def build_report(result: CompileResult, reg: Registry, model: str) -> dict[str, 
         "macs": {"total": total, "npu": on_npu, "npu_share": (on_npu / total) if total else 0.0},
         "partitions": partitions,
         "cpu_ops": dict(sorted(cpu_ops.items())),
-        "cortex_m_handles": sorted(h for h, ns in final.items() if ns == "cortex_m"),
         "memory": {
             "arena_bytes": [int(x) for x in plan.non_const_buffer_sizes[1:]],
             "pte_bytes": len(result.pte),
@@ -126,7 +145,7 @@ def _io_quant(program: ExportedProgram) -> dict[str, list[dict[str, Any] | None]
     inputs = []
     for node in graph.nodes:
         if node.op == "placeholder" and node.name in user_inputs:
-            q = next((u for u in node.users if node_op(u).split(".")[-2] == "quantize_per_tensor"), None)
+            q = next((u for u in node.users if _named(u, "quantize_per_tensor")), None)
             inputs.append(params(q))
     out = next(n for n in graph.nodes if n.op == "output")
     outputs = []
@@ -138,6 +157,12 @@ def _io_quant(program: ExportedProgram) -> dict[str, list[dict[str, Any] | None]
         )
         outputs.append(params(arg) if is_dq else None)
     return {"inputs": inputs, "outputs": outputs}
+
+
+def _named(node: Any, op: str) -> bool:
+    """``node`` calls ``<namespace>.<op>.<overload>`` (quantized_decomposed or cortex_m)."""
+    parts = node_op(node).split(".") if getattr(node, "op", None) == "call_function" else []
+    return len(parts) == 3 and parts[1] == op
 
 
 def _example(result: CompileResult) -> tuple[Any, ...]:
