@@ -69,13 +69,21 @@ def check_op(
     expect_delegated: bool = True,
     options: dict[str, Any] | None = None,
     seed: int = 0,
+    plugins: Sequence[object] = (),
 ) -> OpCheck:
     """Assert that ``module`` lowers to LiteRT and matches its torch reference.
 
     int8: at most ``max_steps`` output quantization steps from the PT2E quantized
     reference. float32: ``rtol``/``atol`` against the eager module. With
-    ``expect_delegated`` every compute node must be on the NPU side.
+    ``expect_delegated`` every compute node must be on the NPU side. ``plugins``: plugin
+    modules to use as if installed (test a plugin before packaging it).
     """
+    if plugins:
+        from etforge.core.plugin_manager import extra_plugins
+
+        with extra_plugins(*plugins):
+            return check_op(module, example_inputs, target, quantize, max_steps, rtol, atol, calibration,
+                            expect_delegated, options, seed)  # fmt: skip
     from etforge.core import pipeline
     from etforge.core.plugin_manager import registry
     from etforge.runtime.host import run_program

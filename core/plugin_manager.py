@@ -8,7 +8,8 @@ is reported (distribution, version, entry point) while the others keep working.
 from __future__ import annotations
 
 import importlib.metadata as md
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
@@ -219,7 +220,35 @@ def load_plugins(entry_points: Iterable[md.EntryPoint] | None = None, strict: bo
     return Registry(infos)
 
 
+_OVERRIDE: list[Registry] = []
+
+
 @lru_cache(maxsize=1)
+def _entry_point_registry() -> Registry:
+    return load_plugins()
+
+
 def registry() -> Registry:
     """The process-wide registry (entry points do not change while a process runs)."""
-    return load_plugins()
+    return _OVERRIDE[-1] if _OVERRIDE else _entry_point_registry()
+
+
+@contextmanager
+def extra_plugins(*modules: object) -> Iterator[Registry]:
+    """Use these plugin modules as if installed (e.g. to test a plugin before packaging it)."""
+    base = _entry_point_registry()
+    infos = list(base.plugins)
+    for module in modules:
+        name = getattr(module, "__name__", type(module).__name__)
+        info = PluginInfo(name=name, distribution="(in-process)", version="-", entry_point=name)
+        for hook, (_, key) in HOOKS.items():
+            impl = getattr(module, hook, None)
+            if impl is not None:
+                info.provides.setdefault(key, []).extend(_validate(info, hook, impl()))
+        infos.append(info)
+    reg = Registry(infos)
+    _OVERRIDE.append(reg)
+    try:
+        yield reg
+    finally:
+        _OVERRIDE.pop()

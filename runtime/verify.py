@@ -85,7 +85,7 @@ def rebuild(
 
 
 def verify(
-    out: Path, samples: int = 32, seed: int = 0, max_steps: float = 3.0, min_top1: int | None = None
+    out: Path, samples: int = 32, seed: int = 0, max_steps: float | None = None, min_top1: int | None = None
 ) -> Verification:
     report_path = out / output.REPORT
     if not report_path.is_file() or not (out / output.PTE).is_file():
@@ -93,8 +93,23 @@ def verify(
             f"{out}: no compiled program here (missing {output.PTE} or {output.REPORT}); run etforge compile first"
         )
     report = json.loads(report_path.read_text())
-    reg = registry()
-    program, float_ep, qep = rebuild(out, report, reg)
+    program, float_ep, qep = rebuild(out, report, registry())
+    return compare(
+        program, float_ep, qep, report, samples=samples, seed=seed, max_steps=max_steps, min_top1=min_top1
+    )
+
+
+def compare(
+    program: ExportedProgram,
+    float_ep: ExportedProgram,
+    qep: ExportedProgram | None,
+    report: dict[str, Any],
+    samples: int = 32,
+    seed: int = 0,
+    max_steps: float | None = None,
+    min_top1: int | None = None,
+) -> Verification:
+    """Run ``program`` on seeded inputs and compare with the float and quantized references."""
     scale = _output_scale(program)
     float_fn = float_ep.module()
     q_fn = qep.module() if qep is not None else None
@@ -115,13 +130,12 @@ def verify(
         top1_q += int(ours.flatten(1).argmax(1).eq(ref_q.flatten(1).argmax(1)).all())
         top1_f += int(ours.flatten(1).argmax(1).eq(ref_f.flatten(1).argmax(1)).all())
     on_npu = all(n["placement"] == "npu" for n in report["nodes"]) and bool(report["nodes"])
-    classifier = report["inputs"] and len(report["nodes"]) > 0
     result = Verification(
         samples=samples,
         max_steps=worst if scale else None,
         mean_steps=(total / count) if count else None,
-        top1_vs_quantized=top1_q if classifier else None,
-        top1_vs_float=top1_f if classifier else None,
+        top1_vs_quantized=top1_q,
+        top1_vs_float=top1_f,
         max_abs_vs_float=max_abs_f,
         whole_model_on_npu=on_npu,
     )

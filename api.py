@@ -1,0 +1,152 @@
+"""The public Python API, in ExecuTorch's idiom.
+
+``etforge.compile`` runs the same pipeline as ``etforge compile``. ``etforge.target(name)``
+hands an existing ExecuTorch script the two things an upstream backend would: a PT2E
+quantizer and partitioners for ``to_edge_transform_and_lower``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+@dataclass
+class Target:
+    """A target as ExecuTorch scripts use a backend: quantizer, partitioners, CPU lowering."""
+
+    name: str
+    options: dict[str, Any]
+
+    @property
+    def spec(self) -> Any:
+        from etforge.core.plugin_manager import registry
+
+        return registry().target(self.name)
+
+    def quantizer(self) -> Any:
+        """The torchao PT2E quantizer composed from the target's rule plugins (+ its CPU rules)."""
+        from etforge.core.compiler import quantizer_for
+        from etforge.core.plugin_manager import registry
+
+        return quantizer_for(self.spec, self._options(), registry())
+
+    def partitioners(self) -> list[Any]:
+        """Partitioners for ``to_edge_transform_and_lower(..., partitioner=...)``."""
+        from etforge.core.partitioner import EtforgePartitioner
+
+        return [EtforgePartitioner(self.spec, self._options())]
+
+    def compile_config(self) -> Any:
+        """The ``EdgeCompileConfig`` the target's CPU backend needs."""
+        from etforge.core.pipeline import edge_config
+        from etforge.core.plugin_manager import registry
+
+        return registry().cpu_backend(self.spec).edge_compile_config() or edge_config()
+
+    def lower_cpu(self, edge: Any) -> Any:
+        """Rewrite what the NPU left into the CPU backend's kernels (CMSIS-NN on imxrt700cm)."""
+        from executorch.exir import EdgeProgramManager
+
+        from etforge.core.plugin_manager import registry
+
+        ep = edge.exported_program()
+        lowered = registry().cpu_backend(self.spec).lower(ep, self.spec, self._options())
+        return (
+            edge
+            if lowered is ep
+            else EdgeProgramManager({"forward": lowered}, compile_config=self.compile_config())
+        )
+
+    def _options(self) -> dict[str, Any]:
+        return {**self.spec.option_defaults(), **self.options}
+
+
+def target(name: str = "imxrt700cm", **options: Any) -> Target:
+    """``etforge.target("imxrt700cm")`` -> ``.quantizer()``, ``.partitioners()``, ``.lower_cpu(edge)``."""
+    from etforge.core.plugin_manager import registry
+
+    spec = registry().target(name)
+    parsed = spec.parse_options({})  # validates the target exists and fills defaults
+    unknown = set(options) - set(parsed)
+    if unknown:
+        from etforge.core.errors import EtforgeError
+
+        raise EtforgeError(f"unknown option(s) {', '.join(sorted(unknown))} for target {name!r}")
+    return Target(name, dict(options))
+
+
+@dataclass
+class Compiled:
+    """A compiled model: the ExecuTorch program, its partitions and the report."""
+
+    result: Any
+    report: dict[str, Any]
+
+    @property
+    def program_manager(self) -> Any:
+        return self.result.executorch
+
+    @property
+    def pte(self) -> bytes:
+        return self.result.pte
+
+    @property
+    def partitions(self) -> list[Any]:
+        return self.result.partitions
+
+    def save(self, out_dir: str | Path) -> Path:
+        """Write model.pte, partitions/*.tflite, report.json (and the programs ``verify`` needs)."""
+        from etforge.core import output
+
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        output.clear_previous(out)
+        output.write_outputs(out, self.result, self.report)
+        return out
+
+    def codegen(self, out_dir: str | Path, **kwargs: Any) -> Any:
+        """Firmware sources for this program (see ``etforge codegen``)."""
+        import tempfile
+
+        from etforge.codegen import generate
+
+        with tempfile.TemporaryDirectory() as tmp:
+            pte = Path(tmp) / "model.pte"
+            pte.write_bytes(self.pte)
+            return generate(pte, Path(out_dir), report=self.report, **kwargs)
+
+    def verify(self, samples: int = 32, seed: int = 0, max_steps: float | None = None) -> Any:
+        """Run on the host (NPU partitions in LiteRT) and compare with torch; see ``etforge verify``."""
+        from etforge.runtime.verify import compare
+
+        return compare(self.result.host_program, self.result.float_program, self.result.quantized_program,
+                       self.report, samples=samples, seed=seed, max_steps=max_steps)  # fmt: skip
+
+
+def compile(  # noqa: A001 (the natural name, as in torch.compile)
+    model: torch.nn.Module,
+    example_inputs: Sequence[torch.Tensor],
+    target: str = "imxrt700cm",
+    calibration: Sequence[Sequence[torch.Tensor]] | None = None,
+    options: dict[str, Any] | None = None,
+    quantize: bool = True,
+) -> Compiled:
+    """Compile like ``etforge compile``; ``calibration`` defaults to the example inputs."""
+    from etforge.core.compiler import compile_model
+    from etforge.core.plugin_manager import registry
+    from etforge.core.report import build_report
+
+    reg = registry()
+    spec = reg.target(target)
+    parsed = spec.parse_options({})
+    parsed.update(options or {})
+    calib = [tuple(b) for b in calibration] if calibration is not None else None
+    result = compile_model(
+        model, tuple(example_inputs), spec, calibration=calib, options=parsed, quantize=quantize, reg=reg
+    )
+    return Compiled(result, build_report(result, reg, type(model).__name__))

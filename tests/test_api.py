@@ -1,0 +1,69 @@
+"""The Python API: etforge.compile, and etforge.target() swapped into a plain ExecuTorch script."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from executorch.exir import to_edge_transform_and_lower
+from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+import etforge
+from etforge.core.errors import EtforgeError
+
+
+def _model() -> tuple[torch.nn.Module, tuple[torch.Tensor, ...], list[tuple[torch.Tensor, ...]]]:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, padding=1),
+        torch.nn.ReLU(),
+        torch.nn.MaxPool2d(2),
+        torch.nn.Flatten(),
+        torch.nn.Linear(32, 4),
+    ).eval()
+    g = torch.Generator().manual_seed(1)
+    calib = [(torch.randn(1, 3, 4, 4, generator=g),) for _ in range(4)]
+    return model, calib[0], calib
+
+
+def _user_script(target_name: str) -> bytes:
+    """What a user with an existing ExecuTorch script writes (README, 'Python API')."""
+    model, example, calib = _model()
+    target = etforge.target(target_name)
+    exported = torch.export.export(model, example)
+    prepared = prepare_pt2e(exported.module(check_guards=False), target.quantizer())
+    for batch in calib:
+        prepared(*batch)
+    quantized = torch.export.export(convert_pt2e(prepared), example)
+    edge = to_edge_transform_and_lower(
+        quantized, partitioner=target.partitioners(), compile_config=target.compile_config()
+    )
+    edge = target.lower_cpu(edge)  # CMSIS-NN for what the NPU left (a no-op on imxrt700)
+    return edge.to_executorch().buffer
+
+
+@pytest.mark.parametrize("target_name", ["imxrt700", "imxrt700cm"])
+def test_user_script_gives_the_same_pte_as_etforge_compile(target_name: str) -> None:
+    model, example, calib = _model()
+    compiled = etforge.compile(model, example, target=target_name, calibration=calib)
+    assert compiled.partitions and compiled.report["macs"]["npu_share"] == 1.0
+    assert _user_script(target_name) == compiled.pte
+
+
+def test_compiled_save_verify_codegen(tmp_path: Path) -> None:
+    model, example, calib = _model()
+    compiled = etforge.compile(model, example, target="imxrt700cm", calibration=calib)
+    out = compiled.save(tmp_path / "out")
+    assert (out / "model.pte").read_bytes() == compiled.pte
+    check = compiled.verify(samples=8)
+    assert check.ok and check.top1_vs_quantized == 8
+    gen = compiled.codegen(tmp_path / "gen")
+    assert set(gen.registered) == {"cortex_m::quantize_per_tensor.out", "cortex_m::dequantize_per_tensor.out"}
+
+
+def test_unknown_target_and_option() -> None:
+    with pytest.raises(EtforgeError, match="unknown target 'imx93'"):
+        etforge.target("imx93")
+    with pytest.raises(EtforgeError, match="unknown option"):
+        etforge.target("imxrt700", turbo=True)
