@@ -212,6 +212,9 @@ def _parse_options(pairs: tuple[str, ...]) -> dict[str, str]:
 @click.option(
     "--etrecord", is_flag=True, help="Also write OUT/model.etrecord for ExecuTorch's devtools Inspector."
 )
+@click.option(
+    "--memory-budget", type=int, default=None, metavar="BYTES", help="Fail if the planned arena is larger."
+)
 @click.pass_obj
 def compile_cmd(
     obj: Ctx,
@@ -222,6 +225,7 @@ def compile_cmd(
     float_: bool,
     raw_options: tuple[str, ...],
     etrecord: bool,
+    memory_budget: int | None,
 ) -> None:
     """Compile MODEL (zoo:NAME, path/file.py:factory or a .pt2 file) into OUT/model.pte."""
     from pathlib import Path
@@ -261,6 +265,9 @@ def compile_cmd(
         progress=_progress,
         what=model,
     )
+    from etforge.core.memory import check_budget, memory_stats
+
+    check_budget(memory_stats(result.executorch), memory_budget)
     with _progress("write"):
         report = build_report(result, reg, model)
         output.write_outputs(out, result, report)
@@ -303,7 +310,8 @@ def _print_summary(report: dict[str, Any], out: Any) -> None:
         f"NPU MACs: {macs['npu']:,} of {macs['total']:,} ({100 * macs['npu_share']:.1f}%) · "
         f"partitions: {len(report['partitions'])} · "
         f"boundary transposes: {sum(p['boundary_transposes'] for p in report['partitions'])} · "
-        f"arena: {', '.join(f'{b:,} B' for b in report['memory']['arena_bytes'])} · "
+        f"arena: {', '.join(f'{b:,} B' for b in report['memory']['arena_bytes'])} "
+        f"(lower bound {report['memory']['lower_bound_bytes']:,} B) · "
         f".pte: {report['memory']['pte_bytes']:,} B"
     )
     if report["host_only"]:

@@ -167,6 +167,8 @@ def generate(
         "pte_alignment": PTE_ALIGNMENT,
         "target": (report or {}).get("target", "unknown"),
         "cpu": (report or {}).get("cpu", "unknown"),
+        "isa": (report or {}).get("isa") or "none",
+        "scratch_bytes": sum(x["bytes"] for x in (report or {}).get("memory", {}).get("scratch", [])),
         "methods": _io(program, report),
         "neutron_status": neutron_status,
         "neutron_selection": bool(selections),

@@ -14,6 +14,7 @@ from torch.export import ExportedProgram
 from etforge import __version__
 from etforge.core.compiler import CompileResult
 from etforge.core.graph_utils import node_op
+from etforge.core.memory import memory_stats
 from etforge.core.plugin_manager import Registry
 
 REPORT_VERSION = 1
@@ -72,7 +73,6 @@ def build_report(result: CompileResult, reg: Registry, model: str) -> dict[str, 
         if compiler
         else (False, "no NPU on this target" if not compiler_name else "no such compiler plugin")
     )
-    plan = result.executorch.executorch_program.execution_plan[0]
     partitions = []
     for p in result.partitions:
         counts = Counter(p.converted.operators)
@@ -109,7 +109,8 @@ def build_report(result: CompileResult, reg: Registry, model: str) -> dict[str, 
         "etforge_version": __version__,
         "model": model,
         "target": result.target.name,
-        "cpu": result.target.cpu,
+        "cpu": result.options.get("cpu") or result.target.cpu,
+        "isa": _isa(result),
         "cpu_backend": cpu.name,
         "options": {k: list(v) if isinstance(v, tuple) else v for k, v in sorted(result.options.items())},
         "quantized": result.quantized,
@@ -123,10 +124,7 @@ def build_report(result: CompileResult, reg: Registry, model: str) -> dict[str, 
         "macs": {"total": total, "npu": on_npu, "npu_share": (on_npu / total) if total else 0.0},
         "partitions": partitions,
         "cpu_ops": dict(sorted(cpu_ops.items())),
-        "memory": {
-            "arena_bytes": [int(x) for x in plan.non_const_buffer_sizes[1:]],
-            "pte_bytes": len(result.pte),
-        },
+        "memory": {**memory_stats(result.executorch).as_dict(), "pte_bytes": len(result.pte)},
         "pte_sha256": hashlib.sha256(result.pte).hexdigest(),
         "io_quant": _io_quant(result.host_program),
     }
@@ -157,6 +155,15 @@ def _io_quant(program: ExportedProgram) -> dict[str, list[dict[str, Any] | None]
         )
         outputs.append(params(arg) if is_dq else None)
     return {"inputs": inputs, "outputs": outputs}
+
+
+def _isa(result: CompileResult) -> str | None:
+    """The CMSIS-NN implementation the CPU kernels were chosen for (None: no CMSIS-NN)."""
+    if result.target.cpu_fallback != "cortex_m":
+        return None
+    from etforge.plugins.targets.cortex_m import target_config
+
+    return str(target_config(result.target, result.options).backend.name).lower()
 
 
 def _named(node: Any, op: str) -> bool:

@@ -17,6 +17,21 @@ if TYPE_CHECKING:
     from torch.export import ExportedProgram
     from torchao.quantization.pt2e.quantizer import Quantizer
 
+CPU_OPTIONS = (
+    OptionSpec(
+        "cpu",
+        "cortex-m33",
+        "Cortex-M core the CMSIS-NN kernels and scratch sizes are chosen for.",
+        choices=("cortex-m4", "cortex-m7", "cortex-m33", "cortex-m55", "cortex-m85"),
+    ),
+    OptionSpec(
+        "isa",
+        "auto",
+        "CMSIS-NN implementation: auto (the core's best), scalar, dsp or mve; validated against the core.",
+        choices=("auto", "scalar", "dsp", "mve"),
+    ),
+)
+
 CORTEX_M33 = TargetSpec(
     name="cortex-m33",
     description="i.MX RT700 CPU only: CMSIS-NN kernels, runs without the eIQ Neutron SDK",
@@ -25,6 +40,7 @@ CORTEX_M33 = TargetSpec(
     cpu="cortex-m33",
     quant_schemes=(),  # every node is quantized by the Cortex-M rules
     options=(
+        *CPU_OPTIONS,
         OptionSpec(
             "dim_order",
             "channels_last",
@@ -35,14 +51,24 @@ CORTEX_M33 = TargetSpec(
 )
 
 
-def _cpu(target: TargetSpec) -> Any:
-    from executorch.backends.cortex_m.target_config import CortexM
+def target_config(target: TargetSpec, options: dict[str, Any]) -> Any:
+    """ExecuTorch's CortexMTargetConfig for the chosen core and ISA (an invalid pair is an error)."""
+    from executorch.backends.cortex_m.library import cmsis_nn
+    from executorch.backends.cortex_m.target_config import CortexM, CortexMTargetConfig
 
-    name = target.cpu.lower().removeprefix("cortex-").upper().replace("+", "PLUS")
+    from etforge.core.errors import EtforgeError
+
+    cpu_name = str(options.get("cpu") or target.cpu)
     try:
-        return CortexM[name]
+        cpu = CortexM[cpu_name.lower().removeprefix("cortex-").upper()]
     except KeyError:
-        raise ValueError(f"target {target.name!r}: unknown Cortex-M core {target.cpu!r}") from None
+        raise EtforgeError(f"target {target.name!r}: unknown Cortex-M core {cpu_name!r}") from None
+    isa_name = str(options.get("isa", "auto"))
+    isa = None if isa_name == "auto" else getattr(cmsis_nn.Backend, isa_name.upper())
+    try:
+        return CortexMTargetConfig(cpu=cpu, isa=isa)
+    except ValueError as exc:
+        raise EtforgeError(f"option isa={isa_name} on cpu={cpu_name}: {exc}") from None
 
 
 class CortexMBackend(CpuBackend):
@@ -64,11 +90,9 @@ class CortexMBackend(CpuBackend):
         import logging
 
         from executorch.backends.cortex_m.passes.cortex_m_pass_manager import CortexMPassManager
-        from executorch.backends.cortex_m.target_config import CortexMTargetConfig
 
         logging.getLogger("executorch.exir.pass_manager").setLevel(logging.ERROR)
-        config = CortexMTargetConfig(cpu=_cpu(target))
-        return CortexMPassManager(ep, target_config=config).transform()
+        return CortexMPassManager(ep, target_config=target_config(target, options)).transform()
 
 
 @hookimpl

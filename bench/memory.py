@@ -1,0 +1,41 @@
+"""Benchmark: planned arena vs the lower bound (peak live bytes) per zoo model and target.
+
+Run: .venv/bin/python bench/memory.py [--models ...] [--targets ...]
+The plan is ExecuTorch's default greedy memory planning; "no reuse" is the sum of every
+planned activation, for scale. Goal: arena <= 1.05 x lower bound.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from etforge import zoo
+from etforge.core.compiler import compile_model
+from etforge.core.memory import memory_stats
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default=",".join(n for n in zoo.ZOO if n != "mobilenet_v2"))
+    parser.add_argument("--targets", default="imxrt700,imxrt700cm,cortex-m33")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    print(
+        f"{'model':>18} {'target':>11} {'arena B':>10} {'lower bound':>12} {'ratio':>6} {'scratch B':>10} {'const B':>10}"
+    )
+    for name in args.models.split(","):
+        for target in args.targets.split(","):
+            model, example = zoo.build(name)
+            result = compile_model(model, example, target, calibration=zoo.calibration(name, 4))
+            s = memory_stats(result.executorch)
+            print(
+                f"{name:>18} {target:>11} {sum(s.arena_bytes):>10,} {s.lower_bound:>12,} {s.ratio:>6.3f} "
+                f"{sum(x['bytes'] for x in s.scratch):>10,} {s.constant_bytes:>10,}",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main()
