@@ -11,6 +11,15 @@ if TYPE_CHECKING:
 
 KINDS = ("weighted", "io", "shared", "fixed", "custom")
 
+#: Activations a LiteRT conv / fully-connected op can fuse (``fuse=`` of their rules).
+FUSABLE_ACTIVATIONS = (
+    "aten.relu.default",
+    "aten.relu_.default",
+    "aten.relu6.default",
+    "aten.hardtanh.default",
+    "aten.hardtanh_.default",
+)
+
 
 @dataclass(frozen=True)
 class QuantRule:

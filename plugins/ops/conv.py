@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from etforge.core.converter import SUPPORTED, OpConverter, Support, unsupported
 from etforge.core.hookspecs import hookimpl
-from etforge.core.quant_rule import QuantRule
+from etforge.core.quant_rule import FUSABLE_ACTIVATIONS, QuantRule
 
 if TYPE_CHECKING:
     from torch.fx import Node
@@ -15,13 +15,6 @@ if TYPE_CHECKING:
     from etforge.core.litert_convert import Constant, ConversionContext, Value
     from etforge.core.target import TargetSpec
 
-FUSE = (
-    "aten.relu.default",
-    "aten.relu_.default",
-    "aten.relu6.default",
-    "aten.hardtanh.default",
-    "aten.hardtanh_.default",
-)
 NHWC = (0, 2, 3, 1)
 
 
@@ -234,12 +227,12 @@ def etforge_quantizer_rules() -> list[QuantRule]:
         QuantRule(
             ops=("aten.conv1d.default", "aten.conv2d.default", "aten.convolution.default"),
             kind="weighted",
-            fuse=FUSE,
+            fuse=FUSABLE_ACTIVATIONS,
         ),
         QuantRule(
             ops=("aten.conv_transpose1d.default", "aten.conv_transpose2d.input"),
             kind="weighted",
             weight_axis=1,
-            fuse=FUSE,
+            fuse=FUSABLE_ACTIVATIONS,
         ),
     ]

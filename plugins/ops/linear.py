@@ -7,21 +7,13 @@ from typing import TYPE_CHECKING
 
 from etforge.core.converter import SUPPORTED, OpConverter, Support, unsupported
 from etforge.core.hookspecs import hookimpl
-from etforge.core.quant_rule import QuantRule
+from etforge.core.quant_rule import FUSABLE_ACTIVATIONS, QuantRule
 
 if TYPE_CHECKING:
     from torch.fx import Node
 
     from etforge.core.litert_convert import Constant, ConversionContext
     from etforge.core.target import TargetSpec
-
-FUSE = (
-    "aten.relu.default",
-    "aten.relu_.default",
-    "aten.relu6.default",
-    "aten.hardtanh.default",
-    "aten.hardtanh_.default",
-)
 
 
 def _fully_connected(ctx: ConversionContext, node: Node, x_arg: object, w: Constant, bias: object) -> None:
@@ -130,7 +122,7 @@ def etforge_op_converters() -> list[OpConverter]:
 @hookimpl
 def etforge_quantizer_rules() -> list[QuantRule]:
     return [
-        QuantRule(ops=("aten.linear.default",), kind="weighted", fuse=FUSE),
+        QuantRule(ops=("aten.linear.default",), kind="weighted", fuse=FUSABLE_ACTIVATIONS),
         QuantRule(ops=("aten.mm.default", "aten.bmm.default", "aten.matmul.default"), kind="io"),
         QuantRule(ops=("aten.addmm.default",), kind="io", inputs=(1, 2)),
     ]
