@@ -146,3 +146,31 @@ def test_operator_without_kernel_library(programs: dict[tuple[str, str], Path], 
     assert (
         "operators without a kernel library: cortex_m::" in (tmp_path / "g" / "etforge_model.h").read_text()
     )
+
+
+def test_neutron_kernel_selection_is_merged_when_the_sdk_wrote_it(
+    programs: dict[tuple[str, str], Path], tmp_path: Path
+) -> None:
+    """The merge path: per-partition selection files (as the SDK dumps them) become one table."""
+    import json
+    import shutil
+
+    out = tmp_path / "out"
+    shutil.copytree(programs[("resnet8", "imxrt700cm")], out)
+    report = json.loads((out / "report.json").read_text())
+    report["partitions"][0]["kernel_selection"] = True
+    (out / "report.json").write_text(json.dumps(report))
+    name = report["partitions"][0]["name"]
+    (out / "partitions" / f"{name}_kernel_selection.c").write_text(
+        "const int neutron_kernels_" + name + "[] = {3, 1};\n"
+    )
+    gen = tmp_path / "gen"
+    result = generate(out / "model.pte", gen)
+    merged = (gen / "etforge_model_neutron_kernels.c").read_text()
+    assert f"partition {name}" in merged and f"neutron_kernels_{name}[] = {{3, 1}};" in merged
+    assert "kHasNeutronKernelSelection = true" in (gen / "etforge_model.h").read_text()
+    assert "etforge_model_neutron_kernels.c" in (gen / "etforge_model.cmake").read_text()
+    assert "etforge_model_neutron_kernels.c" in result.files
+    proc = subprocess.run(["gcc", "-Wall", "-Werror", "-c", str(gen / "etforge_model_neutron_kernels.c"), "-o", str(tmp_path / "n.o")],
+                          capture_output=True, text=True)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
