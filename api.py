@@ -30,7 +30,7 @@ class Target:
 
     def quantizer(self) -> Any:
         """The torchao PT2E quantizer composed from the target's rule plugins (+ its CPU rules)."""
-        from etforge.core.compiler import quantizer_for
+        from etforge.core.pipeline import quantizer_for
         from etforge.core.plugin_manager import registry
 
         return quantizer_for(self.spec, self._options(), registry())

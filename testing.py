@@ -100,7 +100,7 @@ def check_op(
     else:
         with torch.no_grad():
             reference = [t.detach() for t in _flat(module(*example))]
-    edge, partitioner, parts = pipeline.lower(ep, tgt, options, reg)
+    edge, partitioner, parts, _ = pipeline.lower(ep, tgt, options, reg)
     delegated = [d.node for d in partitioner.decisions if d.npu]
     refused = {f"{d.node} ({d.op})": d.reason for d in partitioner.decisions if not d.npu}
     ops = [op for p in parts for op in p.converted.operators]

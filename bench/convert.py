@@ -35,7 +35,7 @@ def main() -> None:
             pipeline.export(model, example), target, zoo.calibration(name, args.calibration), reg
         )
         start = time.perf_counter()
-        edge, partitioner, parts = pipeline.lower(ep, target, None, reg)
+        edge, partitioner, parts, _ = pipeline.lower(ep, target, None, reg)
         lower_s = time.perf_counter() - start
         convert_s = sum(p.converted.seconds for p in parts)
         ops = sum(len(p.converted.operators) for p in parts)

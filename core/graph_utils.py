@@ -79,10 +79,6 @@ def node_dtype(node: Node) -> str:
     return str(val.dtype).removeprefix("torch.")
 
 
-def single_user(node: Node) -> Node | None:
-    return next(iter(node.users)) if len(node.users) == 1 else None
-
-
 CONSTANT_KEY = "etforge_constant"
 
 

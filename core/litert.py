@@ -61,10 +61,6 @@ class Quant:
         return len(self.scale) > 1
 
 
-def numpy_dtype(dtype: str) -> type:
-    return _DTYPES[dtype][1]
-
-
 class LiteRTBuilder:
     """Accumulates one subgraph's tensors and operators, then packs a model."""
 
@@ -132,10 +128,6 @@ class LiteRTBuilder:
         return Quant(
             tuple(float(s) for s in q.scale), tuple(int(z) for z in q.zeroPoint), int(q.quantizedDimension)
         )
-
-    def tensor_dtype(self, index: int) -> str:
-        code = self.tensors[index].type
-        return next(k for k, (c, _) in _DTYPES.items() if c == code)
 
     # -- operators -----------------------------------------------------------------------------
     def _opcode(self, builtin: str, custom: str = "") -> int:

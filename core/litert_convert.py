@@ -23,6 +23,7 @@ from etforge.core import layout
 from etforge.core.converter import OpConverter, Support
 from etforge.core.errors import ConversionError
 from etforge.core.graph_utils import (
+    CONSTANT_FOLDABLE,
     activation_kind,
     is_dequantize,
     is_quantize,
@@ -31,7 +32,7 @@ from etforge.core.graph_utils import (
     shape_of,
     tensor_meta,
 )
-from etforge.core.litert import LiteRTBuilder, Quant, enum, numpy_dtype, options
+from etforge.core.litert import LiteRTBuilder, Quant, enum, options
 from etforge.core.target import TargetSpec
 
 _TORCH_DTYPES = {torch.float32: "float32", torch.int8: "int8", torch.int32: "int32", torch.uint8: "uint8"}
@@ -148,7 +149,7 @@ class ConversionContext:
             src = self.constant(arg.args[0])
             if src is not None:
                 const = Constant(src.data, src.dtype, self._dq_quant(arg), name=arg.name)
-        elif node_op(arg) in _CONST_PERMUTES and self.constant(arg.args[0]) is not None:
+        elif node_op(arg) in CONSTANT_FOLDABLE and self.constant(arg.args[0]) is not None:
             src = self.constant(arg.args[0])
             perm = _const_perm(arg, src.data.ndim)
             quant = src.quant
@@ -236,11 +237,6 @@ class ConversionContext:
             return v
         return self.relayout(v, tuple(perm))
 
-    def input_nhwc(self, arg: object) -> Value:
-        v = self.value(arg) if not self.is_constant(arg) else None
-        rank = v.rank if v is not None else self.constant(arg).data.ndim  # type: ignore[union-attr]
-        return self.input(arg, layout.channels_last(rank))
-
     def relayout(self, v: Value, perm: tuple[int, ...]) -> Value:
         """Insert (once per tensor and layout) a TRANSPOSE or a free RESHAPE."""
         key = (v.tensor, perm)
@@ -261,10 +257,6 @@ class ConversionContext:
         self._transposes[key] = out
         return Value(out, v.shape, perm, v.dtype, v.quant)
 
-    def quant(self, arg: object) -> Quant | None:
-        return self.value(arg).quant if not self.is_constant(arg) else self.constant(arg).quant  # type: ignore[union-attr]
-
-    # -- outputs -----------------------------------------------------------------------------
     def fuse_activation(self, node: Node) -> tuple[str, Node]:
         """Absorb a single-user activation after ``node`` if the target can fuse it.
 
@@ -331,10 +323,6 @@ class ConversionContext:
             options("ReshapeOptions", newShape=[int(d) for d in stored_shape]),
         )
 
-    def output_like(self, node: Node, src: Value, perm: Sequence[int] | None = None) -> Value:
-        return self.output(node, perm if perm is not None else src.perm)
-
-    # -- operators ---------------------------------------------------------------------------
     def emit(
         self,
         builtin: str,
@@ -493,15 +481,6 @@ class ConversionContext:
         return names
 
 
-_CONST_PERMUTES = {
-    "aten.permute_copy.default",
-    "aten.t_copy.default",
-    "aten.transpose_copy.int",
-    "aten.permute.default",
-    "aten.t.default",
-}
-
-
 def _const_perm(node: Node, rank: int) -> tuple[int, ...]:
     name = node_op(node)
     if name.startswith("aten.permute"):
@@ -629,7 +608,6 @@ __all__ = [
     "Value",
     "activation",
     "convert_program",
-    "numpy_dtype",
     "padding",
     "select_converter",
 ]

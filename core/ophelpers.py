@@ -116,11 +116,3 @@ def pad_spatial(
         fill_t = ctx.add_constant(fill.reshape(()), x.dtype, "pad_value", quant=x.quant)
         ctx.emit("PADV2", [x.tensor, pads_t, fill_t], [out])
     return Value(out, out_shape, x.perm, x.dtype, x.quant)
-
-
-def out_quant_or_float(ctx: ConversionContext, node: Node) -> str:
-    return (
-        "int8"
-        if any(node_op(u).startswith("quantized_decomposed.quantize") for u in node.users)
-        else "float32"
-    )

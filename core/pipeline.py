@@ -6,15 +6,25 @@ runs our partitioner and backend); these functions only wire plugins into it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import copy
+import dataclasses
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from executorch.exir import EdgeCompileConfig, EdgeProgramManager, to_edge_transform_and_lower
+from executorch.exir import (
+    EdgeCompileConfig,
+    EdgeProgramManager,
+    ExecutorchProgramManager,
+    to_edge,
+    to_edge_transform_and_lower,
+)
 from torch.export import ExportedProgram
 
 from etforge.core import backend
+from etforge.core.errors import EtforgeError
 from etforge.core.litert_convert import Converted
 from etforge.core.npu_compiler import NpuPayload
 from etforge.core.partitioner import EtforgePartitioner
@@ -37,33 +47,82 @@ class Partition:
         return self.payload.host_only
 
 
-def export(module: torch.nn.Module, example_inputs: tuple[Any, ...]) -> ExportedProgram:
-    return torch.export.export(module.eval(), example_inputs, strict=False)
+def edge_config() -> EdgeCompileConfig:
+    return EdgeCompileConfig(_check_ir_validity=False)
 
 
-def quantizer_for(target: TargetSpec, reg: Registry | None = None, qat: bool = False) -> ComposedQuantizer:
+def export(
+    module: torch.nn.Module, example: tuple[torch.Tensor, ...], what: str = "the model"
+) -> ExportedProgram:
+    try:
+        return torch.export.export(module.eval(), example, strict=False)
+    except Exception as exc:
+        lines = [ln for ln in str(exc).strip().splitlines() if ln.strip()][:6]
+        raise EtforgeError(
+            f"torch.export rejected {what}: {type(exc).__name__}: " + "\n  ".join(lines)
+        ) from None
+
+
+def quantizer_for(
+    target: TargetSpec, options: dict[str, Any] | None = None, reg: Registry | None = None
+) -> Any:
+    """The target's NPU rules first, then its CPU backend's quantizer for what they left."""
     reg = reg or registry()
-    return ComposedQuantizer(reg.rules_for(target), is_qat=qat)
+    options = {**target.option_defaults(), **(options or {})}
+    rules = reg.rules_for(target)
+    ours = ComposedQuantizer(rules) if rules else None
+    cpu_q = reg.cpu_backend(target).quantizer(target, options)
+    if ours is None and cpu_q is None:
+        raise EtforgeError(f"target {target.name!r} composes no quantizer (no rules, no CPU quantizer)")
+    if ours is None:
+        return cpu_q
+    if cpu_q is None:
+        return ours
+    return StackedQuantizer(ours, cpu_q)
+
+
+class StackedQuantizer(ComposedQuantizer.__mro__[1]):  # torchao's Quantizer base
+    """``first`` annotates; ``fill`` annotates only the nodes ``first`` left alone.
+
+    (torchao's ComposableQuantizer refuses a later quantizer touching earlier annotations;
+    here the NPU rules own their nodes and the CPU quantizer fills the gaps.)
+    """
+
+    def __init__(self, first: Any, fill: Any) -> None:
+        super().__init__()
+        self.first, self.fill = first, fill
+
+    def transform_for_annotation(self, model: torch.fx.GraphModule) -> torch.fx.GraphModule:
+        return self.fill.transform_for_annotation(self.first.transform_for_annotation(model))
+
+    def annotate(self, model: torch.fx.GraphModule) -> torch.fx.GraphModule:
+        key = "quantization_annotation"
+        self.first.annotate(model)
+        owned = {n: n.meta.pop(key) for n in list(model.graph.nodes) if key in n.meta}
+        self.fill.annotate(model)
+        for node, ann in owned.items():
+            node.meta[key] = ann
+        return model
+
+    def validate(self, model: torch.fx.GraphModule) -> None:
+        return None
 
 
 def quantize(
     ep: ExportedProgram,
     target: TargetSpec,
-    calibration: Iterable[Sequence[Any]],
+    calibration: Sequence[Sequence[torch.Tensor]],
     reg: Registry | None = None,
+    options: dict[str, Any] | None = None,
 ) -> ExportedProgram:
     """PT2E post-training quantization with the target's composed quantizer; re-exported."""
-    example = ep.example_inputs[0] if ep.example_inputs else None
-    gm = ep.module(check_guards=False)
-    gm = prepare(gm, quantizer_for(target, reg))
-    for batch in calibration:
-        gm(*batch)
+    example = tuple(ep.example_inputs[0])
+    gm = prepare(ep.module(check_guards=False), quantizer_for(target, options, reg))
+    with torch.no_grad():
+        for batch in calibration:
+            gm(*batch)
     gm = convert(gm)
-    return torch.export.export(gm, tuple(example), strict=False)
-
-
-def edge_config() -> EdgeCompileConfig:
-    return EdgeCompileConfig(_check_ir_validity=False)
+    return torch.export.export(gm, example, strict=False)
 
 
 def lower(
@@ -71,11 +130,91 @@ def lower(
     target: TargetSpec,
     options: dict[str, Any] | None = None,
     reg: Registry | None = None,
-) -> tuple[EdgeProgramManager, EtforgePartitioner, list[Partition]]:
-    """Edge + NPU delegation in ExecuTorch's single pass; returns the converted partitions."""
+) -> tuple[EdgeProgramManager, EtforgePartitioner, list[Partition], dict[str, float]]:
+    """NPU delegation in ExecuTorch's single pass, then the CPU backend's lowering.
+
+    Returns the Edge program, the partitioner (its decisions), the partitions and stage times.
+    """
+    reg = reg or registry()
+    options = {**target.option_defaults(), **(options or {})}
+    cpu = reg.cpu_backend(target)
+    config = cpu.edge_compile_config() or edge_config()
     partitioner = EtforgePartitioner(target, options, reg)
     start = len(backend.CONVERTED)
-    edge = to_edge_transform_and_lower(ep, partitioner=[partitioner], compile_config=edge_config())
-    parts = [Partition(x.name, x.converted, x.payload, x.processed) for x in backend.CONVERTED[start:]]
-    del backend.CONVERTED[start:]
-    return edge, partitioner, parts
+    t0 = time.perf_counter()
+    try:
+        if getattr(config, "preserve_ops", None):
+            # A CPU backend that keeps ATen ops whole (CMSIS-NN's linear ...) needs to_edge's
+            # preserve_ops, which to_edge_transform_and_lower ignores once a partitioner is
+            # given: decompose once with both sets preserved, then delegate.
+            keep = list(config.preserve_ops) + [_aten_op(n) for n in partitioner.preserved_op_names()]
+            config = dataclasses.replace(
+                config, preserve_ops=list(dict.fromkeys(k for k in keep if k is not None))
+            )
+            edge = to_edge(ep, compile_config=config).to_backend(partitioner)
+        else:
+            try:
+                edge = to_edge_transform_and_lower(ep, partitioner=[partitioner], compile_config=config)
+            except RuntimeError as exc:
+                if "was not decomposed or delegated" not in str(exc):
+                    raise
+                # A kept-whole node ended up off the NPU (a partition-level refusal such as
+                # min_partition_ops): redo with everything decomposed; converters of the
+                # decomposed forms (addmm, permute ...) take what the NPU can run.
+                del backend.CONVERTED[start:]
+                partitioner.preserve = False
+                edge = to_edge_transform_and_lower(ep, partitioner=[partitioner], compile_config=config)
+    finally:
+        lowered = backend.CONVERTED[start:]
+        del backend.CONVERTED[start:]
+    t1 = time.perf_counter()
+    parts = [Partition(x.name, x.converted, x.payload, x.processed) for x in lowered]
+    _set_runtime_backend_ids(edge.exported_program(), parts)
+    cpu_ep = cpu.lower(edge.exported_program(), target, options)
+    if cpu_ep is not edge.exported_program():
+        edge = EdgeProgramManager({"forward": cpu_ep}, compile_config=config)
+    t2 = time.perf_counter()
+    return edge, partitioner, parts, {"to_edge_transform_and_lower": t1 - t0, "cpu_lowering": t2 - t1}
+
+
+def _aten_op(name: str) -> Any:
+    ns, op, overload = name.split(".")
+    return getattr(getattr(getattr(torch.ops, ns), op, None), overload, None)
+
+
+def _set_runtime_backend_ids(ep: ExportedProgram, parts: list[Partition]) -> None:
+    """A device payload is delegated to the backend id its device runtime registers."""
+    ids = {p.processed: p.payload.runtime_backend_id for p in parts if p.payload.runtime_backend_id}
+    if not ids:
+        return
+    for node in ep.graph_module.graph.nodes:
+        if node.op == "get_attr":
+            mod = getattr(ep.graph_module, str(node.target), None)
+            processed = getattr(mod, "processed_bytes", None)
+            if processed is not None and bytes(processed) in ids:
+                mod._backend_id = ids[bytes(processed)]
+
+
+def clone_program(ep: ExportedProgram) -> ExportedProgram:
+    """A structural copy (new graph, shared tensors): ``to_executorch`` rewrites graphs in place,
+    and the lowered Edge program stays runnable on the host for ``verify``."""
+    graph = torch.fx.Graph()
+    graph.output(graph.graph_copy(ep.graph_module.graph, {}))
+    gm = torch.fx.GraphModule(ep.graph_module, graph)
+    return ExportedProgram(
+        root=gm,
+        graph=gm.graph,
+        graph_signature=copy.deepcopy(ep.graph_signature),
+        state_dict=ep.state_dict,
+        range_constraints=ep.range_constraints,
+        module_call_graph=copy.deepcopy(ep.module_call_graph),
+        example_inputs=ep.example_inputs,
+        constants=ep.constants,
+        verifiers=[ep.verifier],
+    )
+
+
+def serialize(edge: EdgeProgramManager) -> ExecutorchProgramManager:
+    import executorch.kernels.quantized  # noqa: F401  (out variants of quantized_decomposed ops)
+
+    return edge.to_executorch()

@@ -67,14 +67,14 @@ def rebuild(
     out: Path, report: dict[str, Any], reg: Registry
 ) -> tuple[ExportedProgram, ExportedProgram, ExportedProgram | None]:
     """(lowered host program, float program, quantized program) from a compile's outputs."""
-    from etforge.core.compiler import lower_program
+    from etforge.core.pipeline import lower
 
     float_ep = torch.export.load(str(out / output.FLOAT_PROGRAM))
     qpath = out / output.QUANTIZED_PROGRAM
     qep = torch.export.load(str(qpath)) if report["quantized"] else None
     target = reg.target(report["target"])
     options = {k: tuple(v) if isinstance(v, list) else v for k, v in report["options"].items()}
-    edge, _, parts, _ = lower_program(qep if qep is not None else float_ep, target, options, reg)
+    edge, _, parts, _ = lower(qep if qep is not None else float_ep, target, options, reg)
     for p in parts:
         saved = out / "partitions" / f"{p.name}.tflite"
         if not saved.is_file() or saved.read_bytes() != p.converted.tflite:

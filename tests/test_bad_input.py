@@ -20,7 +20,7 @@ def _decisions(
     ep = pipeline.export(module.eval(), x)
     if quantize:
         ep = pipeline.quantize(ep, tgt, [x], reg)
-    _, partitioner, _ = pipeline.lower(ep, tgt, None, reg)
+    _, partitioner, _, _ = pipeline.lower(ep, tgt, None, reg)
     return {d.op: d.reason for d in partitioner.decisions if not d.npu}
 
 

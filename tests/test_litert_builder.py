@@ -99,7 +99,7 @@ def test_conversion_is_deterministic() -> None:
     blobs = []
     for _ in range(2):
         ep = pipeline.quantize(pipeline.export(conv, x), target, [x])
-        _, _, parts = pipeline.lower(ep, target)
+        _, _, parts, _ = pipeline.lower(ep, target)
         blobs.append(b"".join(p.converted.tflite for p in parts))
     assert blobs[0] == blobs[1]
     check_op(conv, x)

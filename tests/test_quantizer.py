@@ -76,7 +76,7 @@ def test_qat_uses_the_same_rules_and_lowers_exactly() -> None:
         opt.step()
     gm = convert(gm)
     qep = torch.export.export(gm, x)
-    edge, partitioner, parts = pipeline.lower(qep, target, None, reg)
+    edge, partitioner, parts, _ = pipeline.lower(qep, target, None, reg)
     assert all(d.npu for d in partitioner.decisions) and len(parts) == 1
     out = run_program(edge.exported_program(), x)[0]
     ref = gm(*x)

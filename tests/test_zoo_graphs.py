@@ -22,7 +22,7 @@ def test_zoo_model_is_one_litert_partition_matching_reference(name: str) -> None
     reg = registry()
     target = reg.target("litert")
     qep = pipeline.quantize(pipeline.export(model, example), target, calib, reg)
-    edge, _, parts = pipeline.lower(qep, target, None, reg)
+    edge, _, parts, _ = pipeline.lower(qep, target, None, reg)
     assert len(parts) == 1
     g = torch.Generator().manual_seed(1234)
     reference = qep.module()
