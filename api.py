@@ -35,6 +35,21 @@ class Target:
 
         return quantizer_for(self.spec, self._options(), registry())
 
+    def adapt(
+        self,
+        model: torch.nn.Module,
+        example_inputs: tuple[torch.Tensor, ...],
+        calibration: Sequence[tuple[torch.Tensor, ...]] | None = None,
+    ) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...], list[tuple[torch.Tensor, ...]] | None]:
+        """Model and inputs in the memory format the target keeps inside (before ``torch.export``).
+
+        On Cortex-M targets everything is channels-last, so NPU partitions and CMSIS-NN
+        kernels hand NHWC buffers over without conversions (option ``dim_order``).
+        """
+        from etforge.core.compiler import adapt_layout
+
+        return adapt_layout(model, tuple(example_inputs), calibration, self.spec, self._options())
+
     def partitioners(self) -> list[Any]:
         """Partitioners for ``to_edge_transform_and_lower(..., partitioner=...)``."""
         from etforge.core.partitioner import EtforgePartitioner
@@ -120,12 +135,15 @@ class Compiled:
             pte.write_bytes(self.pte)
             return generate(pte, Path(out_dir), report=self.report, **kwargs)
 
-    def verify(self, samples: int = 32, seed: int = 0, max_steps: float | None = None) -> Any:
+    def verify(
+        self, samples: int = 32, seed: int = 0, max_steps: float | None = None, kernels: str = "default"
+    ) -> Any:
         """Run on the host (NPU partitions in LiteRT) and compare with torch; see ``etforge verify``."""
         from etforge.runtime.verify import compare
 
-        return compare(self.result.host_program, self.result.float_program, self.result.quantized_program,
-                       self.report, samples=samples, seed=seed, max_steps=max_steps)  # fmt: skip
+        r = self.result
+        return compare(r.host_program, r.float_program, r.quantized_program, self.report,
+                       samples=samples, seed=seed, max_steps=max_steps, kernels=kernels)  # fmt: skip
 
 
 def compile(  # noqa: A001 (the natural name, as in torch.compile)

@@ -309,9 +309,11 @@ def _print_summary(report: dict[str, Any], out: Any) -> None:
     console.print(
         f"NPU MACs: {macs['npu']:,} of {macs['total']:,} ({100 * macs['npu_share']:.1f}%) · "
         f"partitions: {len(report['partitions'])} · "
-        f"boundary transposes: {sum(p['boundary_transposes'] for p in report['partitions'])} · "
+        f"boundary transposes: {sum(p['boundary_transposes'] for p in report['partitions'])} "
+        f"(+{len(report['cpu_layout_conversions'])} on the CPU) · "
         f"arena: {', '.join(f'{b:,} B' for b in report['memory']['arena_bytes'])} "
         f"(lower bound {report['memory']['lower_bound_bytes']:,} B) · "
+        f"flash: {report['memory']['flash_bytes']:,} B · "
         f".pte: {report['memory']['pte_bytes']:,} B"
     )
     if report["host_only"]:
@@ -428,14 +430,29 @@ def codegen(
     "--max-steps",
     type=float,
     default=None,
-    help="Also fail when the int8 output is more steps from the quantized reference (whole model on the NPU).",
+    help="Fail when the int8 output is more steps from the quantized reference (whole model on the "
+    "NPU; default 3 with --kernels default, none with reference).",
+)
+@click.option(
+    "--kernels",
+    type=click.Choice(["default", "reference"]),
+    default="default",
+    show_default=True,
+    help="LiteRT kernels for the NPU partitions: default (float-rounded requantization, as the "
+    "PT2E reference) or reference (fixed-point, as TFLite Micro / CMSIS-NN).",
 )
 @click.option(
     "--min-top1", type=int, default=None, help="Required top-1 agreements (default: samples - samples/32)."
 )
 @click.pass_obj
 def verify(
-    obj: Ctx, out_dir: str, samples: int, seed: int, max_steps: float | None, min_top1: int | None
+    obj: Ctx,
+    out_dir: str,
+    samples: int,
+    seed: int,
+    max_steps: float | None,
+    min_top1: int | None,
+    kernels: str,
 ) -> None:
     """Run OUT's program on the host (NPU partitions in LiteRT) and compare with torch."""
     from pathlib import Path
@@ -444,8 +461,10 @@ def verify(
     with console.status("rebuilding and running the program on the host ..."):
         from etforge.runtime.verify import verify as run_verify
 
-        v = run_verify(Path(out_dir), samples=samples, seed=seed, max_steps=max_steps, min_top1=min_top1)
-    table = Table(title=f"verify {out_dir} ({v.samples} seeded inputs)")
+        v = run_verify(
+            Path(out_dir), samples=samples, seed=seed, max_steps=max_steps, min_top1=min_top1, kernels=kernels
+        )
+    table = Table(title=f"verify {out_dir} ({v.samples} seeded inputs, LiteRT {kernels} kernels)")
     table.add_column("metric")
     table.add_column("value")
     if v.max_steps is not None:

@@ -53,7 +53,16 @@ class EtforgeNpuBackend(BackendDetails):
         # A device payload goes in as the device runtime reads it; a host-only LiteRT model
         # is wrapped in etforge's tagged container so nothing mistakes it for microcode.
         processed = (
-            result.data if result.runtime_backend_id else payload.pack(result.format, name, True, result.data)
+            result.data
+            if result.runtime_backend_id
+            else payload.pack(
+                result.format,
+                name,
+                True,
+                result.data,
+                input_dim_orders=[list(d) for d in converted.input_dim_orders],
+                output_dim_orders=[list(d) for d in converted.output_dim_orders],
+            )
         )
         CONVERTED.append(Lowered(name, converted, result, processed))
         return PreprocessResult(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -12,7 +13,7 @@ import torch
 from executorch.exir import EdgeProgramManager, ExecutorchProgramManager
 from torch.export import ExportedProgram
 
-from etforge.core import pipeline
+from etforge.core import boundaries, pipeline
 from etforge.core.partitioner import Decision
 from etforge.core.pipeline import Partition
 from etforge.core.plugin_manager import Registry, registry
@@ -57,6 +58,69 @@ def _channels_last(
     return module.to(memory_format=torch.channels_last), tuple(cl(t) for t in example), calib
 
 
+class NchwAtEdges(torch.nn.Module):
+    """``inner`` run channels-last, fed and read in NCHW: one conversion per 4-D input/output.
+
+    For NHWC CPU kernels and NPU partitions the whole inside stays channels-last (no
+    conversions between them); only the user's NCHW tensors are converted, at the edges.
+    ``forward`` carries ``inner``'s signature so the program's inputs keep their names.
+    """
+
+    def __init__(self, inner: torch.nn.Module) -> None:
+        super().__init__()
+        self.inner = inner.to(memory_format=torch.channels_last)
+
+        def forward(*args: Any) -> Any:
+            inside = [a.contiguous(memory_format=torch.channels_last) if _is_4d(a) else a for a in args]
+            out = self.inner(*inside)
+            return torch.utils._pytree.tree_map(lambda t: t.contiguous() if _is_4d(t) else t, out)
+
+        forward.__signature__ = inspect.signature(inner.forward)  # type: ignore[attr-defined]
+        self.forward = forward
+
+
+def _is_4d(t: object) -> bool:
+    return isinstance(t, torch.Tensor) and t.dim() == 4
+
+
+def adapt_layout(
+    module: torch.nn.Module,
+    example: tuple[torch.Tensor, ...],
+    calibration: Sequence[tuple[torch.Tensor, ...]] | None,
+    target: TargetSpec,
+    options: dict[str, Any],
+    reg: Registry | None = None,
+) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...], list[tuple[torch.Tensor, ...]] | None]:
+    """Channels-last inside when the target's CPU kernels are NHWC (before export).
+
+    ``dim_order=channels_last``: the caller's 4-D tensors are NHWC too, nothing converts;
+    ``contiguous``: NCHW at the edges, one conversion per 4-D input and output.
+    """
+    calib = list(calibration) if calibration is not None else None
+    if not (reg or registry()).cpu_backend(target).channels_last:
+        return module, example, calib
+    if options.get("dim_order", "channels_last") == "channels_last":
+        return _channels_last(module, example, calib)
+    return NchwAtEdges(module), example, calib
+
+
+def _delegate_layouts(
+    ep: ExportedProgram, parts: list[Partition]
+) -> list[tuple[str, list[list[int]], list[list[int]]]]:
+    """(name, input dim orders, output dim orders) of each delegate call, in program order."""
+    by_bytes = {p.processed: p for p in parts}
+    layouts = []
+    for node in ep.graph_module.graph.nodes:
+        if node.op == "call_function" and node.target is torch.ops.higher_order.executorch_call_delegate:
+            lowered = getattr(ep.graph_module, str(node.args[0].target))
+            p = by_bytes[bytes(lowered.processed_bytes)]
+            c = p.converted
+            layouts.append(
+                (p.name, [list(d) for d in c.input_dim_orders], [list(d) for d in c.output_dim_orders])
+            )
+    return layouts
+
+
 def compile_model(
     module: torch.nn.Module | None,
     example_inputs: tuple[torch.Tensor, ...],
@@ -86,8 +150,10 @@ def compile_model(
 
         return timed()
 
-    if opts.get("dim_order") == "channels_last" and program is None and module is not None:
-        module, example_inputs, calibration = _channels_last(module, example_inputs, calibration)
+    if program is None and module is not None:
+        module, example_inputs, calibration = adapt_layout(
+            module, example_inputs, calibration, tgt, opts, reg
+        )
     with stage("export"):
         if program is not None:
             float_ep = program
@@ -111,6 +177,7 @@ def compile_model(
             )
         )
         pte = et.buffer
+        boundaries.check_delegate_dim_orders(pte, _delegate_layouts(host_program, parts))
     return CompileResult(
         target=tgt,
         options=opts,

@@ -19,6 +19,9 @@ class CpuBackend:
     description: str = ""
     #: Placement label in the report for the ops this backend runs.
     placement: str = "portable"
+    #: Kernels that work in NHWC (CMSIS-NN): the program keeps 4-D tensors channels-last, so
+    #: NPU partitions and these kernels hand buffers over without a layout conversion.
+    channels_last: bool = False
 
     def quantizer(self, target: TargetSpec, options: dict[str, Any]) -> Quantizer | None:
         """A PT2E quantizer for the nodes the NPU rules left unannotated (None: none)."""

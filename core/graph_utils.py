@@ -52,6 +52,20 @@ def tensor_meta(node: object) -> torch.Tensor | None:
     return val if isinstance(val, torch.Tensor) else None
 
 
+def dim_order(node: object) -> tuple[int, ...]:
+    """The ExecuTorch dim order of ``node``'s tensor (how the runtime lays it out in memory).
+
+    Computed the way ExecuTorch's emitter computes it, so an NPU partition's I/O layout and
+    the ``.pte``'s tensor metadata agree byte for byte (ambiguous strides included).
+    """
+    from executorch.exir.tensor import dim_order_from_stride
+
+    val = tensor_meta(node)
+    if val is None:
+        raise ValueError(f"node {node} has no tensor shape")
+    return tuple(int(d) for d in dim_order_from_stride(tuple(val.stride())))
+
+
 def shape_of(node: object) -> tuple[int, ...]:
     val = tensor_meta(node)
     if val is None:

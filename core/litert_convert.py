@@ -25,6 +25,7 @@ from etforge.core.errors import ConversionError
 from etforge.core.graph_utils import (
     CONSTANT_FOLDABLE,
     activation_kind,
+    dim_order,
     is_dequantize,
     is_quantize,
     mark_constants,
@@ -81,6 +82,10 @@ class Converted:
     operators: list[str]  # LiteRT builtin name per op
     input_names: list[str]
     output_names: list[str]
+    #: ExecuTorch dim order of each graph input/output: the LiteRT tensor holds the bytes
+    #: in that order, so a channels-last neighbour hands over its buffer as it is.
+    input_dim_orders: list[tuple[int, ...]] = field(default_factory=list)
+    output_dim_orders: list[tuple[int, ...]] = field(default_factory=list)
     seconds: float = 0.0
 
 
@@ -121,6 +126,8 @@ class ConversionContext:
         self._transposes: dict[tuple[int, tuple[int, ...]], int] = {}
         self._group: list[Node] = []
         self._accepts_columns = False
+        self.input_dim_orders: list[tuple[int, ...]] = []
+        self.output_dim_orders: list[tuple[int, ...]] = []
 
     def input_columns(self, arg: object) -> Value:
         """Like ``input`` in identity layout, but may return a column-reordered flatten."""
@@ -428,9 +435,11 @@ class ConversionContext:
                 raise ConversionError(node, "placeholder", "int8 graph input without quantization parameters")
             quant = self._dq_quant(dqs[0])
         shape = tuple(int(d) for d in val.shape)
-        index = self.builder.add_tensor(shape, dtype, node.name, quant=quant)
+        perm = dim_order(node)
+        index = self.builder.add_tensor(layout.apply(shape, perm), dtype, node.name, quant=quant)
         self.builder.inputs.append(index)
-        self.values[node] = Value(index, shape, layout.identity(len(shape)), dtype, quant)
+        self.values[node] = Value(index, shape, perm, dtype, quant)
+        self.input_dim_orders.append(perm)
 
     def convert_dequantize(self, node: Node) -> None:
         if self.is_constant(node):
@@ -459,9 +468,10 @@ class ConversionContext:
                 raise ConversionError(arg, "output", "non-tensor graph output")
             v = self.value(arg)
             self.current = arg
-            v = self.input(arg, layout.identity(v.rank)) if v.perm != layout.identity(v.rank) else v
+            wanted = dim_order(arg)
+            v = self.input(arg, wanted) if v.perm != wanted or v.columns is not None else v
             if is_dequantize(arg) and v.dtype == "int8":
-                out = self.builder.add_tensor(v.shape, "float32", f"{arg.name}/dequantized")
+                out = self.builder.add_tensor(v.stored_shape, "float32", f"{arg.name}/dequantized")
                 self.emit("DEQUANTIZE", [v], [out])
                 v = Value(out, v.shape, v.perm, "float32", None)
             if (
@@ -470,13 +480,13 @@ class ConversionContext:
                 or self.builder.tensors[v.tensor].buffer
             ):
                 # LiteRT needs a distinct, computed tensor per output: copy through RESHAPE.
-                out = self.builder.add_tensor(v.shape, v.dtype, f"{arg.name}/out", quant=v.quant)
-                shape_t = self.add_constant(np.asarray(v.shape, np.int32), "int32", "shape")
-                self.emit(
-                    "RESHAPE", [v.tensor, shape_t], [out], options("ReshapeOptions", newShape=list(v.shape))
-                )
+                stored = list(v.stored_shape)
+                out = self.builder.add_tensor(stored, v.dtype, f"{arg.name}/out", quant=v.quant)
+                shape_t = self.add_constant(np.asarray(stored, np.int32), "int32", "shape")
+                self.emit("RESHAPE", [v.tensor, shape_t], [out], options("ReshapeOptions", newShape=stored))
                 v = Value(out, v.shape, v.perm, v.dtype, v.quant)
             self.builder.outputs.append(v.tensor)
+            self.output_dim_orders.append(wanted)
             names.append(arg.name)
         return names
 
@@ -583,6 +593,8 @@ def convert_program(
         operators=[names.get(c, str(c)) for c in ops],
         input_names=input_names,
         output_names=output_names,
+        input_dim_orders=ctx.input_dim_orders,
+        output_dim_orders=ctx.output_dim_orders,
         seconds=time.perf_counter() - start,
     )
 

@@ -18,8 +18,14 @@ class MemoryStats:
     lower_bound: int
     peak_step: int
     peak_nodes: list[str]  # what is alive at the peak, largest first
-    constant_bytes: int
+    constant_bytes: int  # the program's own constant tensors (CPU weights)
     scratch: list[dict[str, Any]] = field(default_factory=list)
+    #: NPU payloads (weights, microcode, kernels): in flash beside the constants.
+    delegate_bytes: int = 0
+
+    @property
+    def flash_bytes(self) -> int:
+        return self.constant_bytes + self.delegate_bytes
 
     @property
     def ratio(self) -> float:
@@ -33,6 +39,8 @@ class MemoryStats:
             "peak_step": self.peak_step,
             "peak_live": self.peak_nodes[:8],
             "constant_bytes": self.constant_bytes,
+            "delegate_bytes": self.delegate_bytes,
+            "flash_bytes": self.flash_bytes,
             "scratch": self.scratch,
         }
 
@@ -71,8 +79,20 @@ def memory_stats(executorch_manager: Any) -> MemoryStats:
         if total > peak:
             peak, peak_step = total, t
             peak_nodes = [name for _, name in sorted(live, reverse=True)]
+    gm = executorch_manager.exported_program().graph_module
+    delegates = sum(
+        len(mod.processed_bytes)
+        for node in graph.nodes
+        if node.op == "get_attr" and hasattr(mod := getattr(gm, str(node.target), None), "processed_bytes")
+    )
     return MemoryStats(
-        [int(b) for b in plan.non_const_buffer_sizes[1:]], peak, peak_step, peak_nodes, constant, scratch
+        [int(b) for b in plan.non_const_buffer_sizes[1:]],
+        peak,
+        peak_step,
+        peak_nodes,
+        constant,
+        scratch,
+        delegate_bytes=delegates,
     )
 
 

@@ -102,10 +102,38 @@ class StackedQuantizer(ComposedQuantizer.__mro__[1]):  # torchao's Quantizer bas
         self.fill.annotate(model)
         for node, ann in owned.items():
             node.meta[key] = ann
+        _share_across(model, set(owned))
         return model
 
     def validate(self, model: torch.fx.GraphModule) -> None:
         return None
+
+
+def _share_across(model: torch.fx.GraphModule, owned: set[torch.fx.Node]) -> None:
+    """One observer per tensor where the two quantizers meet.
+
+    A producer annotated by one quantizer and a consumer by the other would each observe the
+    same tensor (quantize, dequantize, quantize again: a CPU requantization and its rounding
+    at every NPU/CPU boundary, the model input and output included). The consumer takes the
+    producer's quantization instead.
+    """
+    from torchao.quantization.pt2e.quantizer import QuantizationSpec, SharedQuantizationSpec
+
+    key = "quantization_annotation"
+    for node in model.graph.nodes:
+        ann = node.meta.get(key)
+        if ann is None:
+            continue
+        for src, spec in list(ann.input_qspec_map.items()):
+            src_ann = src.meta.get(key) if isinstance(src, torch.fx.Node) else None
+            if (
+                src_ann is not None
+                and src_ann.output_qspec is not None
+                and (src in owned) != (node in owned)
+                and type(spec) is QuantizationSpec
+                and getattr(src_ann.output_qspec, "dtype", spec.dtype) == spec.dtype
+            ):
+                ann.input_qspec_map[src] = SharedQuantizationSpec(src)
 
 
 def quantize(
@@ -216,5 +244,8 @@ def clone_program(ep: ExportedProgram) -> ExportedProgram:
 
 def serialize(edge: EdgeProgramManager) -> ExecutorchProgramManager:
     import executorch.kernels.quantized  # noqa: F401  (out variants of quantized_decomposed ops)
+    from executorch.exir import ExecutorchBackendConfig
 
-    return edge.to_executorch()
+    from etforge.core.memory_plan import planning_pass
+
+    return edge.to_executorch(ExecutorchBackendConfig(memory_planning_pass=planning_pass()))

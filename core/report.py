@@ -12,6 +12,7 @@ from typing import Any
 from torch.export import ExportedProgram
 
 from etforge import __version__
+from etforge.core import boundaries
 from etforge.core.compiler import CompileResult
 from etforge.core.graph_utils import node_op
 from etforge.core.memory import memory_stats
@@ -87,6 +88,8 @@ def build_report(result: CompileResult, reg: Registry, model: str) -> dict[str, 
                 "litert_ops": len(p.converted.operators),
                 "operators": dict(sorted(counts.items())),
                 "boundary_transposes": counts.get("TRANSPOSE", 0),
+                "input_dim_orders": [list(d) for d in p.converted.input_dim_orders],
+                "output_dim_orders": [list(d) for d in p.converted.output_dim_orders],
                 "kernel_selection": p.payload.kernel_selection is not None,
                 "ops": [
                     {
@@ -124,6 +127,7 @@ def build_report(result: CompileResult, reg: Registry, model: str) -> dict[str, 
         "macs": {"total": total, "npu": on_npu, "npu_share": (on_npu / total) if total else 0.0},
         "partitions": partitions,
         "cpu_ops": dict(sorted(cpu_ops.items())),
+        "cpu_layout_conversions": boundaries.layout_conversions(result.host_program),
         "memory": {**memory_stats(result.executorch).as_dict(), "pte_bytes": len(result.pte)},
         "pte_sha256": hashlib.sha256(result.pte).hexdigest(),
         "io_quant": _io_quant(result.host_program),

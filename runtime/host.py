@@ -14,22 +14,33 @@ import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
-from etforge.core import payload
+from etforge.core import layout, payload
 from etforge.runtime import litert_run
 
 
-def _delegate_call(lowered: Any, args: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+def _delegate_call(lowered: Any, args: Sequence[torch.Tensor], kernels: str) -> tuple[torch.Tensor, ...]:
     blob = payload.unpack(bytes(lowered.processed_bytes))
     if not blob.format.startswith("litert"):
         raise RuntimeError(f"partition {blob.partition}: payload {blob.format!r} runs on the device only")
-    outs = litert_run.run(blob.data, [a.detach().contiguous().numpy() for a in args])
-    return tuple(torch.from_numpy(o) for o in outs)
+    # The LiteRT tensors hold each value in its ExecuTorch dim order (the bytes the device
+    # runtime hands over): permute in, and view the results back in logical (NCHW) order.
+    in_orders = blob.header.get("input_dim_orders") or [list(range(a.dim())) for a in args]
+    stored = [a.detach().permute(d).contiguous().numpy() for a, d in zip(args, in_orders, strict=True)]
+    outs = litert_run.run(blob.data, stored, kernels)
+    out_orders = blob.header.get("output_dim_orders") or [list(range(o.ndim)) for o in outs]
+    return tuple(
+        torch.from_numpy(o).permute(layout.inverse(d)) for o, d in zip(outs, out_orders, strict=True)
+    )
 
 
 class _Runner(torch.fx.Interpreter):
+    def __init__(self, gm: torch.fx.GraphModule, kernels: str) -> None:
+        super().__init__(gm)
+        self.kernels = kernels
+
     def call_function(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if target is torch.ops.higher_order.executorch_call_delegate:
-            return _delegate_call(args[0], args[1:])
+            return _delegate_call(args[0], args[1:], self.kernels)
         return super().call_function(target, args, kwargs)
 
 
@@ -49,10 +60,15 @@ def program_inputs(ep: ExportedProgram, user_inputs: Sequence[torch.Tensor]) -> 
     return values
 
 
-def run_program(ep: ExportedProgram, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    """Run an (Edge, possibly delegated) program on the host; returns its user outputs."""
+def run_program(
+    ep: ExportedProgram, inputs: Sequence[torch.Tensor], kernels: str = "default"
+) -> list[torch.Tensor]:
+    """Run an (Edge, possibly delegated) program on the host; returns its user outputs.
+
+    ``kernels``: which LiteRT kernels run the NPU partitions (see ``litert_run``).
+    """
     with torch.no_grad():
-        out = _Runner(ep.graph_module).run(*program_inputs(ep, inputs))
+        out = _Runner(ep.graph_module, kernels).run(*program_inputs(ep, inputs))
     if isinstance(out, torch.Tensor):
         return [out]
     return [o for o in out if isinstance(o, torch.Tensor)]

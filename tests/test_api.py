@@ -31,6 +31,7 @@ def _user_script(target_name: str) -> bytes:
     """What a user with an existing ExecuTorch script writes (README, 'Python API')."""
     model, example, calib = _model()
     target = etforge.target(target_name)
+    model, example, calib = target.adapt(model, example, calib)  # channels-last on imxrt700cm
     exported = torch.export.export(model, example)
     prepared = prepare_pt2e(exported.module(check_guards=False), target.quantizer())
     for batch in calib:

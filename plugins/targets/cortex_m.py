@@ -32,6 +32,17 @@ CPU_OPTIONS = (
     ),
 )
 
+#: CMSIS-NN kernels (and Neutron) work in NHWC, so on Cortex-M targets every 4-D tensor of
+#: the program is channels-last; this option only says what the *user's* tensors are.
+DIM_ORDER_OPTION = OptionSpec(
+    "dim_order",
+    "channels_last",
+    "Memory format of the program's 4-D inputs and outputs. channels_last: the caller's "
+    "buffers are NHWC and nothing is converted; contiguous: NCHW buffers, converted once "
+    "at each 4-D input and output (the program stays channels-last inside).",
+    choices=("channels_last", "contiguous"),
+)
+
 CORTEX_M33 = TargetSpec(
     name="cortex-m33",
     description="i.MX RT700 CPU only: CMSIS-NN kernels, runs without the eIQ Neutron SDK",
@@ -39,15 +50,7 @@ CORTEX_M33 = TargetSpec(
     cpu_fallback="cortex_m",
     cpu="cortex-m33",
     quant_schemes=(),  # every node is quantized by the Cortex-M rules
-    options=(
-        *CPU_OPTIONS,
-        OptionSpec(
-            "dim_order",
-            "channels_last",
-            "Memory format of the program's 4-D inputs; CMSIS-NN convolutions need channels_last.",
-            choices=("channels_last", "contiguous"),
-        ),
-    ),
+    options=(*CPU_OPTIONS, DIM_ORDER_OPTION),
 )
 
 
@@ -75,6 +78,7 @@ class CortexMBackend(CpuBackend):
     name = "cortex_m"
     description = "CMSIS-NN kernels via executorch.backends.cortex_m (cortex_m::* ops)"
     placement = "cortex-m"
+    channels_last = True
 
     def quantizer(self, target: TargetSpec, options: dict[str, Any]) -> Quantizer | None:
         from executorch.backends.cortex_m.quantizer.quantizer import CortexMQuantizer

@@ -68,8 +68,10 @@ def pack_neutron_payload(converted: bytes) -> bytes:
     microcode, weights, kernels = (blob(t) for t in list(node.inputs)[-3:])
     inputs = [list(graph.inputs).index(t) for t in list(node.inputs)[:-3]]
     outputs = [list(graph.outputs).index(t) for t in list(node.outputs) if t in list(graph.outputs)]
-    # etforge partitions take and return tensors in their logical layout (transposes are
-    # inside the LiteRT graph), so every I/O format flag is 0 (FORMATLESS).
+    # etforge partitions take and return each tensor in the bytes order its ExecuTorch dim
+    # order gives (NHWC beside channels-last Cortex-M code; any conversion the model's own
+    # NCHW I/O needs is a TRANSPOSE inside the graph), so the runtime copies buffers as they
+    # are: every I/O format flag is 0 (FORMATLESS).
     header = bytes(
         [len(inputs), len(outputs), len(inputs)] + [0] * (len(inputs) + len(outputs)) + inputs + outputs + [1]
     )

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from etforge.core.hookspecs import hookimpl
 from etforge.core.target import NpuSpec, OptionSpec, TargetSpec
-from etforge.plugins.targets.cortex_m import CPU_OPTIONS
+from etforge.plugins.targets.cortex_m import CPU_OPTIONS, DIM_ORDER_OPTION
 
 _UPSTREAM = "executorch/backends/nxp/backend/ir/converter/node_converters/ops_converters/"
 
@@ -69,7 +69,7 @@ IMXRT700CM = TargetSpec(
     npu=NEUTRON_C,
     cpu_fallback="cortex_m",
     quant_schemes=("int8",),
-    options=_NPU_OPTIONS + CPU_OPTIONS,
+    options=(*_NPU_OPTIONS, *CPU_OPTIONS, DIM_ORDER_OPTION),
 )
 
 

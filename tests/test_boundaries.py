@@ -1,0 +1,157 @@
+"""NPU partitions beside Cortex-M code: NHWC buffers handed over as they are, no layout round trips.
+
+Models are forced to split with ``operators_not_to_delegate`` so NPU partitions and CMSIS-NN
+ops alternate; the LiteRT partitions and the lowered program are then inspected for every
+transpose or dim-order copy, and the serialized ``.pte`` for the dim orders the delegate
+calls really pass.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+import pytest
+import torch
+from ai_edge_litert.interpreter import Interpreter
+
+from etforge import zoo
+from etforge.core import layout
+from etforge.core.boundaries import check_delegate_dim_orders, layout_conversions
+from etforge.core.compiler import CompileResult, compile_model
+from etforge.core.errors import EtforgeError
+from etforge.core.graph_utils import node_op
+from etforge.runtime.host import run_program
+
+SPLITS = {
+    # three NPU convolutions, each followed by a CMSIS-NN max pool, then the NPU classifier
+    "cifarnet": "aten.max_pool2d_with_indices.default",
+    # residual adds on the Cortex-M: NPU branches meet on the CPU and fork again
+    "resnet8": "aten.add.Tensor",
+}
+
+
+@cache
+def _split(name: str, dim_order: str = "channels_last") -> CompileResult:
+    model, example = zoo.build(name)
+    options = {"operators_not_to_delegate": (SPLITS[name],), "dim_order": dim_order}
+    return compile_model(model, example, "imxrt700cm", calibration=zoo.calibration(name, 4), options=options)
+
+
+def _inputs(name: str, channels_last: bool) -> tuple[torch.Tensor, ...]:
+    _, example = zoo.build(name)
+    g = torch.Generator().manual_seed(7)
+    xs = tuple(torch.randn(t.shape, generator=g) for t in example)
+    return tuple(x.to(memory_format=torch.channels_last) for x in xs) if channels_last else xs
+
+
+def _transposes(result: CompileResult) -> list[tuple[str, int]]:
+    return [
+        (p.name, i)
+        for p in result.partitions
+        for i, op in enumerate(p.converted.operators)
+        if op == "TRANSPOSE"
+    ]
+
+
+def _ops(result: CompileResult) -> list[str]:
+    return [node_op(n) for n in result.host_program.graph.nodes if n.op == "call_function"]
+
+
+def _delegate_args(result: CompileResult, part: object) -> list[torch.fx.Node]:
+    gm = result.host_program.graph_module
+    for n in result.host_program.graph.nodes:
+        if n.op == "call_function" and n.target is torch.ops.higher_order.executorch_call_delegate:
+            if bytes(getattr(gm, str(n.args[0].target)).processed_bytes) == part.processed:  # type: ignore[attr-defined]
+                return list(n.args[1:])
+    raise AssertionError("partition not called")
+
+
+def _assert_matches_reference(result: CompileResult, xs: tuple[torch.Tensor, ...]) -> None:
+    out = run_program(result.host_program, xs)[0]
+    ref = result.quantized_program.module()(*xs)  # type: ignore[union-attr]
+    out_node = next(n for n in result.host_program.graph.nodes if n.op == "output").args[0][0]
+    step = float(out_node.args[1])
+    assert float((out - ref).abs().max()) <= 2.001 * step
+
+
+@pytest.mark.parametrize("name", sorted(SPLITS))
+def test_forced_split_has_no_layout_conversion_between_npu_and_cortex_m(name: str) -> None:
+    result = _split(name)
+    ops = _ops(result)
+    cmsis = [op for op in ops if op.startswith("cortex_m.quantized_")]
+    assert len(result.partitions) >= 3 and len(cmsis) >= 2, "the model must really alternate NPU and CPU"
+    assert _transposes(result) == []
+    assert layout_conversions(result.host_program) == []
+    for p in result.partitions:
+        for order in p.converted.input_dim_orders + p.converted.output_dim_orders:
+            assert len(order) != 4 or tuple(order) == (0, 2, 3, 1), (p.name, order)
+        # the LiteRT model itself reads NHWC buffers: its input shapes are the stored shapes
+        interp = Interpreter(model_content=p.converted.tflite)
+        logical = [tuple(a.meta["val"].shape) for a in _delegate_args(result, p)]
+        stored = [layout.apply(s, o) for s, o in zip(logical, p.converted.input_dim_orders, strict=True)]
+        assert [tuple(d["shape"]) for d in interp.get_input_details()] == stored
+    _assert_matches_reference(result, _inputs(name, channels_last=True))
+
+
+def test_no_requantization_where_npu_and_cpu_quantizers_meet() -> None:
+    """Each tensor crossing between the NPU rules and the Cortex-M quantizer is quantized once."""
+    result = _split("cifarnet")
+    graph = result.host_program.graph
+    chains = [
+        n.name
+        for n in graph.nodes
+        if n.op == "call_function"
+        and "quantize_per_tensor" in node_op(n)
+        and "dequantize" not in node_op(n)
+        and isinstance(n.args[0], torch.fx.Node)
+        and "dequantize_per_tensor" in node_op(n.args[0])
+    ]
+    assert chains == []
+    assert sum("cortex_m.quantize_per_tensor" in op for op in _ops(result)) == 1  # the model input
+
+
+def test_nchw_user_tensors_are_converted_once_at_the_input() -> None:
+    result = _split("cifarnet", "contiguous")
+    first = result.partitions[0]
+    # one TRANSPOSE, inside the NPU (int8), straight off the model's NCHW input
+    assert _transposes(result) == [(first.name, 0)]
+    assert first.converted.input_dim_orders == [(0, 1, 2, 3)]
+    assert layout_conversions(result.host_program) == []
+    for p in result.partitions[1:]:
+        assert all(len(o) != 4 or o == (0, 2, 3, 1) for o in p.converted.input_dim_orders)
+    x = next(n for n in result.host_program.graph.nodes if n.op == "placeholder" and n.name == "x")
+    assert x.meta["val"].is_contiguous()
+    _assert_matches_reference(result, _inputs("cifarnet", channels_last=False))
+
+
+def test_the_pte_passes_delegates_the_dim_orders_they_were_built_for() -> None:
+    result = _split("cifarnet")
+    right = [
+        (
+            p.name,
+            [list(d) for d in p.converted.input_dim_orders],
+            [list(d) for d in p.converted.output_dim_orders],
+        )
+        for p in result.partitions
+    ]
+    check_delegate_dim_orders(result.pte, right)
+    nchw = [(n, [list(range(len(d))) for d in i], o) for n, i, o in right]
+    with pytest.raises(EtforgeError, match=r"partition etforge_\d+: the program lays out its I/O"):
+        check_delegate_dim_orders(result.pte, nchw)
+
+
+def test_portable_fallback_keeps_nchw_partition_io() -> None:
+    """Portable kernels work in NCHW: on imxrt700 the partitions take and give NCHW."""
+    model, example = zoo.build("cifarnet")
+    result = compile_model(
+        model,
+        example,
+        "imxrt700",
+        calibration=zoo.calibration("cifarnet", 2),
+        options={"operators_not_to_delegate": (SPLITS["cifarnet"],)},
+    )
+    orders = [
+        o for p in result.partitions for o in p.converted.input_dim_orders + p.converted.output_dim_orders
+    ]
+    assert len(result.partitions) == 4 and all(o == tuple(range(len(o))) for o in orders)
+    _assert_matches_reference(result, _inputs("cifarnet", channels_last=False))
