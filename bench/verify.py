@@ -49,7 +49,9 @@ def main() -> None:
                 print(
                     f"{name:>18} {target:>11} {kernels:>9} {v.max_steps or 0:>9.1f} {v.mean_steps or 0:>7.3f} "
                     f"{v.top1_vs_quantized:>4}/{args.samples:<3} {v.top1_vs_float:>4}/{args.samples:<3} "
-                    f"{'yes' if v.whole_model_on_npu else 'no':>7} {'pass' if v.ok else 'FAIL':>6}",
+                    f"{'yes' if v.whole_model_on_npu else 'no':>7} "
+                    f"{'-' if v.op_max_steps is None else v.op_max_steps:>8} "
+                    f"{v.op_values_off:>6}/{v.op_values:<7} {'pass' if v.ok else 'FAIL':>6}",
                     flush=True,
                 )
 

@@ -37,6 +37,8 @@ class CompileResult:
     decisions: list[Decision]
     stage_seconds: dict[str, float] = field(default_factory=dict)
     lower_breakdown: dict[str, float] = field(default_factory=dict)
+    #: Things the user should know that are not errors.
+    notes: list[str] = field(default_factory=list)
 
 
 @contextlib.contextmanager
@@ -150,10 +152,27 @@ def compile_model(
 
         return timed()
 
+    notes = []
     if program is None and module is not None:
         module, example_inputs, calibration = adapt_layout(
             module, example_inputs, calibration, tgt, opts, reg
         )
+    elif program is not None and reg.cpu_backend(tgt).channels_last:
+        nchw = [
+            n.name
+            for n in program.graph.nodes
+            if n.op == "placeholder"
+            and isinstance(v := n.meta.get("val"), torch.Tensor)
+            and v.dim() == 4
+            and v.is_contiguous()
+            and n.name in program.graph_signature.user_inputs
+        ]
+        if nchw:
+            notes.append(
+                f"the exported program takes NCHW 4-D inputs ({', '.join(nchw)}): its tensors stay NCHW, "
+                f"so NHWC kernels on {tgt.name} convert layouts; export with channels_last inputs "
+                "(or compile the module itself) to keep everything NHWC"
+            )
     with stage("export"):
         if program is not None:
             float_ep = program
@@ -192,4 +211,5 @@ def compile_model(
         decisions=partitioner.decisions,
         stage_seconds=times,
         lower_breakdown=breakdown,
+        notes=notes,
     )

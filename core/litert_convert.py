@@ -8,6 +8,7 @@ debug-handle map exists by construction.
 
 from __future__ import annotations
 
+import json
 import operator
 import time
 from collections.abc import Sequence
@@ -128,6 +129,9 @@ class ConversionContext:
         self._accepts_columns = False
         self.input_dim_orders: list[tuple[int, ...]] = []
         self.output_dim_orders: list[tuple[int, ...]] = []
+        #: Edge quantize node -> (LiteRT tensor, layout) holding its int8 value: lets a host
+        #: check compare every op with the reference op fed the same inputs.
+        self.int8_values: dict[str, Value] = {}
 
     def input_columns(self, arg: object) -> Value:
         """Like ``input`` in identity layout, but may return a column-reordered flatten."""
@@ -303,6 +307,7 @@ class ConversionContext:
         self.values[node] = v
         if q_users:
             self.values[q_users[0]] = v
+            self.int8_values[q_users[0].name] = v
         return v
 
     def alias(self, node: Node, v: Value) -> None:
@@ -460,6 +465,7 @@ class ConversionContext:
         out = self.builder.add_tensor(src.stored_shape, "int8", node.name, quant=quant)
         self.emit("QUANTIZE", [src], [out])
         self.values[node] = Value(out, src.shape, src.perm, "int8", quant)
+        self.int8_values[node.name] = self.values[node]
 
     def add_graph_outputs(self, outputs: Sequence[object]) -> list[str]:
         names = []
@@ -583,6 +589,11 @@ def convert_program(
                     raise ConversionError(node, op, f"{conv.name}.convert() produced no output value")
         else:
             raise ConversionError(node, node.op, "unsupported graph node kind")
+    ctx.builder.metadata["etforge_int8_values"] = json.dumps(
+        # (a flatten kept in channels-last column order is not the logical tensor: left out)
+        {k: [v.tensor, list(v.perm)] for k, v in ctx.int8_values.items() if v.columns is None},
+        sort_keys=True,
+    ).encode()
     tflite = ctx.builder.finish(ctx.debug_map)
     ops = [ctx.builder.opcodes[o.opcodeIndex].builtinCode for o in ctx.builder.operators]
     names = {v: k for k, v in vars(_schema_ops()).items() if k.isupper()}

@@ -130,6 +130,7 @@ def build_report(result: CompileResult, reg: Registry, model: str) -> dict[str, 
         "cpu_layout_conversions": boundaries.layout_conversions(result.host_program),
         "memory": {**memory_stats(result.executorch).as_dict(), "pte_bytes": len(result.pte)},
         "pte_sha256": hashlib.sha256(result.pte).hexdigest(),
+        "notes": list(result.notes),
         "io_quant": _io_quant(result.host_program),
     }
 

@@ -34,12 +34,14 @@ def _delegate_call(lowered: Any, args: Sequence[torch.Tensor], kernels: str) -> 
 
 
 class _Runner(torch.fx.Interpreter):
-    def __init__(self, gm: torch.fx.GraphModule, kernels: str) -> None:
+    def __init__(self, gm: torch.fx.GraphModule, kernels: str, calls: list[Any] | None) -> None:
         super().__init__(gm)
-        self.kernels = kernels
+        self.kernels, self.calls = kernels, calls
 
     def call_function(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if target is torch.ops.higher_order.executorch_call_delegate:
+            if self.calls is not None:
+                self.calls.append((args[0], list(args[1:])))
             return _delegate_call(args[0], args[1:], self.kernels)
         return super().call_function(target, args, kwargs)
 
@@ -61,14 +63,18 @@ def program_inputs(ep: ExportedProgram, user_inputs: Sequence[torch.Tensor]) -> 
 
 
 def run_program(
-    ep: ExportedProgram, inputs: Sequence[torch.Tensor], kernels: str = "default"
+    ep: ExportedProgram,
+    inputs: Sequence[torch.Tensor],
+    kernels: str = "default",
+    calls: list[Any] | None = None,
 ) -> list[torch.Tensor]:
     """Run an (Edge, possibly delegated) program on the host; returns its user outputs.
 
-    ``kernels``: which LiteRT kernels run the NPU partitions (see ``litert_run``).
+    ``kernels``: which LiteRT kernels run the NPU partitions (see ``litert_run``);
+    ``calls`` collects each delegate call as (lowered module, input tensors).
     """
     with torch.no_grad():
-        out = _Runner(ep.graph_module, kernels).run(*program_inputs(ep, inputs))
+        out = _Runner(ep.graph_module, kernels, calls).run(*program_inputs(ep, inputs))
     if isinstance(out, torch.Tensor):
         return [out]
     return [o for o in out if isinstance(o, torch.Tensor)]

@@ -21,9 +21,10 @@ from etforge.core.errors import EtforgeError
 from etforge.core.graph_utils import node_op
 from etforge.core.plugin_manager import Registry, registry
 from etforge.runtime.host import run_program
+from etforge.runtime.stepwise import OpParity, op_parity
 
-#: Output steps from the quantized reference allowed when the whole model is on the NPU.
-DEFAULT_MAX_STEPS = 3.0
+#: Steps an NPU op may be from the reference op fed the same int8 inputs (its rounding).
+OP_MAX_STEPS = 1
 
 
 @dataclass
@@ -35,6 +36,11 @@ class Verification:
     top1_vs_float: int | None
     max_abs_vs_float: float
     whole_model_on_npu: bool
+    #: Per NPU op, teacher-forced (``runtime.stepwise``): worst steps, values off, values.
+    op_max_steps: int | None = None
+    op_values_off: int = 0
+    op_values: int = 0
+    worst_op: str | None = None
     failures: list[str] = field(default_factory=list)
 
     @property
@@ -142,9 +148,10 @@ def compare(
 ) -> Verification:
     """Run ``program`` on seeded inputs and compare with the float and quantized references.
 
-    ``max_steps`` defaults to ``DEFAULT_MAX_STEPS`` for LiteRT's default kernels (whose
-    rounding is the reference's) when the whole model is on the NPU; the reference kernels'
-    fixed-point rounding gets no step limit unless one is given (see ``litert_run``).
+    Gates: top-1 agreement (``min_top1``), every NPU op within ``OP_MAX_STEPS`` of the
+    reference op on the same inputs (``runtime.stepwise``), and — only when ``max_steps`` is
+    given — the end-to-end output steps with the whole model on the NPU (deep nets amplify
+    one-step rounding differences far beyond what says anything about the conversion).
     """
     scale = _output_scale(program)
     float_fn = float_ep.module()
@@ -152,8 +159,12 @@ def compare(
     worst, total, count = 0.0, 0.0, 0
     top1_q = top1_f = 0
     max_abs_f = 0.0
+    ops: list[OpParity] = []
     for batch in _inputs(report, seed, samples):
-        ours = run_program(program, batch, kernels)[0].float()
+        calls: list[Any] = []
+        ours = run_program(program, batch, kernels, calls)[0].float()
+        for lowered, args in calls:
+            ops.extend(op_parity(lowered, args, kernels))
         with torch.no_grad():
             ref_f = float_fn(*batch)
             ref_q = q_fn(*batch) if q_fn is not None else ref_f
@@ -175,8 +186,16 @@ def compare(
         max_abs_vs_float=max_abs_f,
         whole_model_on_npu=on_npu,
     )
-    if max_steps is None and kernels == "default":
-        max_steps = DEFAULT_MAX_STEPS
+    if ops:
+        worst_op = max(ops, key=lambda p: p.max_steps)
+        result.op_max_steps, result.worst_op = worst_op.max_steps, f"{worst_op.partition}:{worst_op.node}"
+        result.op_values_off = sum(p.elements_off for p in ops)
+        result.op_values = sum(p.elements for p in ops)
+        if worst_op.max_steps > OP_MAX_STEPS:
+            result.failures.append(
+                f"NPU op {result.worst_op} is {worst_op.max_steps} steps from the reference op on the "
+                f"same inputs (> {OP_MAX_STEPS}): a conversion error"
+            )
     need = min_top1 if min_top1 is not None else samples - samples // 32
     if report["quantized"] and top1_q < need:
         result.failures.append(

@@ -155,3 +155,15 @@ def test_portable_fallback_keeps_nchw_partition_io() -> None:
     ]
     assert len(result.partitions) == 4 and all(o == tuple(range(len(o))) for o in orders)
     _assert_matches_reference(result, _inputs("cifarnet", channels_last=False))
+
+
+def test_an_nchw_exported_program_on_a_cortex_m_target_is_noted() -> None:
+    """A .pt2 was exported by the user: etforge cannot change its layout, so it says so."""
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU()).eval()
+    x = (torch.randn(1, 3, 8, 8),)
+    nchw = torch.export.export(model, x)
+    result = compile_model(None, x, "imxrt700cm", program=nchw, calibration=[x])
+    assert any("NCHW 4-D inputs (input)" in n for n in result.notes)
+    cl = tuple(t.to(memory_format=torch.channels_last) for t in x)
+    nhwc = torch.export.export(model.to(memory_format=torch.channels_last), cl)
+    assert compile_model(None, cl, "imxrt700cm", program=nhwc, calibration=[cl]).notes == []

@@ -19,3 +19,51 @@ def test_top1_disagreement_is_caught() -> None:
     assert top1_agrees(ref, ref)
     flipped = torch.tensor([[0.2578, 0.25, 0.125], [0.0, 1.0, 0.5]])  # row 0: a real 1-step flip
     assert not top1_agrees(flipped, ref)
+
+
+class _ReluPlusInput(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x) + x
+
+
+def _compile_and_compare(*plugins: object) -> object:
+    from etforge.core.compiler import compile_model
+    from etforge.core.plugin_manager import extra_plugins, registry
+    from etforge.core.report import build_report
+    from etforge.runtime.verify import compare
+
+    g = torch.Generator().manual_seed(0)
+    calib = [(4 * torch.randn(1, 8, 6, 6, generator=g),) for _ in range(4)]
+    with extra_plugins(*plugins):
+        reg = registry()
+        result = compile_model(_ReluPlusInput(), calib[0], "imxrt700", calibration=calib, reg=reg)
+        return compare(
+            result.host_program,
+            result.float_program,
+            result.quantized_program,
+            build_report(result, reg, "relu_plus_input"),
+            samples=4,
+        )
+
+
+def test_every_npu_op_is_checked_on_the_inputs_litert_gave_it() -> None:
+    v = _compile_and_compare()
+    assert v.ok and v.op_max_steps is not None and v.op_max_steps <= 1  # type: ignore[attr-defined]
+    assert v.op_values > 0  # type: ignore[attr-defined]
+
+
+def test_a_wrong_converter_is_named_by_the_per_op_check() -> None:
+    """A plugin that lowers relu to RELU_N1_TO_1 (clamping at 1): the failure names that op."""
+    import types
+
+    from etforge.core.converter import elementwise
+    from etforge.core.hookspecs import hookimpl
+
+    wrong = types.ModuleType("wrong_relu")
+    wrong.etforge_op_converters = hookimpl(  # type: ignore[attr-defined]
+        lambda: [elementwise("aten.relu.default", "RELU_N1_TO_1", name="WrongRelu", priority=10)]
+    )
+    v = _compile_and_compare(wrong)
+    assert not v.ok  # type: ignore[attr-defined]
+    failure = next(f for f in v.failures if "NPU op" in f)  # type: ignore[attr-defined]
+    assert "aten_relu_default" in failure and "from the reference op on the same inputs" in failure
