@@ -480,6 +480,11 @@ def verify(
             "NPU ops vs reference op, same inputs",
             f"max {v.op_max_steps} step(s); {v.op_values_off:,} of {v.op_values:,} values off",
         )
+    if v.cpu_op_max_steps is not None:
+        table.add_row(
+            "CPU ops vs reference op, same inputs",
+            f"max {v.cpu_op_max_steps} step(s); {v.cpu_values_off:,} of {v.cpu_values:,} values off",
+        )
     table.add_row("max |ours - float|", f"{v.max_abs_vs_float:.4g}")
     table.add_row("whole model on the NPU", "yes" if v.whole_model_on_npu else "no")
     console.print(table)

@@ -51,7 +51,9 @@ def main() -> None:
                     f"{v.top1_vs_quantized:>4}/{args.samples:<3} {v.top1_vs_float:>4}/{args.samples:<3} "
                     f"{'yes' if v.whole_model_on_npu else 'no':>7} "
                     f"{'-' if v.op_max_steps is None else v.op_max_steps:>8} "
-                    f"{v.op_values_off:>6}/{v.op_values:<7} {'pass' if v.ok else 'FAIL':>6}",
+                    f"{v.op_values_off:>6}/{v.op_values:<7} "
+                    f"{'-' if v.cpu_op_max_steps is None else v.cpu_op_max_steps:>6} "
+                    f"{'pass' if v.ok else 'FAIL':>6}",
                     flush=True,
                 )
 

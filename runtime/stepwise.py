@@ -12,6 +12,7 @@ shows up at the op that has it, rounding noise stays at one step.
 from __future__ import annotations
 
 import json
+import operator
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -85,4 +86,81 @@ def op_parity(lowered: Any, args: Sequence[torch.Tensor], kernels: str = "defaul
     program = lowered.original_module
     with torch.no_grad():
         Forced(program.graph_module).run(*program_inputs(program, list(args)))
+    return found
+
+
+def _qep_name(node: torch.fx.Node) -> str | None:
+    """The quantized program's node a lowered node came from (torch.fx provenance)."""
+    sources = node.meta.get("from_node")
+    return sources[-1].name if sources else None
+
+
+def _int8_result(node: torch.fx.Node) -> torch.fx.Node | None:
+    """The quantize node holding ``node``'s int8 result (through fused activations)."""
+    seen = 0
+    while seen < 4:
+        if "quantize_per_tensor" in str(node.target) and "dequantize" not in str(node.target):
+            return node
+        users = list(node.users)
+        if len(users) != 1:
+            return None
+        node, seen = users[0], seen + 1
+    return None
+
+
+def cpu_op_parity(
+    host: Any, reference: Any, inputs: Sequence[torch.Tensor], kernels: str = "default"
+) -> list[OpParity]:
+    """Each CPU op of the lowered program (CMSIS-NN / portable) against the reference op fed
+    the same int8 inputs: the PT2E program runs with every value the host program also
+    computed (NPU partition outputs included) forced to the host's."""
+    from etforge.core.graph_utils import node_op
+    from etforge.runtime.host import _Runner
+
+    produced: dict[
+        str, tuple[str, bool, torch.Tensor]
+    ] = {}  # qep quantize node -> (host node, check?, value)
+
+    class Capture(_Runner):
+        def run_node(self, n: torch.fx.Node) -> Any:
+            out = super().run_node(n)
+            if n.op != "call_function" or not isinstance(out, torch.Tensor) or out.dtype != torch.int8:
+                return out
+            name = _qep_name(n)
+            if name is None:
+                return out
+            from_delegate = n.target is operator.getitem
+            if not from_delegate and node_op(n).split(".")[0] in {"cortex_m", "aten", "quantized_decomposed"}:
+                produced[name] = (n.name, True, out.detach())
+            elif from_delegate:
+                produced[name] = (n.name, False, out.detach())
+            return out
+
+    with torch.no_grad():
+        Capture(host.graph_module, kernels, None).run(*program_inputs(host, inputs))
+    module = reference.module()
+    by_name = {n.name: n for n in module.graph.nodes}
+    forced: dict[str, tuple[str, bool, torch.Tensor]] = {}
+    for name, item in produced.items():
+        src = by_name.get(name)
+        q = _int8_result(src) if src is not None else None
+        if q is not None:
+            forced[q.name] = item
+    found: list[OpParity] = []
+
+    class Forced(torch.fx.Interpreter):
+        def run_node(self, n: torch.fx.Node) -> Any:
+            ref = super().run_node(n)
+            if n.name not in forced or not isinstance(ref, torch.Tensor):
+                return ref
+            host_name, check, ours = forced[n.name]
+            if tuple(ours.shape) != tuple(ref.shape):
+                return ref
+            if check:
+                off = (ours.to(torch.int32) - ref.to(torch.int32)).abs()
+                found.append(OpParity("cpu", host_name, int(off.max()), int((off > 0).sum()), off.numel()))
+            return ours.contiguous()
+
+    with torch.no_grad():
+        Forced(module).run(*inputs)
     return found

@@ -21,7 +21,7 @@ from etforge.core.errors import EtforgeError
 from etforge.core.graph_utils import node_op
 from etforge.core.plugin_manager import Registry, registry
 from etforge.runtime.host import run_program
-from etforge.runtime.stepwise import OpParity, op_parity
+from etforge.runtime.stepwise import OpParity, cpu_op_parity, op_parity
 
 #: Steps an NPU op may be from the reference op fed the same int8 inputs (its rounding).
 OP_MAX_STEPS = 1
@@ -41,6 +41,11 @@ class Verification:
     op_values_off: int = 0
     op_values: int = 0
     worst_op: str | None = None
+    #: The same for CPU ops (CMSIS-NN / portable kernels; reported, not gated: the
+    #: kernels are ExecuTorch's, the check shows their rounding).
+    cpu_op_max_steps: int | None = None
+    cpu_values_off: int = 0
+    cpu_values: int = 0
     failures: list[str] = field(default_factory=list)
 
     @property
@@ -160,11 +165,14 @@ def compare(
     top1_q = top1_f = 0
     max_abs_f = 0.0
     ops: list[OpParity] = []
+    cpu_ops: list[OpParity] = []
     for batch in _inputs(report, seed, samples):
         calls: list[Any] = []
         ours = run_program(program, batch, kernels, calls)[0].float()
         for lowered, args in calls:
             ops.extend(op_parity(lowered, args, kernels))
+        if qep is not None:
+            cpu_ops.extend(cpu_op_parity(program, qep, batch, kernels))
         with torch.no_grad():
             ref_f = float_fn(*batch)
             ref_q = q_fn(*batch) if q_fn is not None else ref_f
@@ -186,6 +194,10 @@ def compare(
         max_abs_vs_float=max_abs_f,
         whole_model_on_npu=on_npu,
     )
+    if cpu_ops:
+        result.cpu_op_max_steps = max(p.max_steps for p in cpu_ops)
+        result.cpu_values_off = sum(p.elements_off for p in cpu_ops)
+        result.cpu_values = sum(p.elements for p in cpu_ops)
     if ops:
         worst_op = max(ops, key=lambda p: p.max_steps)
         result.op_max_steps, result.worst_op = worst_op.max_steps, f"{worst_op.partition}:{worst_op.node}"

@@ -67,3 +67,30 @@ def test_a_wrong_converter_is_named_by_the_per_op_check() -> None:
     assert not v.ok  # type: ignore[attr-defined]
     failure = next(f for f in v.failures if "NPU op" in f)  # type: ignore[attr-defined]
     assert "aten_relu_default" in failure and "from the reference op on the same inputs" in failure
+
+
+def test_cpu_ops_are_compared_with_the_reference_op_on_the_same_inputs() -> None:
+    """cortex-m33: each CMSIS-NN op within a step of its PT2E op; a shifted output offset is seen."""
+    from etforge.core.compiler import compile_model
+    from etforge.core.pipeline import clone_program
+    from etforge.runtime.stepwise import cpu_op_parity
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(8, 4, 3)
+    ).eval()
+    g = torch.Generator().manual_seed(1)
+    calib = [(torch.randn(1, 3, 8, 8, generator=g),) for _ in range(4)]
+    result = compile_model(model, calib[0], "cortex-m33", calibration=calib)
+    x = (torch.randn(1, 3, 8, 8, generator=g).to(memory_format=torch.channels_last),)
+    good = cpu_op_parity(result.host_program, result.quantized_program, x)
+    convs = [p for p in good if "quantized_conv2d" in p.node]
+    assert len(convs) == 2 and all(p.max_steps <= 1 for p in good)
+
+    broken = clone_program(result.host_program)
+    conv = next(n for n in broken.graph.nodes if "quantized_conv2d" in str(n.target))
+    args = list(conv.args)
+    args[7] = int(args[7]) + 5  # output_offset: every value of this op 5 steps off
+    conv.args = tuple(args)
+    bad = {p.node: p.max_steps for p in cpu_op_parity(broken, result.quantized_program, x)}
+    assert bad[conv.name] >= 4 and all(v <= 1 for k, v in bad.items() if k != conv.name)
