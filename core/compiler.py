@@ -106,6 +106,26 @@ def adapt_layout(
     return NchwAtEdges(module), example, calib
 
 
+def _nchw_program_note(program: ExportedProgram, target: TargetSpec) -> list[str]:
+    """An exported program's layout is fixed: say so when NCHW inputs meet NHWC kernels."""
+    nchw = [
+        n.name
+        for n in program.graph.nodes
+        if n.op == "placeholder"
+        and n.name in program.graph_signature.user_inputs
+        and isinstance(v := n.meta.get("val"), torch.Tensor)
+        and v.dim() == 4
+        and v.is_contiguous()
+    ]
+    if not nchw:
+        return []
+    return [
+        f"the exported program takes NCHW 4-D inputs ({', '.join(nchw)}): its tensors stay NCHW, "
+        f"so NHWC kernels on {target.name} convert layouts; export with channels_last inputs "
+        "(or compile the module itself) to keep everything NHWC"
+    ]
+
+
 def _delegate_layouts(
     ep: ExportedProgram, parts: list[Partition]
 ) -> list[tuple[str, list[list[int]], list[list[int]]]]:
@@ -152,27 +172,13 @@ def compile_model(
 
         return timed()
 
-    notes = []
+    notes: list[str] = []
     if program is None and module is not None:
         module, example_inputs, calibration = adapt_layout(
             module, example_inputs, calibration, tgt, opts, reg
         )
     elif program is not None and reg.cpu_backend(tgt).channels_last:
-        nchw = [
-            n.name
-            for n in program.graph.nodes
-            if n.op == "placeholder"
-            and isinstance(v := n.meta.get("val"), torch.Tensor)
-            and v.dim() == 4
-            and v.is_contiguous()
-            and n.name in program.graph_signature.user_inputs
-        ]
-        if nchw:
-            notes.append(
-                f"the exported program takes NCHW 4-D inputs ({', '.join(nchw)}): its tensors stay NCHW, "
-                f"so NHWC kernels on {tgt.name} convert layouts; export with channels_last inputs "
-                "(or compile the module itself) to keep everything NHWC"
-            )
+        notes += _nchw_program_note(program, tgt)
     with stage("export"):
         if program is not None:
             float_ep = program

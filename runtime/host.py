@@ -18,15 +18,18 @@ from etforge.core import layout, payload
 from etforge.runtime import litert_run
 
 
+def stored_inputs(blob: payload.Blob, args: Sequence[torch.Tensor]) -> list[Any]:
+    """A delegate's inputs as its LiteRT model holds them: each in its ExecuTorch dim order
+    (the bytes the device runtime hands over); results are viewed back in logical order."""
+    orders = blob.header.get("input_dim_orders") or [list(range(a.dim())) for a in args]
+    return [a.detach().permute(d).contiguous().numpy() for a, d in zip(args, orders, strict=True)]
+
+
 def _delegate_call(lowered: Any, args: Sequence[torch.Tensor], kernels: str) -> tuple[torch.Tensor, ...]:
     blob = payload.unpack(bytes(lowered.processed_bytes))
     if not blob.format.startswith("litert"):
         raise RuntimeError(f"partition {blob.partition}: payload {blob.format!r} runs on the device only")
-    # The LiteRT tensors hold each value in its ExecuTorch dim order (the bytes the device
-    # runtime hands over): permute in, and view the results back in logical (NCHW) order.
-    in_orders = blob.header.get("input_dim_orders") or [list(range(a.dim())) for a in args]
-    stored = [a.detach().permute(d).contiguous().numpy() for a, d in zip(args, in_orders, strict=True)]
-    outs = litert_run.run(blob.data, stored, kernels)
+    outs = litert_run.run(blob.data, stored_inputs(blob, args), kernels)
     out_orders = blob.header.get("output_dim_orders") or [list(range(o.ndim)) for o in outs]
     return tuple(
         torch.from_numpy(o).permute(layout.inverse(d)) for o, d in zip(outs, out_orders, strict=True)

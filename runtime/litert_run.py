@@ -10,30 +10,40 @@ nets amplify that into tens of steps at the output, a property of the kernels, n
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 
 KERNELS = ("default", "reference")
 
 
-@lru_cache(maxsize=64)
-def _interpreter(model: bytes, kernels: str) -> object:
+def interpreter(model: bytes, kernels: str, preserve_all_tensors: bool = False) -> Any:
+    """A LiteRT interpreter for ``model`` with the chosen kernels, tensors allocated."""
     from ai_edge_litert.interpreter import Interpreter, OpResolverType
 
     if kernels not in KERNELS:
         raise ValueError(f"unknown LiteRT kernels {kernels!r} (known: {', '.join(KERNELS)})")
     resolver = OpResolverType.AUTO if kernels == "default" else OpResolverType.BUILTIN_REF
-    it = Interpreter(model_content=model, experimental_op_resolver_type=resolver)
+    with warnings.catch_warnings():  # preserving every tensor "is for debugging": it is, here
+        warnings.simplefilter("ignore", UserWarning)
+        it = Interpreter(
+            model_content=model,
+            experimental_op_resolver_type=resolver,
+            experimental_preserve_all_tensors=preserve_all_tensors,
+        )
     it.allocate_tensors()
     return it
 
 
-def run(model: bytes, inputs: Sequence[np.ndarray], kernels: str = "default") -> list[np.ndarray]:
-    """Inputs/outputs in the model's subgraph order; raises with the tensor name on a mismatch."""
-    it = _interpreter(model, kernels)
-    details = it.get_input_details()  # type: ignore[attr-defined]
+_interpreter = lru_cache(maxsize=64)(interpreter)
+
+
+def set_inputs(it: Any, inputs: Sequence[np.ndarray]) -> None:
+    """Inputs in the model's subgraph order; raises with the tensor name on a mismatch."""
+    details = it.get_input_details()
     if len(details) != len(inputs):
         raise ValueError(f"LiteRT model takes {len(details)} inputs, got {len(inputs)}")
     for d, x in zip(details, inputs, strict=True):
@@ -42,6 +52,12 @@ def run(model: bytes, inputs: Sequence[np.ndarray], kernels: str = "default") ->
             raise ValueError(
                 f"LiteRT input {d['name']!r}: expected {d['dtype'].__name__}{list(d['shape'])}, got {arr.dtype}{list(arr.shape)}"
             )
-        it.set_tensor(d["index"], arr)  # type: ignore[attr-defined]
-    it.invoke()  # type: ignore[attr-defined]
-    return [it.get_tensor(d["index"]).copy() for d in it.get_output_details()]  # type: ignore[attr-defined]
+        it.set_tensor(d["index"], arr)
+
+
+def run(model: bytes, inputs: Sequence[np.ndarray], kernels: str = "default") -> list[np.ndarray]:
+    """Inputs/outputs in the model's subgraph order."""
+    it = _interpreter(model, kernels)
+    set_inputs(it, inputs)
+    it.invoke()
+    return [it.get_tensor(d["index"]).copy() for d in it.get_output_details()]

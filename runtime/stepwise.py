@@ -13,17 +13,16 @@ from __future__ import annotations
 
 import json
 import operator
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
 from etforge.core import layout, payload
 from etforge.core.litert import read_metadata
-from etforge.runtime.host import program_inputs
+from etforge.runtime import litert_run
+from etforge.runtime.host import program_inputs, stored_inputs
 
 
 @dataclass(frozen=True)
@@ -35,36 +34,15 @@ class OpParity:
     elements: int
 
 
-def _litert_tensors(model: bytes, inputs: Sequence[np.ndarray], kernels: str) -> Any:
-    from ai_edge_litert.interpreter import Interpreter, OpResolverType
-
-    resolver = OpResolverType.AUTO if kernels == "default" else OpResolverType.BUILTIN_REF
-    with warnings.catch_warnings():  # "preserve_all_tensors is for debugging": that is the point here
-        warnings.simplefilter("ignore", UserWarning)
-        it = Interpreter(
-            model_content=model,
-            experimental_op_resolver_type=resolver,
-            experimental_preserve_all_tensors=True,
-        )
-    it.allocate_tensors()
-    for d, x in zip(it.get_input_details(), inputs, strict=True):
-        it.set_tensor(d["index"], np.ascontiguousarray(x))
-    it.invoke()
-    return it
-
-
 def op_parity(lowered: Any, args: Sequence[torch.Tensor], kernels: str = "default") -> list[OpParity]:
     """Compare every int8 value of one delegate call with its reference op (teacher-forced)."""
     blob = payload.unpack(bytes(lowered.processed_bytes))
     if not blob.format.startswith("litert"):
         return []
     values = json.loads(read_metadata(blob.data).get("etforge_int8_values", b"{}"))
-    orders = blob.header.get("input_dim_orders") or [list(range(a.dim())) for a in args]
-    it = _litert_tensors(
-        blob.data,
-        [a.detach().permute(d).contiguous().numpy() for a, d in zip(args, orders, strict=True)],
-        kernels,
-    )
+    it = litert_run.interpreter(blob.data, kernels, preserve_all_tensors=True)
+    litert_run.set_inputs(it, stored_inputs(blob, args))
+    it.invoke()
     found: list[OpParity] = []
 
     class Forced(torch.fx.Interpreter):
