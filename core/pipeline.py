@@ -114,8 +114,9 @@ def _share_across(model: torch.fx.GraphModule, owned: set[torch.fx.Node]) -> Non
 
     A producer annotated by one quantizer and a consumer by the other would each observe the
     same tensor (quantize, dequantize, quantize again: a CPU requantization and its rounding
-    at every NPU/CPU boundary, the model input and output included). The consumer takes the
-    producer's quantization instead.
+    at every NPU/CPU boundary, the model input and output included); so would a consumer of
+    a shared-quantization op (a layout copy, a pool) whose group the other quantizer
+    observes. The consumer takes the producer's quantization instead.
     """
     from torchao.quantization.pt2e.quantizer import QuantizationSpec, SharedQuantizationSpec
 
@@ -129,7 +130,10 @@ def _share_across(model: torch.fx.GraphModule, owned: set[torch.fx.Node]) -> Non
             if (
                 src_ann is not None
                 and src_ann.output_qspec is not None
-                and (src in owned) != (node in owned)
+                and (
+                    (src in owned) != (node in owned)
+                    or isinstance(src_ann.output_qspec, SharedQuantizationSpec)
+                )
                 and type(spec) is QuantizationSpec
                 and getattr(src_ann.output_qspec, "dtype", spec.dtype) == spec.dtype
             ):

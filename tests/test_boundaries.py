@@ -93,21 +93,38 @@ def test_forced_split_has_no_layout_conversion_between_npu_and_cortex_m(name: st
     _assert_matches_reference(result, _inputs(name, channels_last=True))
 
 
-def test_no_requantization_where_npu_and_cpu_quantizers_meet() -> None:
-    """Each tensor crossing between the NPU rules and the Cortex-M quantizer is quantized once."""
-    result = _split("cifarnet")
-    graph = result.host_program.graph
-    chains = [
+def _requantizations(result: CompileResult) -> list[str]:
+    """Quantize nodes fed by a dequantize: a tensor quantized twice."""
+    return [
         n.name
-        for n in graph.nodes
+        for n in result.host_program.graph.nodes
         if n.op == "call_function"
         and "quantize_per_tensor" in node_op(n)
         and "dequantize" not in node_op(n)
         and isinstance(n.args[0], torch.fx.Node)
         and "dequantize_per_tensor" in node_op(n.args[0])
     ]
-    assert chains == []
+
+
+def test_no_requantization_where_npu_and_cpu_quantizers_meet() -> None:
+    """Each tensor crossing between the NPU rules and the Cortex-M quantizer is quantized once."""
+    result = _split("cifarnet")
+    assert _requantizations(result) == []
     assert sum("cortex_m.quantize_per_tensor" in op for op in _ops(result)) == 1  # the model input
+
+
+def test_the_input_conversion_is_quantized_once_and_joins_the_npu() -> None:
+    """contiguous: the layout copy at the input (observed by the Cortex-M quantizer) and the
+    NPU convolution after it share one quantization, so they form one partition."""
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU()).eval()
+    g = torch.Generator().manual_seed(0)
+    calib = [(torch.randn(1, 3, 8, 8, generator=g),) for _ in range(4)]
+    result = compile_model(
+        model, calib[0], "imxrt700cm", calibration=calib, options={"dim_order": "contiguous"}
+    )
+    assert _requantizations(result) == []
+    assert [p.converted.operators[:2] for p in result.partitions] == [["TRANSPOSE", "CONV_2D"]]
+    _assert_matches_reference(result, calib[1])
 
 
 def test_nchw_user_tensors_are_converted_once_at_the_input() -> None:
