@@ -7,7 +7,7 @@ interpreter; CPU ops run as their Edge/ATen (or Cortex-M reference) implementati
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -37,9 +37,21 @@ def _delegate_call(lowered: Any, args: Sequence[torch.Tensor], kernels: str) -> 
 
 
 class _Runner(torch.fx.Interpreter):
-    def __init__(self, gm: torch.fx.GraphModule, kernels: str, calls: list[Any] | None) -> None:
+    def __init__(
+        self,
+        gm: torch.fx.GraphModule,
+        kernels: str,
+        calls: list[Any] | None,
+        observe: Callable[[torch.fx.Node, Any], None] | None = None,
+    ) -> None:
         super().__init__(gm)
-        self.kernels, self.calls = kernels, calls
+        self.kernels, self.calls, self.observe = kernels, calls, observe
+
+    def run_node(self, n: torch.fx.Node) -> Any:
+        out = super().run_node(n)
+        if self.observe is not None:
+            self.observe(n, out)
+        return out
 
     def call_function(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if target is torch.ops.higher_order.executorch_call_delegate:
@@ -70,14 +82,16 @@ def run_program(
     inputs: Sequence[torch.Tensor],
     kernels: str = "default",
     calls: list[Any] | None = None,
+    observe: Callable[[torch.fx.Node, Any], None] | None = None,
 ) -> list[torch.Tensor]:
     """Run an (Edge, possibly delegated) program on the host; returns its user outputs.
 
     ``kernels``: which LiteRT kernels run the NPU partitions (see ``litert_run``);
-    ``calls`` collects each delegate call as (lowered module, input tensors).
+    ``calls`` collects each delegate call as (lowered module, input tensors); ``observe``
+    sees every node with the value it produced.
     """
     with torch.no_grad():
-        out = _Runner(ep.graph_module, kernels, calls).run(*program_inputs(ep, inputs))
+        out = _Runner(ep.graph_module, kernels, calls, observe).run(*program_inputs(ep, inputs))
     if isinstance(out, torch.Tensor):
         return [out]
     return [o for o in out if isinstance(o, torch.Tensor)]

@@ -22,7 +22,7 @@ import torch
 from etforge.core import layout, payload
 from etforge.core.litert import read_metadata
 from etforge.runtime import litert_run
-from etforge.runtime.host import program_inputs, stored_inputs
+from etforge.runtime.host import program_inputs, run_program, stored_inputs
 
 
 @dataclass(frozen=True)
@@ -86,59 +86,64 @@ def _int8_result(node: torch.fx.Node) -> torch.fx.Node | None:
     return None
 
 
+class HostInt8Values:
+    """Observer for ``run_program``: the int8 values of the host run that the PT2E program
+    also computes, keyed by the PT2E node they came from (torch.fx provenance)."""
+
+    def __init__(self) -> None:
+        # PT2E node -> (host node, compare it?, value); delegate outputs are only forced
+        self.produced: dict[str, tuple[str, bool, torch.Tensor]] = {}
+
+    def __call__(self, n: torch.fx.Node, out: Any) -> None:
+        from etforge.core.graph_utils import node_op
+
+        if n.op != "call_function" or not isinstance(out, torch.Tensor) or out.dtype != torch.int8:
+            return
+        name = _qep_name(n)
+        if name is None:
+            return
+        if n.target is operator.getitem:
+            self.produced[name] = (n.name, False, out.detach())
+        elif node_op(n).split(".")[0] in {"cortex_m", "aten", "quantized_decomposed"}:
+            self.produced[name] = (n.name, True, out.detach())
+
+    def compare(self, reference: torch.fx.GraphModule, inputs: Sequence[torch.Tensor]) -> list[OpParity]:
+        """Run ``reference`` (the PT2E module) with every observed value forced to the host's."""
+        by_name = {n.name: n for n in reference.graph.nodes}
+        forced: dict[str, tuple[str, bool, torch.Tensor]] = {}
+        for name, item in self.produced.items():
+            src = by_name.get(name)
+            q = _int8_result(src) if src is not None else None
+            if q is not None:
+                forced[q.name] = item
+        found: list[OpParity] = []
+
+        class Forced(torch.fx.Interpreter):
+            def run_node(self, n: torch.fx.Node) -> Any:
+                ref = super().run_node(n)
+                if n.name not in forced or not isinstance(ref, torch.Tensor):
+                    return ref
+                host_name, check, ours = forced[n.name]
+                if tuple(ours.shape) != tuple(ref.shape):
+                    return ref
+                if check:
+                    off = (ours.to(torch.int32) - ref.to(torch.int32)).abs()
+                    found.append(
+                        OpParity("cpu", host_name, int(off.max()), int((off > 0).sum()), off.numel())
+                    )
+                return ours.contiguous()
+
+        with torch.no_grad():
+            Forced(reference).run(*inputs)
+        return found
+
+
 def cpu_op_parity(
     host: Any, reference: Any, inputs: Sequence[torch.Tensor], kernels: str = "default"
 ) -> list[OpParity]:
     """Each CPU op of the lowered program (CMSIS-NN / portable) against the reference op fed
     the same int8 inputs: the PT2E program runs with every value the host program also
     computed (NPU partition outputs included) forced to the host's."""
-    from etforge.core.graph_utils import node_op
-    from etforge.runtime.host import _Runner
-
-    produced: dict[
-        str, tuple[str, bool, torch.Tensor]
-    ] = {}  # qep quantize node -> (host node, check?, value)
-
-    class Capture(_Runner):
-        def run_node(self, n: torch.fx.Node) -> Any:
-            out = super().run_node(n)
-            if n.op != "call_function" or not isinstance(out, torch.Tensor) or out.dtype != torch.int8:
-                return out
-            name = _qep_name(n)
-            if name is None:
-                return out
-            from_delegate = n.target is operator.getitem
-            if not from_delegate and node_op(n).split(".")[0] in {"cortex_m", "aten", "quantized_decomposed"}:
-                produced[name] = (n.name, True, out.detach())
-            elif from_delegate:
-                produced[name] = (n.name, False, out.detach())
-            return out
-
-    with torch.no_grad():
-        Capture(host.graph_module, kernels, None).run(*program_inputs(host, inputs))
-    module = reference.module()
-    by_name = {n.name: n for n in module.graph.nodes}
-    forced: dict[str, tuple[str, bool, torch.Tensor]] = {}
-    for name, item in produced.items():
-        src = by_name.get(name)
-        q = _int8_result(src) if src is not None else None
-        if q is not None:
-            forced[q.name] = item
-    found: list[OpParity] = []
-
-    class Forced(torch.fx.Interpreter):
-        def run_node(self, n: torch.fx.Node) -> Any:
-            ref = super().run_node(n)
-            if n.name not in forced or not isinstance(ref, torch.Tensor):
-                return ref
-            host_name, check, ours = forced[n.name]
-            if tuple(ours.shape) != tuple(ref.shape):
-                return ref
-            if check:
-                off = (ours.to(torch.int32) - ref.to(torch.int32)).abs()
-                found.append(OpParity("cpu", host_name, int(off.max()), int((off > 0).sum()), off.numel()))
-            return ours.contiguous()
-
-    with torch.no_grad():
-        Forced(module).run(*inputs)
-    return found
+    values = HostInt8Values()
+    run_program(host, inputs, kernels, observe=values)
+    return values.compare(reference.module(), inputs)

@@ -21,7 +21,7 @@ from etforge.core.errors import EtforgeError
 from etforge.core.graph_utils import node_op
 from etforge.core.plugin_manager import Registry, registry
 from etforge.runtime.host import run_program
-from etforge.runtime.stepwise import OpParity, cpu_op_parity, op_parity
+from etforge.runtime.stepwise import HostInt8Values, OpParity, op_parity
 
 #: Steps an NPU op may be from the reference op fed the same int8 inputs (its rounding).
 OP_MAX_STEPS = 1
@@ -168,11 +168,12 @@ def compare(
     cpu_ops: list[OpParity] = []
     for batch in _inputs(report, seed, samples):
         calls: list[Any] = []
-        ours = run_program(program, batch, kernels, calls)[0].float()
+        values = HostInt8Values()
+        ours = run_program(program, batch, kernels, calls, values)[0].float()
         for lowered, args in calls:
             ops.extend(op_parity(lowered, args, kernels))
-        if qep is not None:
-            cpu_ops.extend(cpu_op_parity(program, qep, batch, kernels))
+        if q_fn is not None:
+            cpu_ops.extend(values.compare(q_fn, batch))
         with torch.no_grad():
             ref_f = float_fn(*batch)
             ref_q = q_fn(*batch) if q_fn is not None else ref_f
