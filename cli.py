@@ -473,7 +473,10 @@ def verify(
         table.add_row("max |ours - quantized ref| (steps)", f"{v.max_steps:.2f}")
         table.add_row("mean |ours - quantized ref| (steps)", f"{v.mean_steps:.4f}")
     if v.top1_vs_quantized is not None:
-        table.add_row("top-1 agreement vs quantized ref", f"{v.top1_vs_quantized}/{v.samples}")
+        table.add_row(
+            "top-1 agreement vs quantized ref",
+            f"{v.top1_vs_quantized}/{v.samples} (required {v.top1_required}/{v.samples})",
+        )
         table.add_row("top-1 agreement vs float model", f"{v.top1_vs_float}/{v.samples}")
     if v.op_max_steps is not None:
         table.add_row(
@@ -485,6 +488,12 @@ def verify(
             "CPU ops vs reference op, same inputs",
             f"max {v.cpu_op_max_steps} step(s); {v.cpu_values_off:,} of {v.cpu_values:,} values off",
         )
+    if v.reference_spread_steps is not None:
+        table.add_row(
+            "quantized ref in float32 vs float64 (its own precision)",
+            f"max {v.reference_spread_steps:.2f} steps; top-1 {v.reference_spread_top1}/{v.samples}",
+        )
+        table.add_row("max |ours - quantized ref in float64| (steps)", f"{v.max_steps_vs_exact:.2f}")
     table.add_row("max |ours - float|", f"{v.max_abs_vs_float:.4g}")
     table.add_row("whole model on the NPU", "yes" if v.whole_model_on_npu else "no")
     console.print(table)

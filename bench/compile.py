@@ -40,7 +40,7 @@ def etforge_lowering(program: torch.export.ExportedProgram, target: object, opti
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default=",".join(n for n in zoo.ZOO if n != "mobilenet_v2"))
+    parser.add_argument("--models", default=",".join(zoo.ZOO))
     parser.add_argument("--targets", default="imxrt700,imxrt700cm,cortex-m33")
     parser.add_argument("--calibration", type=int, default=16)
     parser.add_argument("--repeat", type=int, default=3, help="timings per lowering (fastest kept)")

@@ -21,7 +21,7 @@ from etforge.core.memory import memory_stats
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default=",".join(n for n in zoo.ZOO if n != "mobilenet_v2"))
+    parser.add_argument("--models", default=",".join(zoo.ZOO))
     parser.add_argument("--targets", default="imxrt700,imxrt700cm,cortex-m33")
     args = parser.parse_args()
     torch.set_num_threads(1)

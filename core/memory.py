@@ -18,7 +18,7 @@ class MemoryStats:
     lower_bound: int
     peak_step: int
     peak_nodes: list[str]  # what is alive at the peak, largest first
-    constant_bytes: int  # the program's own constant tensors (CPU weights)
+    constant_bytes: int  # the program's own constant tensors as serialized (CPU weights)
     scratch: list[dict[str, Any]] = field(default_factory=list)
     #: NPU payloads (weights, microcode, kernels): in flash beside the constants.
     delegate_bytes: int = 0
@@ -46,10 +46,13 @@ class MemoryStats:
 
 
 def memory_stats(executorch_manager: Any) -> MemoryStats:
-    plan = executorch_manager.executorch_program.execution_plan[0]
+    program = executorch_manager.executorch_program
+    plan = program.execution_plan[0]
     graph = executorch_manager.exported_program().graph
     intervals: list[tuple[int, int, int, str]] = []
-    constant = 0
+    # What the emitter serialized: the graph also keeps constants no node uses any more
+    # (weights a Cortex-M pass replaced by their NHWC copy), which never reach the .pte.
+    constant = sum(len(buffer.storage) for buffer in program.constant_buffer)
     scratch = []
     seen: set[int] = set()  # an out-variant op and the alloc it writes share one TensorSpec
     for node in graph.nodes:
@@ -60,7 +63,6 @@ def memory_stats(executorch_manager: Any) -> MemoryStats:
             seen.add(id(spec))
             size = int(getattr(spec, "allocated_memory", 0) or 0)
             if getattr(spec, "const", False):
-                constant += size
                 continue
             if spec.mem_id is None or spec.lifetime[0] is None:
                 continue

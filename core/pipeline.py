@@ -203,10 +203,46 @@ def lower(
     parts = [Partition(x.name, x.converted, x.payload, x.processed) for x in lowered]
     _set_runtime_backend_ids(edge.exported_program(), parts)
     cpu_ep = cpu.lower(edge.exported_program(), target, options)
-    if cpu_ep is not edge.exported_program():
+    if drop_dead_constants(cpu_ep) or cpu_ep is not edge.exported_program():
         edge = EdgeProgramManager({"forward": cpu_ep}, compile_config=config)
     t2 = time.perf_counter()
     return edge, partitioner, parts, {"to_edge_transform_and_lower": t1 - t0, "cpu_lowering": t2 - t1}
+
+
+def drop_dead_constants(ep: ExportedProgram) -> int:
+    """Remove constant inputs no node reads; returns how many.
+
+    ExecuTorch drops unused *parameters* only; a pass that replaces a weight (Cortex-M's
+    NHWC copies) leaves the old buffer, and the emitter still serializes it: flash for
+    nothing (ds_cnn on Cortex-M: 12 % of its constants).
+    """
+    from torch.export.graph_signature import InputKind
+
+    kinds = {InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR}
+    mutated = set(ep.graph_signature.buffers_to_mutate.values())
+    nodes = {n.name: n for n in ep.graph_module.graph.nodes if n.op == "placeholder"}
+    dead = [
+        spec
+        for spec in ep.graph_signature.input_specs
+        if spec.kind in kinds
+        and spec.target not in mutated
+        and getattr(spec.arg, "name", None) in nodes
+        and not nodes[spec.arg.name].users
+    ]
+    for spec in dead:
+        ep.graph_signature.input_specs.remove(spec)
+        ep.graph_module.graph.erase_node(nodes[spec.arg.name])
+        if spec.target in ep.state_dict and not any(
+            s.target == spec.target for s in ep.graph_signature.input_specs
+        ):
+            del ep.state_dict[spec.target]
+        if spec.target in ep.constants and not any(
+            s.target == spec.target for s in ep.graph_signature.input_specs
+        ):
+            del ep.constants[spec.target]
+    if dead:
+        ep.graph_module.recompile()
+    return len(dead)
 
 
 def _aten_op(name: str) -> Any:

@@ -99,3 +99,31 @@ def test_arena_plan_is_valid_and_beats_executorch_greedy() -> None:
     ).to_executorch()
     greedy = sum(default.executorch_program.execution_plan[0].non_const_buffer_sizes[1:])
     assert sum(stats.arena_bytes) == stats.lower_bound < greedy
+
+
+def _read_constants(program: object) -> set[int]:
+    """Constant buffers an instruction of the serialized program reads (directly or in a list)."""
+    plan = program.execution_plan[0]  # type: ignore[attr-defined]
+    used: set[int] = set()
+    for chain in plan.chains:
+        for ins in chain.instructions:
+            args = getattr(ins.instr_args, "args", None) or []
+            for i in args:
+                val = plan.values[i].val
+                items = getattr(val, "items", None)
+                for j in [i, *(items or [])] if not isinstance(items, str) else [i]:
+                    idx = getattr(plan.values[j].val, "data_buffer_idx", 0)
+                    if idx:
+                        used.add(idx)
+    return used
+
+
+def test_flash_holds_no_dead_constant() -> None:
+    """ds_cnn on Cortex-M: a Cortex-M pass swaps each weight for an NHWC copy and leaves the
+    old buffer behind, which the emitter serialized; every constant must now be read."""
+    result = _compile({})
+    program = result.executorch.executorch_program  # type: ignore[attr-defined]
+    stored = {i for i, b in enumerate(program.constant_buffer) if len(b.storage)}
+    assert stored == _read_constants(program)
+    stats = memory_stats(result.executorch)  # type: ignore[attr-defined]
+    assert stats.flash_bytes == sum(len(b.storage) for b in program.constant_buffer) < len(result.pte)  # type: ignore[attr-defined]

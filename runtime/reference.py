@@ -1,0 +1,77 @@
+"""The PT2E quantized program evaluated in float64: how precise the reference itself is.
+
+torch runs the quantized reference in float32: dequantized values are rounded again, and
+a convolution sums thousands of float32 products, so a value near a rounding boundary of
+the next quantize can land on either side. An int8 kernel accumulates exactly, so it is
+not closer to that float32 evaluation than the evaluation is to the program's exact value.
+Evaluated here in float64 (quantize and dequantize included), the program is exact to
+~1e-16; how far its float32 evaluation lies from that is the floor under any end-to-end
+comparison with the reference. On random-weight BatchNorm nets (the zoo) this floor is
+large: such nets amplify a one-step difference layer after layer.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from etforge.core.graph_utils import op_name
+
+
+def _quantize(
+    x: torch.Tensor, scale: Any, zero_point: Any, qmin: int, qmax: int, dtype: torch.dtype
+) -> torch.Tensor:
+    q = torch.round(x.double() / scale) + zero_point
+    return q.clamp(qmin, qmax).to(dtype)
+
+
+def _channel(v: Any, x: torch.Tensor, axis: int) -> Any:
+    """A per-channel parameter shaped to broadcast along ``axis`` of ``x``."""
+    if v is None:  # no zero points: symmetric
+        return 0.0
+    shape = [1] * x.dim()
+    shape[axis] = -1
+    return torch.as_tensor(v).double().reshape(shape)
+
+
+def _per_tensor(v: Any) -> Any:
+    return float(v) if isinstance(v, torch.Tensor) else v
+
+
+class Float64(torch.fx.Interpreter):
+    """Runs a quantized GraphModule with every float in float64 and exact (de)quantization."""
+
+    def run_node(self, n: torch.fx.Node) -> Any:
+        out = super().run_node(n)
+        if isinstance(out, torch.Tensor) and out.is_floating_point():
+            return out.double()
+        return out
+
+    def call_function(self, target: Any, args: Any, kwargs: Any) -> Any:
+        name = op_name(target).split(".")
+        if name[0] != "quantized_decomposed" or len(name) < 2:
+            return super().call_function(target, args, kwargs)
+        op = name[1]
+        x = args[0]
+        if op == "quantize_per_tensor":
+            scale, zp, qmin, qmax, dtype = args[1:6]
+            return _quantize(x, _per_tensor(scale), _per_tensor(zp), qmin, qmax, dtype)
+        if op == "dequantize_per_tensor":
+            scale, zp = _per_tensor(args[1]), _per_tensor(args[2])
+            return (x.double() - zp) * scale
+        if op == "quantize_per_channel":
+            scales, zps, axis, qmin, qmax, dtype = args[1:7]
+            return _quantize(x, _channel(scales, x, axis), _channel(zps, x, axis), qmin, qmax, dtype)
+        if op == "dequantize_per_channel":
+            scales, zps, axis = args[1:4]
+            return (x.double() - _channel(zps, x, axis)) * _channel(scales, x, axis)
+        return super().call_function(target, args, kwargs)
+
+
+def run_float64(module: torch.fx.GraphModule, inputs: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
+    """The program's outputs evaluated in float64 (floating outputs returned as float32)."""
+    with torch.no_grad():
+        out = Float64(module).run(*inputs)
+    outs = list(out) if isinstance(out, (list, tuple)) else [out]
+    return [o.float() if isinstance(o, torch.Tensor) and o.is_floating_point() else o for o in outs]
