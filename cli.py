@@ -473,10 +473,12 @@ def verify(
         table.add_row("max |ours - quantized ref| (steps)", f"{v.max_steps:.2f}")
         table.add_row("mean |ours - quantized ref| (steps)", f"{v.mean_steps:.4f}")
     if v.top1_vs_quantized is not None:
-        table.add_row(
-            "top-1 agreement vs quantized ref",
-            f"{v.top1_vs_quantized}/{v.samples} (required {v.top1_required}/{v.samples})",
-        )
+        table.add_row("top-1 agreement vs quantized ref", f"{v.top1_vs_quantized}/{v.samples}")
+        if v.top1_vs_exact is not None:
+            table.add_row(
+                "top-1 agreement vs quantized ref in float64",
+                f"{v.top1_vs_exact}/{v.samples} (required {v.top1_required}/{v.samples})",
+            )
         table.add_row("top-1 agreement vs float model", f"{v.top1_vs_float}/{v.samples}")
     if v.op_max_steps is not None:
         table.add_row(

@@ -134,10 +134,10 @@ def test_the_reference_in_float64_is_the_exact_quantized_value() -> None:
     assert float32_off > 0  # 14 of 262,144 values here
 
 
-def test_top1_gate_is_never_stricter_than_the_reference_itself() -> None:
+def test_top1_gate_holds_ours_to_torchs_own_faithfulness() -> None:
     from etforge.runtime.verify import _top1_required
 
     assert _top1_required(32, None, 32) == 31
-    assert _top1_required(32, None, 29) == 29  # the reference agrees with its exact value 29 times
+    assert _top1_required(32, None, 29) == 28  # torch's float32 run misses the exact value 3 times
     assert _top1_required(64, None, None) == 62
     assert _top1_required(32, 32, 29) == 32  # an explicit --min-top1 is kept
