@@ -432,8 +432,9 @@ def codegen(
     "--max-steps",
     type=float,
     default=None,
-    help="Also fail when the int8 output is more steps from the quantized reference (whole model on "
-    "the NPU). Every NPU op is always held to 1 step from the reference op on the same inputs.",
+    help="Fail when the int8 output is more steps from the quantized reference's exact value (whole "
+    "model on the NPU). Default: 3, or torch's own float32 distance from that value when larger. "
+    "Every NPU op is always held to 1 step from the reference op on the same inputs.",
 )
 @click.option(
     "--kernels",

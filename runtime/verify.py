@@ -115,6 +115,22 @@ def _top1_required(samples: int, min_top1: int | None, reference_top1: int | Non
     return samples - samples // 32 - misses
 
 
+#: Output steps an all-NPU model may be from the reference's exact value (the issue's bound).
+END_TO_END_STEPS = 3.0
+
+
+def _steps_allowed(max_steps: float | None, reference_spread: float | None) -> float:
+    """``END_TO_END_STEPS`` — or torch's own distance from the exact value when larger.
+
+    A deep random-weight net amplifies one-step rounding differences (MobileNetV2-96: torch's
+    float32 evaluation of the reference lands up to 22 steps from its exact value); ours is
+    held to be no further from the exact value than torch is. ``max_steps`` is a strict bound.
+    """
+    if max_steps is not None:
+        return max_steps
+    return max(END_TO_END_STEPS, reference_spread or 0.0)
+
+
 def rebuild(
     out: Path, report: dict[str, Any], reg: Registry
 ) -> tuple[ExportedProgram, ExportedProgram, ExportedProgram | None]:
@@ -177,11 +193,10 @@ def compare(
 ) -> Verification:
     """Run ``program`` on seeded inputs and compare with the float and quantized references.
 
-    Gates: top-1 agreement with the quantized reference's exact value
-    (``_top1_required``; ``min_top1`` overrides it), every NPU op within ``OP_MAX_STEPS`` of the
-    reference op on the same inputs (``runtime.stepwise``), and — only when ``max_steps`` is
-    given — the end-to-end output steps with the whole model on the NPU (deep nets amplify
-    one-step rounding differences far beyond what says anything about the conversion).
+    Gates, all against the quantized reference's exact (float64) value: top-1 agreement
+    (``_top1_required``; ``min_top1`` overrides it); every NPU op within ``OP_MAX_STEPS`` of
+    the reference op on the same inputs (``runtime.stepwise``); and, with the whole model on
+    the NPU, the end-to-end output steps (``_steps_allowed``; ``max_steps`` overrides it).
     """
     scale = _output_scale(program)
     float_fn = float_ep.module()
@@ -246,13 +261,25 @@ def compare(
             )
     result.top1_required = need = _top1_required(samples, min_top1, result.reference_spread_top1)
     if report["quantized"] and top1_exact < need:
-        floor = "" if top1_spread == samples else f"; torch's float32 evaluation: {top1_spread}/{samples}"
+        floor = (
+            "" if top1_spread == samples else f"; torch's float32 evaluation agrees {top1_spread}/{samples}"
+        )
+        every_op_close = max(result.op_max_steps or 0, result.cpu_op_max_steps or 0) <= OP_MAX_STEPS
+        why = (
+            f" (every op is within {OP_MAX_STEPS} step of its reference op on the same inputs: the "
+            "network amplifies the kernels' rounding, not a conversion error)"
+            if every_op_close and (ops or cpu_ops)
+            else ""
+        )
         result.failures.append(
             f"top-1 agreement with the quantized reference (exact value) {top1_exact}/{samples} "
-            f"< {need}/{samples}{floor}"
+            f"< {need}/{samples}{floor}{why}"
         )
-    if max_steps is not None and scale and on_npu and worst > max_steps:
+    allowed = _steps_allowed(max_steps, result.reference_spread_steps)
+    if scale and on_npu and report["quantized"] and vs_exact > allowed:
+        floor = "" if max_steps is not None else f"; torch's float32 evaluation is {spread:.0f} from it"
         result.failures.append(
-            f"max difference {worst:.1f} quantization steps > {max_steps} (whole model on the NPU)"
+            f"max difference from the quantized reference (exact value) {vs_exact:.1f} steps > "
+            f"{allowed:g}{floor} (whole model on the NPU)"
         )
     return result

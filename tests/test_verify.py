@@ -26,7 +26,7 @@ class _ReluPlusInput(torch.nn.Module):
         return torch.relu(x) + x
 
 
-def _compile_and_compare(*plugins: object) -> object:
+def _compile_and_compare(*plugins: object, min_top1: int | None = None) -> object:
     from etforge.core.compiler import compile_model
     from etforge.core.plugin_manager import extra_plugins, registry
     from etforge.core.report import build_report
@@ -43,6 +43,7 @@ def _compile_and_compare(*plugins: object) -> object:
             result.quantized_program,
             build_report(result, reg, "relu_plus_input"),
             samples=4,
+            min_top1=min_top1,
         )
 
 
@@ -50,6 +51,11 @@ def test_every_npu_op_is_checked_on_the_inputs_litert_gave_it() -> None:
     v = _compile_and_compare()
     assert v.ok and v.op_max_steps is not None and v.op_max_steps <= 1  # type: ignore[attr-defined]
     assert v.op_values > 0  # type: ignore[attr-defined]
+
+
+def test_a_top1_miss_with_every_op_close_says_so() -> None:
+    v = _compile_and_compare(min_top1=5)  # more than 4 samples: cannot be met
+    assert [f for f in v.failures if "top-1" in f and "not a conversion error" in f]  # type: ignore[attr-defined]
 
 
 def test_a_wrong_converter_is_named_by_the_per_op_check() -> None:
@@ -67,6 +73,8 @@ def test_a_wrong_converter_is_named_by_the_per_op_check() -> None:
     assert not v.ok  # type: ignore[attr-defined]
     failure = next(f for f in v.failures if "NPU op" in f)  # type: ignore[attr-defined]
     assert "aten_relu_default" in failure and "from the reference op on the same inputs" in failure
+    # the default end-to-end bound (3 steps: torch's float32 run is exact on this model) too
+    assert [f for f in v.failures if f.startswith("max difference") and " > 3;" in f]  # type: ignore[attr-defined]
 
 
 def test_cpu_ops_are_compared_with_the_reference_op_on_the_same_inputs() -> None:
