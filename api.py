@@ -78,21 +78,31 @@ class Target:
         )
 
     def _options(self) -> dict[str, Any]:
-        return {**self.spec.option_defaults(), **self.options}
+        from etforge.core.options import resolve_options
+
+        return resolve_options(self.spec, self.options)
 
 
 def target(name: str = "imxrt700cm", **options: Any) -> Target:
     """``etforge.target("imxrt700cm")`` -> ``.quantizer()``, ``.partitioners()``, ``.lower_cpu(edge)``."""
+    from etforge.core.options import resolve_options
     from etforge.core.plugin_manager import registry
 
     spec = registry().target(name)
-    parsed = spec.parse_options({})  # validates the target exists and fills defaults
-    unknown = set(options) - set(parsed)
-    if unknown:
-        from etforge.core.errors import EtforgeError
-
-        raise EtforgeError(f"unknown option(s) {', '.join(sorted(unknown))} for target {name!r}")
+    resolve_options(spec, options)  # unknown names and ill-typed values, as the CLI's --option
+    _register_out_variants()
     return Target(name, dict(options))
+
+
+def _register_out_variants() -> None:
+    """``to_executorch`` needs the out variants of the quantize/dequantize ops left on the CPU.
+
+    ``etforge compile`` imports them before serializing; a script calling
+    ``edge.to_executorch()`` itself would otherwise fail on the first target whose CPU
+    lowering leaves ``quantized_decomposed`` ops ("Missing out variants"), unless another
+    import (the Cortex-M backend) happened to register them earlier in the process.
+    """
+    import executorch.kernels.quantized  # noqa: F401
 
 
 @dataclass
@@ -119,9 +129,8 @@ class Compiled:
         from etforge.core import output
 
         out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        output.clear_previous(out)
-        output.write_outputs(out, self.result, self.report)
+        with output.replacing(out) as staging:  # OUT replaced whole, only once complete
+            output.write_outputs(staging, self.result, self.report)
         return out
 
     def codegen(self, out_dir: str | Path, **kwargs: Any) -> Any:
@@ -156,15 +165,20 @@ def compile(  # noqa: A001 (the natural name, as in torch.compile)
 ) -> Compiled:
     """Compile like ``etforge compile``; ``calibration`` defaults to the example inputs."""
     from etforge.core.compiler import compile_model
+    from etforge.core.load import check_calibration, check_inputs, check_weights
+    from etforge.core.options import resolve_options
     from etforge.core.plugin_manager import registry
     from etforge.core.report import build_report
 
     reg = registry()
     spec = reg.target(target)
-    parsed = spec.parse_options({})
-    parsed.update(options or {})
-    calib = [tuple(b) for b in calibration] if calibration is not None else None
+    parsed = resolve_options(spec, options)  # the same checks as the CLI's --option
+    example = tuple(example_inputs)
+    what = type(model).__name__
+    check_weights(dict(model.state_dict()), what)
+    check_inputs(example, f"{what}: example input")
+    calib = check_calibration(list(calibration), example, "calibration") if calibration is not None else None
     result = compile_model(
-        model, tuple(example_inputs), spec, calibration=calib, options=parsed, quantize=quantize, reg=reg
+        model, example, spec, calibration=calib, options=parsed, quantize=quantize, reg=reg
     )
-    return Compiled(result, build_report(result, reg, type(model).__name__))
+    return Compiled(result, build_report(result, reg, what))

@@ -94,6 +94,7 @@ def check_op(
     example = tuple(example_inputs)
     module = module.eval()
     ep = pipeline.export(module, example)
+    ep, _ = pipeline.rewrite(ep, tgt, reg)  # the target's graph rewrites, as compile runs them
     if quantize:
         calib = [tuple(c) for c in calibration] if calibration is not None else _calibration(example, 8, seed)
         ep = pipeline.quantize(ep, tgt, calib, reg)

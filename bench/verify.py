@@ -7,6 +7,10 @@ inputs; NPU partitions run in LiteRT, Cortex-M ops as their reference implementa
 "ref f32~f64" and "ref top-1": the PT2E program evaluated in float32 (as torch does) against
 the same program in float64 (its exact value) — the reference's own precision; "vs f64" and
 "top-1 f64": ours against that exact value (what verify's top-1 gate counts). ``--models`` takes ``mobilenet_v2`` (224×224, 1,000 classes) too.
+"1-off": the NPU op with the largest share of values exactly one step off (the gate: 0.1% with
+the default kernels); "skipped": values the per-op check could not compare. For the trained
+zoo models (digits_*): top-1 accuracy of the float model and of the compiled program on the
+held-out test split, and the drop in points (the gate: 1.0).
 """
 
 from __future__ import annotations
@@ -19,7 +23,9 @@ from etforge import zoo
 from etforge.core.compiler import compile_model
 from etforge.core.plugin_manager import registry
 from etforge.core.report import build_report
+from etforge.runtime.accuracy import load_labeled
 from etforge.runtime.verify import compare
+from etforge.zoo import digits
 
 
 def main() -> None:
@@ -34,7 +40,8 @@ def main() -> None:
     print(
         f"{'model':>18} {'target':>11} {'kernels':>9} {'max steps':>9} {'mean':>7} {'top-1 q':>8} "
         f"{'top-1 f':>8} {'all NPU':>7} {'op steps':>8} {'op values off':>14} {'cpu op':>6} "
-        f"{'ref f32~f64':>11} {'ref top-1':>9} {'vs f64':>6} {'top-1 f64':>9} {'verify':>6}"
+        f"{'ref f32~f64':>11} {'ref top-1':>9} {'vs f64':>6} {'top-1 f64':>9} {'1-off':>7} {'skipped':>7} "
+        f"{'float acc':>9} {'int8 acc':>8} {'drop':>5} {'verify':>6}"
     )
     for name in args.models.split(","):
         for target in args.targets.split(","):
@@ -50,6 +57,14 @@ def main() -> None:
                     report,
                     samples=args.samples,
                     kernels=kernels,
+                    data=load_labeled(f"zoo:{name}", report) if name in digits.CONFIGS else None,
+                )
+                npu = [o for o in v.ops if o["partition"] != "cpu" and o["values"]]
+                one_off = max((o["off_by_one"] / o["values"] for o in npu), default=0.0)
+                acc = (
+                    f"{v.float_accuracy:>8.2f}% {v.compiled_accuracy:>7.2f}% {v.accuracy_drop:>5.2f}"
+                    if v.float_accuracy is not None
+                    else f"{'-':>9} {'-':>8} {'-':>5}"
                 )
                 print(
                     f"{name:>18} {target:>11} {kernels:>9} {v.max_steps or 0:>9.1f} {v.mean_steps or 0:>7.3f} "
@@ -60,6 +75,7 @@ def main() -> None:
                     f"{'-' if v.cpu_op_max_steps is None else v.cpu_op_max_steps:>6} "
                     f"{v.reference_spread_steps or 0:>11.1f} {v.reference_spread_top1 or 0:>5}/{args.samples:<3} "
                     f"{v.max_steps_vs_exact or 0:>6.1f} {v.top1_vs_exact or 0:>5}/{args.samples:<3} "
+                    f"{one_off:>7.3%} {v.skipped_values:>7} {acc} "
                     f"{'pass' if v.ok else 'FAIL':>6}",
                     flush=True,
                 )

@@ -12,10 +12,12 @@ from typing import Any
 import jinja2
 
 from etforge import __version__
+from etforge.codegen.delegates import read_delegates
 from etforge.codegen.kernels import catalogue, library_sizes
 from etforge.codegen.pte import ProgramInfo, read_program
 from etforge.codegen.registration import KernelEntry, build_entry
 from etforge.core.errors import EtforgeError
+from etforge.core.pte_check import check_pte
 
 PTE_ALIGNMENT = 16
 
@@ -118,9 +120,11 @@ def generate(
         raise EtforgeError(f"namespace {namespace!r} is not a C++ namespace")
     if prefix and not re.fullmatch(r"[A-Za-z_]\w*", prefix):
         raise EtforgeError(f"prefix {prefix!r} is not a C identifier prefix")
-    program = read_program(pte)
     if report is None and (pte.parent / "report.json").is_file():
         report = json.loads((pte.parent / "report.json").read_text())
+    # empty, truncated, or not the program the report describes (its pte_sha256): refused
+    check_pte(pte, report if report is not None and "pte_sha256" in report else None)
+    program = read_program(pte)
     kernels = catalogue()
     if libraries is not None:
         unknown = sorted(set(libraries) - set(library_sizes()))
@@ -134,7 +138,8 @@ def generate(
     if missing and not allow_missing:
         raise EtforgeError(
             f"{pte}: no known kernel library provides {', '.join(missing)} "
-            "(pass --allow-missing to generate the rest and list them in the header)"
+            "(`etforge codegen --allow-missing` generates the rest and lists them in the header; "
+            "`etforge compile` refuses such programs)"
         )
     entries: list[KernelEntry] = [build_entry(kernels[op]) for op in used if op in kernels]
     by_ns: dict[str, list[str]] = {}
@@ -151,6 +156,8 @@ def generate(
         "neutron": f"{base}_neutron_kernels.c",
     }
     selections, neutron_status = _neutron(out_dir, report, pte.parent)
+    delegates = read_delegates(pte)
+    host_only = [d.partition for d in delegates if d.host_only]
     if missing:
         neutron_status += f"; operators without a kernel library: {', '.join(missing)}"
     ctx = {
@@ -170,11 +177,16 @@ def generate(
         "isa": (report or {}).get("isa") or "none",
         "scratch_bytes": sum(x["bytes"] for x in (report or {}).get("memory", {}).get("scratch", [])),
         "methods": _io(program, report),
+        "npu_memory": (report or {}).get("memory", {}).get("npu_partitions", []),
+        "npu_source": (report or {}).get("memory", {}).get("npu_source", ""),
         "neutron_status": neutron_status,
         "neutron_selection": bool(selections),
+        "delegates": delegates,
+        "host_only_partitions": host_only,
         "operators": [e.op for e in entries],
         "parts": selections,
         "cmake_name": names["cmake"],
+        "cmake_base": base,  # CMake names carry it: a firmware's own SOURCES is left alone
         "sources": [names["source"]] + ([names["neutron"]] if selections else []),
     }
     env = _env()

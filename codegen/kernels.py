@@ -75,6 +75,29 @@ def catalogue() -> dict[str, KernelInfo]:
     return out
 
 
+@lru_cache(maxsize=1)
+def providers() -> dict[str, tuple[str, ...]]:
+    """op -> every library that provides it, in lookup order (``catalogue`` keeps only the first)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("executorch")
+    assert spec is not None and spec.submodule_search_locations
+    root = Path(list(spec.submodule_search_locations)[0])
+    out: dict[str, list[str]] = {}
+    for library, rel in LIBRARIES.items():
+        path = root / rel
+        if not path.is_file():
+            continue
+        for entry in yaml.safe_load(path.read_text()) or []:
+            name = (entry.get("func") or "").split("(")[0] or entry.get("op")
+            if not name or not any(k.get("kernel_name") for k in entry.get("kernels") or []):
+                continue
+            name = name if "::" in name else f"aten::{name}"
+            if library not in out.setdefault(name, []):
+                out[name].append(library)
+    return {op: tuple(libs) for op, libs in out.items()}
+
+
 def library_sizes() -> dict[str, int]:
     sizes: dict[str, int] = {}
     for k in catalogue().values():

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
 import json
-from dataclasses import dataclass
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any, final
 
 from executorch.exir.backend.backend_details import BackendDetails, PreprocessResult
@@ -14,7 +18,7 @@ from etforge.core import payload
 from etforge.core.errors import EtforgeError
 from etforge.core.litert_convert import Converted, convert_program
 from etforge.core.npu_compiler import NpuPayload
-from etforge.core.plugin_manager import registry
+from etforge.core.plugin_manager import Registry, registry
 from etforge.core.target import TargetSpec
 
 
@@ -28,13 +32,78 @@ class Lowered:
     processed: bytes
 
 
-#: Per-process record of converted partitions in lowering order; the pipeline drains it to
-#: write ``partitions/*.tflite`` and the report (``preprocess`` can return only bytes).
-CONVERTED: list[Lowered] = []
+#: Compile-spec key naming the partition (its delegation tag): the report's per-node
+#: ``partition`` and the partition files use the same name by construction.
+PARTITION_KEY = "partition"
+#: Compile-spec key of the lowering a partition belongs to; stripped once lowering is done
+#: (:func:`strip_lowering_specs`), so it never reaches the ``.pte``.
+LOWERING_KEY = "etforge_lowering"
+
+
+@dataclass
+class Lowering:
+    """One lowering's registry and results.
+
+    ``preprocess`` is a staticmethod that ExecuTorch calls with the partition and its compile
+    specs only: the pipeline opens a :func:`lowering`, the partitioner puts its token in the
+    compile specs, and ``preprocess`` finds the registry to convert with and the list to
+    return its partitions through (it can return only bytes to ExecuTorch).
+    """
+
+    registry: Registry
+    token: str
+    partitions: list[Lowered] = field(default_factory=list)
+
+    @property
+    def spec(self) -> CompileSpec:
+        return CompileSpec(LOWERING_KEY, self.token.encode())
+
+    def in_tag_order(self) -> list[Lowered]:
+        """The partitions in the partitioner's (graph) order: ExecuTorch may preprocess them
+        in another order."""
+
+        def index(p: Lowered) -> tuple[int, str]:
+            tail = p.name.rsplit("_", 1)[-1]
+            return (int(tail) if tail.isdigit() else -1, p.name)
+
+        return sorted(self.partitions, key=index)
+
+
+_ACTIVE: dict[str, Lowering] = {}  # open lowerings only; each removed when its block ends
+_TOKENS = itertools.count()
+
+
+@contextmanager
+def lowering(reg: Registry) -> Iterator[Lowering]:
+    """A lowering with ``reg``: partitions converted inside the block land in ``.partitions``."""
+    low = Lowering(reg, f"{os.getpid()}.{next(_TOKENS)}")
+    _ACTIVE[low.token] = low
+    try:
+        yield low
+    finally:
+        _ACTIVE.pop(low.token, None)
+
+
+def strip_lowering_specs(ep: ExportedProgram) -> None:
+    """Drop the (per-process) lowering token from the lowered modules' compile specs, so the
+    serialized program is the same bytes in every process and for every script."""
+    for module in ep.graph_module.modules():
+        specs = getattr(module, "_compile_specs", None)
+        if isinstance(specs, list) and any(s.key == LOWERING_KEY for s in specs):
+            module._compile_specs = [s for s in specs if s.key != LOWERING_KEY]
 
 
 def _specs(compile_specs: list[CompileSpec]) -> dict[str, Any]:
     return {s.key: s.value.decode() if isinstance(s.value, bytes) else s.value for s in compile_specs}
+
+
+def _lowering(specs: dict[str, Any]) -> Lowering | None:
+    token = specs.get(LOWERING_KEY)
+    if token is None:
+        return None  # a partitioner used directly by a script: the process-wide registry
+    if token not in _ACTIVE:
+        raise EtforgeError(f"NPU backend: lowering {token} is not open (its registry is gone)")
+    return _ACTIVE[token]
 
 
 @final
@@ -44,12 +113,13 @@ class EtforgeNpuBackend(BackendDetails):
     @staticmethod
     def preprocess(edge_program: ExportedProgram, compile_specs: list[CompileSpec]) -> PreprocessResult:
         specs = _specs(compile_specs)
-        reg = registry()
+        low = _lowering(specs)
+        reg = low.registry if low is not None else registry()
         target = reg.target(specs["target"])
         options = json.loads(specs.get("options", "{}"))
-        name = f"etforge_{len(CONVERTED)}"
-        converted = convert_program(edge_program, target, reg.converters_for(target), name=name)
-        result = compile_partition(converted.tflite, target, options, name)
+        name = str(specs.get(PARTITION_KEY, "etforge_0"))
+        converted = convert_program(edge_program, target, reg.converters_for(target), name=name, reg=reg)
+        result = compile_partition(converted.tflite, target, options, name, reg=reg)
         # A device payload goes in as the device runtime reads it; a host-only LiteRT model
         # is wrapped in etforge's tagged container so nothing mistakes it for microcode.
         processed = (
@@ -64,17 +134,20 @@ class EtforgeNpuBackend(BackendDetails):
                 output_dim_orders=[list(d) for d in converted.output_dim_orders],
             )
         )
-        CONVERTED.append(Lowered(name, converted, result, processed))
+        if low is not None:
+            low.partitions.append(Lowered(name, converted, result, processed))
         return PreprocessResult(
             processed_bytes=processed,
             debug_handle_map={k: tuple(v) for k, v in converted.debug_map.items()},
         )
 
 
-def compile_partition(tflite: bytes, target: TargetSpec, options: dict[str, Any], name: str) -> NpuPayload:
+def compile_partition(
+    tflite: bytes, target: TargetSpec, options: dict[str, Any], name: str, reg: Registry | None = None
+) -> NpuPayload:
     """Run the target's NPU compiler when available; otherwise ship the LiteRT model host-only."""
     comp_name = target.npu.compiler if target.npu is not None else None
-    compiler = registry().npu_compilers.get(comp_name) if comp_name else None
+    compiler = (reg or registry()).npu_compilers.get(comp_name) if comp_name else None
     if compiler is not None and compiler.available()[0]:
         try:
             return compiler.compile(tflite, target, options, name)

@@ -24,7 +24,6 @@ _LAYOUT_OPS = (
     "aten.transpose",
     "aten.transpose_copy",
     "aten.t_copy",
-    "cortex_m.transpose",
     "dim_order_ops._clone_dim_order",
     "dim_order_ops._to_dim_order_copy",
     "aten.clone",
@@ -32,22 +31,26 @@ _LAYOUT_OPS = (
 )
 
 
-def _moves_layout(node: Node) -> bool:
+def _moves_layout(node: Node, permutes: tuple[str, ...] = ()) -> bool:
     src = node.args[0] if node.args else None
     if not isinstance(src, Node) or tensor_meta(src) is None or tensor_meta(node) is None:
         return False
     op = node_op(node)
-    if op.startswith(("aten.permute", "aten.transpose", "aten.t_copy", "cortex_m.transpose")):
+    if op.startswith(("aten.permute", "aten.transpose", "aten.t_copy", *permutes)):
         return not all(s == 1 for s in tensor_meta(src).shape[:-1])  # a real data move
     return dim_order(src) != dim_order(node)  # copies count only when the dim order changes
 
 
-def layout_conversions(ep: ExportedProgram) -> list[str]:
-    """Names of the CPU nodes (outside delegates) that convert a tensor's layout."""
+def layout_conversions(ep: ExportedProgram, permutes: tuple[str, ...] = ()) -> list[str]:
+    """Names of the CPU nodes (outside delegates) that convert a tensor's layout.
+
+    ``permutes``: the CPU backend's own transpose kernels (``CpuBackend.layout_ops``).
+    """
+    ops = (*_LAYOUT_OPS, *permutes)
     return [
         n.name
         for n in ep.graph_module.graph.nodes
-        if n.op == "call_function" and node_op(n).rsplit(".", 1)[0] in _LAYOUT_OPS and _moves_layout(n)
+        if n.op == "call_function" and node_op(n).rsplit(".", 1)[0] in ops and _moves_layout(n, permutes)
     ]
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import inspect
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -13,11 +12,14 @@ import torch
 from executorch.exir import EdgeProgramManager, ExecutorchProgramManager
 from torch.export import ExportedProgram
 
-from etforge.core import boundaries, pipeline
+from etforge.core import boundaries, kernel_check, pipeline
+from etforge.core.front import Front, NchwAtEdges, adapt_layout, front_end
 from etforge.core.partitioner import Decision
 from etforge.core.pipeline import Partition
 from etforge.core.plugin_manager import Registry, registry
 from etforge.core.target import TargetSpec
+
+__all__ = ["CompileResult", "NchwAtEdges", "adapt_layout", "compile_model"]
 
 Progress = Callable[[str], contextlib.AbstractContextManager[Any]]
 
@@ -44,86 +46,6 @@ class CompileResult:
 @contextlib.contextmanager
 def _no_progress(stage: str) -> Iterator[None]:
     yield
-
-
-def _channels_last(
-    module: torch.nn.Module,
-    example: tuple[torch.Tensor, ...],
-    calibration: Sequence[tuple[torch.Tensor, ...]] | None,
-) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...], list[tuple[torch.Tensor, ...]] | None]:
-    """4-D inputs (and the module's weights) in channels-last memory: ExecuTorch dim order (0, 2, 3, 1)."""
-
-    def cl(t: torch.Tensor) -> torch.Tensor:
-        return t.to(memory_format=torch.channels_last) if t.dim() == 4 else t
-
-    calib = [tuple(cl(t) for t in batch) for batch in calibration] if calibration else None
-    return module.to(memory_format=torch.channels_last), tuple(cl(t) for t in example), calib
-
-
-class NchwAtEdges(torch.nn.Module):
-    """``inner`` run channels-last, fed and read in NCHW: one conversion per 4-D input/output.
-
-    For NHWC CPU kernels and NPU partitions the whole inside stays channels-last (no
-    conversions between them); only the user's NCHW tensors are converted, at the edges.
-    ``forward`` carries ``inner``'s signature so the program's inputs keep their names.
-    """
-
-    def __init__(self, inner: torch.nn.Module) -> None:
-        super().__init__()
-        self.inner = inner.to(memory_format=torch.channels_last)
-
-        def forward(*args: Any) -> Any:
-            inside = [a.contiguous(memory_format=torch.channels_last) if _is_4d(a) else a for a in args]
-            out = self.inner(*inside)
-            return torch.utils._pytree.tree_map(lambda t: t.contiguous() if _is_4d(t) else t, out)
-
-        forward.__signature__ = inspect.signature(inner.forward)  # type: ignore[attr-defined]
-        self.forward = forward
-
-
-def _is_4d(t: object) -> bool:
-    return isinstance(t, torch.Tensor) and t.dim() == 4
-
-
-def adapt_layout(
-    module: torch.nn.Module,
-    example: tuple[torch.Tensor, ...],
-    calibration: Sequence[tuple[torch.Tensor, ...]] | None,
-    target: TargetSpec,
-    options: dict[str, Any],
-    reg: Registry | None = None,
-) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...], list[tuple[torch.Tensor, ...]] | None]:
-    """Channels-last inside when the target's CPU kernels are NHWC (before export).
-
-    ``dim_order=channels_last``: the caller's 4-D tensors are NHWC too, nothing converts;
-    ``contiguous``: NCHW at the edges, one conversion per 4-D input and output.
-    """
-    calib = list(calibration) if calibration is not None else None
-    if not (reg or registry()).cpu_backend(target).channels_last:
-        return module, example, calib
-    if options.get("dim_order", "channels_last") == "channels_last":
-        return _channels_last(module, example, calib)
-    return NchwAtEdges(module), example, calib
-
-
-def _nchw_program_note(program: ExportedProgram, target: TargetSpec) -> list[str]:
-    """An exported program's layout is fixed: say so when NCHW inputs meet NHWC kernels."""
-    nchw = [
-        n.name
-        for n in program.graph.nodes
-        if n.op == "placeholder"
-        and n.name in program.graph_signature.user_inputs
-        and isinstance(v := n.meta.get("val"), torch.Tensor)
-        and v.dim() == 4
-        and v.is_contiguous()
-    ]
-    if not nchw:
-        return []
-    return [
-        f"the exported program takes NCHW 4-D inputs ({', '.join(nchw)}): its tensors stay NCHW, "
-        f"so NHWC kernels on {target.name} convert layouts; export with channels_last inputs "
-        "(or compile the module itself) to keep everything NHWC"
-    ]
 
 
 def _delegate_layouts(
@@ -155,7 +77,10 @@ def compile_model(
     reg: Registry | None = None,
     progress: Progress | None = None,
     what: str = "the model",
+    front: Front | None = None,
 ) -> CompileResult:
+    """Compile ``module`` (or the exported ``program``); ``front`` is an already exported
+    front end (the CLI exports first, to look the build up in the cache)."""
     reg = reg or registry()
     tgt = reg.target(target) if isinstance(target, str) else target
     opts = {**tgt.option_defaults(), **(options or {})}
@@ -172,28 +97,31 @@ def compile_model(
 
         return timed()
 
-    notes: list[str] = []
-    if program is None and module is not None:
-        module, example_inputs, calibration = adapt_layout(
-            module, example_inputs, calibration, tgt, opts, reg
-        )
-    elif program is not None and reg.cpu_backend(tgt).channels_last:
-        notes += _nchw_program_note(program, tgt)
-    with stage("export"):
-        if program is not None:
-            float_ep = program
-        else:
-            assert module is not None
-            float_ep = pipeline.export(module, example_inputs, what)
-    qep = None
-    if quantize:
-        calib = list(calibration) if calibration else [tuple(example_inputs)]
-        with stage("quantize"):
-            qep = pipeline.quantize(float_ep, tgt, calib, reg, opts)
-    with stage("lower"):
-        edge, partitioner, parts, breakdown = pipeline.lower(
-            qep if qep is not None else float_ep, tgt, opts, reg
-        )
+    if front is None:
+        with stage("export"):
+            front = front_end(module, example_inputs, calibration, tgt, opts, reg, program, what)
+    float_ep, example_inputs, calibration = front.program, front.example, front.calibration
+    notes = list(front.notes)
+    with stage("rewrite"):
+        float_ep, rewritten = pipeline.rewrite(float_ep, tgt, reg)
+    if rewritten:
+        notes.append(f"graph rewrites applied: {', '.join(rewritten)}")
+    calib = list(calibration) if calibration else [tuple(example_inputs)]
+
+    def build(ep: ExportedProgram) -> tuple[Any, ...]:
+        q = None
+        if quantize:
+            with stage("quantize"):
+                q = pipeline.quantize(ep, tgt, calib, reg, opts)
+        with stage("lower"):
+            return (q, *pipeline.lower(q if q is not None else ep, tgt, opts, reg))
+
+    # Every CPU op needs a kernel the device links: ops without one are decomposed (and the
+    # program rebuilt) or refused here, before anything is serialized or written.
+    libraries = kernel_check.libraries_for(reg.cpu_backend(tgt))
+    float_ep, (qep, edge, partitioner, parts, breakdown) = kernel_check.lower_with_kernels(
+        float_ep, build, lambda built: built[1].exported_program(), libraries, tgt.name, notes
+    )
     host_program = edge.exported_program()
     with stage("serialize"):
         et = pipeline.serialize(
@@ -203,6 +131,7 @@ def compile_model(
         )
         pte = et.buffer
         boundaries.check_delegate_dim_orders(pte, _delegate_layouts(host_program, parts))
+        kernel_check.check_pte(pte, libraries, tgt.name)
     return CompileResult(
         target=tgt,
         options=opts,

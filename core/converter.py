@@ -6,6 +6,7 @@ listing them never imports torch; ``is_supported`` and ``convert`` receive torch
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -34,6 +35,28 @@ def unsupported(reason: str) -> Support:
     return Support(False, reason)
 
 
+@dataclass(frozen=True)
+class Constraint:
+    """A limit a converter both advertises (``etforge ops``) and enforces.
+
+    ``test(node, target)`` returns True (or "") when the node satisfies the limit, else False
+    or a string with the details; :meth:`OpConverter.is_supported` runs every constraint
+    before ``check``, so what ``etforge ops`` lists is what the support check decides on.
+    (A plain string in ``constraints`` is accepted but only documents; ``etforge plugins``
+    warns that it is not checked.)
+    """
+
+    text: str
+    test: Callable[[Node, TargetSpec], bool | str]
+
+    def evaluate(self, node: Node, target: TargetSpec) -> Support:
+        got = self.test(node, target)
+        if got is True or got == "":
+            return SUPPORTED
+        detail = got if isinstance(got, str) else ""
+        return unsupported(f"{self.text}: {detail}" if detail else f"not {self.text}")
+
+
 class OpConverter:
     """Base class of op converters.
 
@@ -51,8 +74,11 @@ class OpConverter:
     targets: ClassVar[tuple[str, ...] | None] = None
     #: Element types handled: "int8" (quantized) and/or "float32".
     dtypes: ClassVar[tuple[str, ...]] = ("int8", "float32")
-    #: Human-readable limits for ``etforge ops``.
-    constraints: ClassVar[tuple[str, ...]] = ()
+    #: Limits, shown by ``etforge ops``: :class:`Constraint` (checked by ``is_supported``)
+    #: or plain text (documentation only; ``etforge plugins`` warns about it).
+    constraints: ClassVar[tuple[Constraint | str, ...]] = ()
+    #: LiteRT builtins ``convert`` emits (besides ``litert``): checked against the schema at load.
+    litert_ops: ClassVar[tuple[str, ...]] = ()
 
     @property
     def name(self) -> str:
@@ -64,7 +90,7 @@ class OpConverter:
         return self.targets is None or target.name in self.targets or target.npu.family in self.targets
 
     def is_supported(self, node: Node, target: TargetSpec) -> Support:
-        """Dtype gate, then the op-specific ``check``."""
+        """Dtype gate, then the structured constraints, then the op-specific ``check``."""
         from etforge.core.graph_utils import node_dtype
 
         dtype = node_dtype(node)
@@ -74,6 +100,11 @@ class OpConverter:
             )
         if dtype not in self.dtypes:
             return unsupported(f"{dtype} not supported (handles {', '.join(self.dtypes)})")
+        for c in self.constraints:
+            if isinstance(c, Constraint):
+                s = c.evaluate(node, target)
+                if not s.ok:
+                    return s
         return self.check(node, target)
 
     def check(self, node: Node, target: TargetSpec) -> Support:
@@ -86,6 +117,25 @@ class OpConverter:
         """Multiply-accumulates of this node, for the NPU coverage figures."""
         return 0
 
+    def is_noop(self, node: Node, target: TargetSpec, constant: Callable[[Node], Any] | None = None) -> bool:
+        """True when ``node`` (which this converter accepted) computes nothing on ``target``:
+        its output is its input (a view, a clone, a scale-1 resize, a clamp that quantization
+        collapsed ...) or a compile-time constant. A target whose NPU compiler drops such ops
+        sets the ``partition_needs_compute`` requirement, and the partitioner then keeps a
+        partition of no-ops only off the NPU (it would compile to an empty graph).
+
+        ``constant(n)`` gives the value of a compile-time tensor ``n`` (None if it is not one).
+        """
+        return False
+
+    def fused_activation(self, node: Node) -> str | None:
+        """The LiteRT fused-activation name (e.g. of a clamp) when ``node``, an op this
+        converter handles, can fold into its producer's output; None: it cannot.
+
+        Producers ask through ``ctx.fuse_activation``; the core knows no activation op.
+        """
+        return None
+
     def describe(self) -> dict[str, Any]:
         return {
             "name": self.name,
@@ -93,7 +143,8 @@ class OpConverter:
             "priority": self.priority,
             "targets": list(self.targets) if self.targets is not None else None,
             "dtypes": list(self.dtypes),
-            "constraints": list(self.constraints),
+            "constraints": [c.text if isinstance(c, Constraint) else c for c in self.constraints],
+            "unchecked_constraints": [c for c in self.constraints if isinstance(c, str)],
         }
 
 

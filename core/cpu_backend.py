@@ -1,4 +1,4 @@
-"""CPU backends: how the leftovers of the NPU partitioning run on the RT700's Cortex-M33."""
+"""CPU backends: how the leftovers of the NPU partitioning run on the target's CPU."""
 
 from __future__ import annotations
 
@@ -22,6 +22,12 @@ class CpuBackend:
     #: Kernels that work in NHWC (CMSIS-NN): the program keeps 4-D tensors channels-last, so
     #: NPU partitions and these kernels hand buffers over without a layout conversion.
     channels_last: bool = False
+    #: Op namespaces of this backend's own kernels (its custom-op library): a CPU op in one
+    #: of them runs on these kernels; any other fell back to ExecuTorch's portable kernels.
+    kernel_namespaces: tuple[str, ...] = ()
+    #: This backend's ops that only move data between layouts (``namespace.op``, no
+    #: overload), counted by the report's ``cpu_layout_conversions``.
+    layout_ops: tuple[str, ...] = ()
 
     def quantizer(self, target: TargetSpec, options: dict[str, Any]) -> Quantizer | None:
         """A PT2E quantizer for the nodes the NPU rules left unannotated (None: none)."""
@@ -37,6 +43,14 @@ class CpuBackend:
     def lower(self, ep: ExportedProgram, target: TargetSpec, options: dict[str, Any]) -> ExportedProgram:
         """Rewrite the leftover Edge ops into this backend's kernels (identity by default)."""
         return ep
+
+    def runs(self, op: str) -> bool:
+        """Whether the CPU op ``op`` (``namespace.op.overload``) is one of this backend's kernels."""
+        return op.split(".", 1)[0] in self.kernel_namespaces
+
+    def isa(self, target: TargetSpec, options: dict[str, Any]) -> str | None:
+        """The instruction-set variant the kernels were chosen for (the report's ``isa``)."""
+        return None
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "description": self.description, "placement": self.placement}

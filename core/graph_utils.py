@@ -128,23 +128,3 @@ def is_constant(arg: object) -> bool:
         arg = arg.args[0]  # type: ignore[union-attr]
         return is_constant(arg)
     return isinstance(arg, Node) and (arg.op == "get_attr" or bool(arg.meta.get(CONSTANT_KEY)))
-
-
-_CLAMP_ACTIVATIONS = {(0.0, 6.0): "RELU6", (-1.0, 1.0): "RELU_N1_TO_1", (0.0, None): "RELU"}
-
-
-def activation_kind(node: Node) -> str | None:
-    """The LiteRT fused activation an activation node is (RELU, RELU6, RELU_N1_TO_1), else None."""
-    name = node_op(node)
-    if name in {"aten.relu.default", "aten.relu_.default"}:
-        return "RELU"
-    if name in {"aten.relu6.default", "aten.relu6_.default"}:
-        return "RELU6"
-    if name in {"aten.hardtanh.default", "aten.hardtanh_.default", "aten.clamp.default"}:
-        bounds = list(node.args[1:3]) + [None] * 2
-        lo = None if bounds[0] is None else float(bounds[0])
-        hi = None if bounds[1] is None else float(bounds[1])
-        if name.startswith("aten.hardtanh") and len(node.args) < 3:
-            return None  # default (-1, 1) needs explicit handling by callers; keep it unfused
-        return _CLAMP_ACTIVATIONS.get((lo, hi))
-    return None

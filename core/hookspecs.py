@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from etforge.core.cpu_backend import CpuBackend
     from etforge.core.npu_compiler import NpuCompiler
     from etforge.core.quant_rule import QuantRule
+    from etforge.core.rewrite import Rewrite
     from etforge.core.target import TargetSpec
 
 PROJECT = "etforge"
@@ -44,6 +45,16 @@ def etforge_op_converters() -> list[OpConverter]:
     the same target, the higher ``priority`` is asked first; the other is a fallback for
     nodes the winner refuses, and ``etforge plugins`` reports the conflict. Built-ins use
     priority 0, so ``priority = 10`` deliberately overrides one.
+
+    Checked at load (a failure names the plugin; fatal with ``--strict``): ``ops`` and
+    ``preserve`` are tuples of ``namespace.op.overload`` strings (never a bare string),
+    ``litert`` / ``litert_ops`` are builtins of the installed LiteRT schema, ``dtypes`` are
+    ``int8`` / ``float32``. ``constraints`` should be :class:`~etforge.core.converter.Constraint`
+    objects, which ``is_supported`` applies before ``check``; plain text is only shown, and
+    ``etforge plugins`` warns about it. While compiling, a support check that raises refuses
+    the node naming the plugin (an error under ``--strict``); a failing ``convert`` names the
+    converter and its plugin. An activation converter says which of its nodes fold into a
+    producer with ``fused_activation(node)`` (producers ask ``ctx.fuse_activation``).
 
     Example::
 
@@ -65,8 +76,12 @@ def etforge_quantizer_rules() -> list[QuantRule]:
     of ``"weighted"`` (activation + per-channel weight + int32 bias), ``"io"`` (independent
     per-tensor activations), ``"shared"`` (output and inputs share the first input's
     qparams), ``"fixed"`` (output qparams fixed by the runtime, e.g. sigmoid 1/256, -128).
-    ``fuse`` lists activations that share the producing op's output observer. Rules
+    ``fuse`` lists activations that share the producing op's output observer; the
+    activation's own rule may restrict which of its nodes can (``fusable``). Rules
     belong to a ``scheme``; a target selects the schemes it composes its quantizer from.
+    ``ops`` and ``fuse`` are checked at load like a converter's ``ops``. Two rules for one op
+    in one scheme: the higher ``priority`` (then load order) annotates it, and ``etforge
+    plugins`` reports the conflict, as it warns about rules for ops no converter handles.
 
     Example::
 
@@ -111,4 +126,33 @@ def etforge_cpu_backends() -> list[CpuBackend]:
     ``cpu_fallback``). It may contribute a PT2E quantizer for the CPU-bound nodes (applied
     after the NPU rules, to the nodes they left alone), the Edge compile config, and a
     ``lower(ep)`` step that rewrites the leftover Edge ops into its kernels (e.g. CMSIS-NN).
+    """
+
+
+@hookspec
+def etforge_rewrites() -> list[Rewrite]:
+    """Return graph rewrites: instances of :class:`etforge.core.rewrite.Rewrite`.
+
+    A rewrite turns a computation the target does not run well into an equivalent one it
+    does (``hardsigmoid`` into ``relu6(x + 3) / 6``, ``split`` into slices …). It runs on the
+    exported float ATen program before quantization, on the targets it ``applies_to``
+    (``targets``: names or NPU families, ``None`` for all; ``npu_only``), in ``order``;
+    ``apply(gm, target)`` edits the ``torch.fx.GraphModule`` in place and returns whether it
+    changed anything. The compile then re-exports the graph, so the quantizer rules and the
+    converters see the rewritten ops. ``etforge plugins`` lists the rewrites a plugin provides.
+
+    Example::
+
+        from etforge import hookimpl
+        from etforge.core.rewrite import Rewrite
+
+        class DropIdentity(Rewrite):
+            description = "x * 1 -> x"
+
+            def apply(self, gm, target):
+                ...  # edit gm.graph; return True when it changed
+
+        @hookimpl
+        def etforge_rewrites():
+            return [DropIdentity()]
     """

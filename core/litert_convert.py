@@ -13,7 +13,7 @@ import operator
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -22,10 +22,9 @@ from torch.fx import Node
 
 from etforge.core import layout
 from etforge.core.converter import OpConverter, Support
-from etforge.core.errors import ConversionError
+from etforge.core.errors import ConversionError, PluginError
 from etforge.core.graph_utils import (
     CONSTANT_FOLDABLE,
-    activation_kind,
     dim_order,
     is_dequantize,
     is_quantize,
@@ -36,6 +35,13 @@ from etforge.core.graph_utils import (
 )
 from etforge.core.litert import LiteRTBuilder, Quant, enum, options
 from etforge.core.target import TargetSpec
+
+if TYPE_CHECKING:
+    from etforge.core.plugin_manager import Registry
+
+#: Node meta key where the partitioner records the converter that accepted the node,
+#: as ``(plugin, converter name)``: conversion uses it instead of asking again.
+DECIDED_KEY = "etforge_converter"
 
 _TORCH_DTYPES = {torch.float32: "float32", torch.int8: "int8", torch.int32: "int32", torch.uint8: "uint8"}
 
@@ -114,9 +120,17 @@ def _np(t: torch.Tensor) -> np.ndarray:
 class ConversionContext:
     """What a converter sees: inputs as LiteRT tensors in a layout it asks for, and ``emit``."""
 
-    def __init__(self, ep: ExportedProgram, target: TargetSpec, name: str = "partition") -> None:
+    def __init__(
+        self,
+        ep: ExportedProgram,
+        target: TargetSpec,
+        name: str = "partition",
+        converters: dict[str, list[OpConverter]] | None = None,
+    ) -> None:
         self.ep = ep
         self.target = target
+        #: op -> candidate converters (highest priority first): who to ask about a user node.
+        self.converters = converters or {}
         self.builder = LiteRTBuilder(description=f"etforge:{name}")
         self.values: dict[Node, Value] = {}
         self.constants: dict[Node, Constant] = {}
@@ -278,7 +292,12 @@ class ConversionContext:
         if len(users) != 1 or users[0].op != "call_function":
             return "NONE", node
         user = users[0]
-        act = activation_kind(user)
+        candidates = self.converters.get(node_op(user), [])
+        decided = _decided(user, candidates, None)  # the converter the partitioner chose
+        act = next(
+            (a for c in ([decided] if decided else candidates) if (a := c.fused_activation(user))),
+            None,
+        )
         npu = self.target.npu
         if act is None or npu is None or act not in npu.fused_activations:
             return "NONE", node
@@ -463,7 +482,14 @@ class ConversionContext:
             return
         self.current = node
         out = self.builder.add_tensor(src.stored_shape, "int8", node.name, quant=quant)
-        self.emit("QUANTIZE", [src], [out])
+        if src.dtype == "int8" and src.quant is not None and quant is not None:
+            # int8 -> int8 requantization as MUL by an exact 1.0: LiteRT's default (XNNPACK)
+            # QUANTIZE rescales with a coarse fixed-point multiplier and lands one step off on
+            # ~3% of values; MUL rescales in float, as the PT2E reference does.
+            one = self.add_constant(np.asarray([127], np.int8), "int8", "one", Quant.per_tensor(1 / 127, 0))
+            self.emit("MUL", [src, one], [out], options("MulOptions"))
+        else:
+            self.emit("QUANTIZE", [src], [out])
         self.values[node] = Value(out, src.shape, src.perm, "int8", quant)
         self.int8_values[node.name] = self.values[node]
 
@@ -520,16 +546,30 @@ _ELEMENTWISE_OPTIONS = {
 }
 
 
+def _who(conv: OpConverter, reg: Registry | None) -> str:
+    """``Converter (plugin 'x' (dist version))`` for messages that must name the plugin."""
+    return f"{conv.name} ({reg.owner_label(conv)})" if reg is not None else conv.name
+
+
 def select_converter(
-    node: Node, candidates: Sequence[OpConverter], target: TargetSpec
+    node: Node, candidates: Sequence[OpConverter], target: TargetSpec, reg: Registry | None = None
 ) -> tuple[OpConverter | None, Support]:
-    """The first candidate (highest priority first) that accepts ``node``; else the reasons."""
+    """The first candidate (highest priority first) that accepts ``node``; else the reasons.
+
+    A support check that raises is a plugin bug: with a strict registry it is an error
+    naming the plugin; otherwise the node is refused with the plugin and exception as reason.
+    """
     reasons = []
     for conv in candidates:
         try:
             s = conv.is_supported(node, target)
-        except Exception as exc:  # a plugin's support check must not crash partitioning
-            s = Support(False, f"{conv.name}.is_supported raised {type(exc).__name__}: {exc}")
+            if not isinstance(s, Support):
+                raise TypeError(f"returned {type(s).__name__}, expected Support")
+        except Exception as exc:
+            why = f"{_who(conv, reg)}: support check raised {type(exc).__name__}: {exc}"
+            if reg is not None and reg.strict:
+                raise PluginError(f"{why} (node {node.name}, {node_op(node)}; --strict)") from exc
+            s = Support(False, why)
         if s.ok:
             return conv, s
         reasons.append(f"{conv.name}: {s.reason}" if len(candidates) > 1 else s.reason)
@@ -538,15 +578,32 @@ def select_converter(
     return None, Support(False, "; ".join(reasons))
 
 
+def _decided(node: Node, candidates: Sequence[OpConverter], reg: Registry | None) -> OpConverter | None:
+    """The converter the partitioner chose for ``node`` (recorded in its meta), if any."""
+    who = node.meta.get(DECIDED_KEY)
+    if not who:
+        return None
+    plugin, name = who
+    for conv in candidates:
+        if conv.name == name and (reg is None or reg.owner(conv) == plugin):
+            return conv
+    return None
+
+
 def convert_program(
     ep: ExportedProgram,
     target: TargetSpec,
     converters: dict[str, list[OpConverter]],
     name: str = "partition",
+    reg: Registry | None = None,
 ) -> Converted:
-    """Convert a whole (partition) program; every compute node must be accepted by a converter."""
+    """Convert a whole (partition) program; every compute node must be accepted by a converter.
+
+    A node the partitioner already placed is converted by the converter it chose (no second
+    support check); ``reg`` names the plugins in messages and carries ``--strict``.
+    """
     start = time.perf_counter()
-    ctx = ConversionContext(ep, target, name)
+    ctx = ConversionContext(ep, target, name, converters)
     mark_constants(ep)
     graph = ep.graph_module.graph
     output_names: list[str] = []
@@ -574,19 +631,23 @@ def convert_program(
                 )
             else:
                 op = node_op(node)
-                conv, support = select_converter(node, converters.get(op, []), target)
+                candidates = converters.get(op, [])
+                conv = _decided(node, candidates, reg)
                 if conv is None:
-                    raise ConversionError(node, op, support.reason)
+                    conv, support = select_converter(node, candidates, target, reg)
+                    if conv is None:
+                        raise ConversionError(node, op, support.reason)
                 try:
                     conv.convert(node, ctx)
-                except ConversionError:
+                except ConversionError as exc:
+                    exc.args = (f"{exc} (converter {_who(conv, reg)})",)
                     raise
                 except Exception as exc:
                     raise ConversionError(
-                        node, op, f"{conv.name} failed: {type(exc).__name__}: {exc}"
+                        node, op, f"{_who(conv, reg)} failed: {type(exc).__name__}: {exc}"
                     ) from exc
                 if node not in ctx.values and not any(u in ctx.values for u in node.users):
-                    raise ConversionError(node, op, f"{conv.name}.convert() produced no output value")
+                    raise ConversionError(node, op, f"{_who(conv, reg)}: convert() produced no output value")
         else:
             raise ConversionError(node, node.op, "unsupported graph node kind")
     ctx.builder.metadata["etforge_int8_values"] = json.dumps(

@@ -8,13 +8,13 @@ from __future__ import annotations
 import importlib.util
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from etforge.core.errors import EtforgeError
+from etforge.core.errors import EtforgeError, first_line
 
 
 @dataclass
@@ -26,6 +26,8 @@ class LoadedModel:
     example_inputs: tuple[torch.Tensor, ...]
     calibration: list[tuple[torch.Tensor, ...]] | None
     program: torch.export.ExportedProgram | None = None
+    #: What the user should know about the model as loaded (reported, not errors).
+    notes: list[str] = field(default_factory=list)
 
 
 def load_model(spec: str) -> LoadedModel:
@@ -37,6 +39,16 @@ def load_model(spec: str) -> LoadedModel:
             raise EtforgeError(f"unknown zoo model {name!r}; known: {', '.join(sorted(zoo.ZOO))}")
         module, example = zoo.build(name)
         return LoadedModel(spec, module, example, zoo.calibration(name))
+    loaded = _load(spec)
+    if loaded.program is not None:
+        check_weights(_program_tensors(loaded.program), spec)
+    elif loaded.module is not None:
+        check_weights(_module_tensors(loaded.module), spec)
+    check_inputs(loaded.example_inputs, f"{spec}: example input")
+    return loaded
+
+
+def _load(spec: str) -> LoadedModel:
     if spec.endswith(".pt2"):
         return _load_pt2(spec)
     if ":" not in spec:
@@ -66,7 +78,7 @@ def _load_pt2(spec: str) -> LoadedModel:
         raise EtforgeError(
             f"{path}: the program carries no example inputs; save it from torch.export.export(...)"
         )
-    return LoadedModel(spec, None, tuple(args), None, program=ep)
+    return LoadedModel(spec, None, tuple(args), None, program=ep, notes=dynamic_dims_notes(ep))
 
 
 def _load_factory(spec: str, path: Path, factory: str) -> LoadedModel:
@@ -129,9 +141,14 @@ def load_calibration(path: str, example: tuple[torch.Tensor, ...]) -> list[tuple
     try:
         data = torch.load(file, weights_only=True)
     except Exception as exc:
-        raise EtforgeError(
-            f"calibration file {file}: cannot load ({type(exc).__name__}: {_first_line(exc)})"
-        ) from None
+        text = str(exc)
+        detail = first_line(Exception(text.split("WeightsUnpickler error:", 1)[-1])).split(". ")[0]
+        if "WeightsUnpickler error: Unsupported global" in text:  # a pickled object that is not a tensor
+            raise EtforgeError(
+                f"calibration file {file}: holds objects other than tensors ({detail}); "
+                "save a list of tuples of tensors with torch.save"
+            ) from None
+        raise EtforgeError(f"calibration file {file}: cannot load ({type(exc).__name__}: {detail})") from None
     if isinstance(data, torch.Tensor):
         data = list(data.unbind(0)) if data.dim() == example[0].dim() + 1 else [data]
     if not isinstance(data, (list, tuple)):
@@ -162,10 +179,120 @@ def check_calibration(
                 raise EtforgeError(
                     f"{where}: calibration batch {i}, input {j} is {desc}; expected {want.dtype}{list(want.shape)}"
                 )
+        check_inputs(items, f"{where}: calibration batch {i}, input")
         out.append(items)
     return out
 
 
+def _bad_count(t: torch.Tensor) -> int:
+    """Non-finite values in a floating-point tensor (0 for other dtypes)."""
+    if not (t.is_floating_point() or t.is_complex()):
+        return 0
+    return int((~torch.isfinite(t.detach())).sum())
+
+
+def check_inputs(tensors: Sequence[torch.Tensor], where: str) -> None:
+    """NaN or infinite inputs poison the observers' ranges (all-NaN calibration gives NaN scales)."""
+    for j, t in enumerate(tensors):
+        bad = _bad_count(t) if isinstance(t, torch.Tensor) else 0
+        if bad:
+            raise EtforgeError(
+                f"{where} {j} holds {bad} NaN or infinite value(s) of {t.numel()}; quantization needs finite data"
+            )
+
+
+def check_weights(tensors: dict[str, torch.Tensor], where: str) -> None:
+    """A NaN or infinite weight cannot be quantized (its scale is NaN): name it."""
+    for name, t in tensors.items():
+        bad = _bad_count(t) if isinstance(t, torch.Tensor) else 0
+        if bad:
+            raise EtforgeError(
+                f"{where}: weight {name!r} holds {bad} NaN or infinite value(s) of {t.numel()}"
+            )
+
+
+def _module_tensors(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return dict(module.state_dict(keep_vars=False))
+
+
+def _program_tensors(ep: torch.export.ExportedProgram) -> dict[str, torch.Tensor]:
+    return {**ep.state_dict, **{k: v for k, v in ep.constants.items() if isinstance(v, torch.Tensor)}}
+
+
+def dynamic_dims_notes(ep: torch.export.ExportedProgram) -> list[str]:
+    """A program exported with dynamic dimensions is compiled for its example's sizes: say so."""
+    notes = []
+    user_inputs = set(ep.graph_signature.user_inputs)
+    for node in ep.graph.nodes:
+        val = node.meta.get("val")
+        if node.op != "placeholder" or node.name not in user_inputs or not isinstance(val, torch.Tensor):
+            continue
+        dims = [i for i, d in enumerate(val.shape) if not isinstance(d, int)]
+        if dims:
+            example = dict(zip(user_inputs, ep.example_inputs[0] if ep.example_inputs else (), strict=False))
+            shape = list(example[node.name].shape) if node.name in example else "the example's"
+            notes.append(
+                f"input {node.name!r} has dynamic dimension(s) {dims}; compiled for the example "
+                f"shape {shape} (the .pte takes exactly that shape)"
+            )
+    return notes
+
+
+def check_program_file(path: Path) -> None:
+    """A saved program (``.pt2``) is a complete zip archive: a truncated or damaged one is named."""
+    import zipfile
+
+    if not path.is_file():
+        raise EtforgeError(f"{path} is missing; recompile")
+    try:
+        with zipfile.ZipFile(path) as z:
+            bad = z.testzip()
+    except (zipfile.BadZipFile, OSError, EOFError) as exc:
+        raise EtforgeError(
+            f"{path}: truncated or not a torch.export program ({first_line(exc)}); recompile"
+        ) from None
+    if bad is not None:
+        raise EtforgeError(f"{path}: damaged (member {bad} fails its checksum); recompile")
+
+
 def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+    return first_line(exc)
+
+
+def as_float32(
+    module: torch.nn.Module,
+    example: tuple[torch.Tensor, ...],
+    calibration: Sequence[tuple[torch.Tensor, ...]] | None,
+) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...], list[tuple[torch.Tensor, ...]] | None, str | None]:
+    """A float64 model (parameters, buffers or inputs) cast to float32, with a note saying so.
+
+    The int8 quantizer, the NPU and the CPU kernels work from float32; a double model would
+    otherwise fail deep inside quantization with a dtype assertion.
+    """
+
+    def f32(t: torch.Tensor) -> torch.Tensor:
+        return t.float() if t.dtype == torch.float64 else t
+
+    tensors = [*module.parameters(), *module.buffers(), *example]
+    if not any(isinstance(t, torch.Tensor) and t.dtype == torch.float64 for t in tensors):
+        return module, example, list(calibration) if calibration is not None else None, None
+    calib = [tuple(f32(t) for t in batch) for batch in calibration] if calibration is not None else None
+    note = "the model is float64: compiled as float32 (parameters, buffers and inputs cast)"
+    return module.float(), tuple(f32(t) for t in example), calib, note
+
+
+def refuse_float64(program: torch.export.ExportedProgram, what: str) -> None:
+    """An exported program's dtypes are fixed: a float64 one is refused with a clear message."""
+    doubles = [
+        n.name
+        for n in program.graph.nodes
+        if n.op == "placeholder"
+        and isinstance(v := n.meta.get("val"), torch.Tensor)
+        and v.dtype == torch.float64
+    ]
+    if doubles:
+        raise EtforgeError(
+            f"{what}: the exported program is float64 ({', '.join(doubles[:4])}"
+            f"{' ...' if len(doubles) > 4 else ''}); export the model in float32 "
+            "(model.float() and float32 inputs) — or pass the module itself, which is cast"
+        )

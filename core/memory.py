@@ -6,6 +6,7 @@ The lower bound is the peak, over the execution schedule, of the bytes of activa
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,8 +68,10 @@ def memory_stats(executorch_manager: Any) -> MemoryStats:
             if spec.mem_id is None or spec.lifetime[0] is None:
                 continue
             intervals.append((int(spec.lifetime[0]), int(spec.lifetime[1]), size, _label(node)))
-        if node.op == "call_function" and str(node.target).startswith("cortex_m."):
-            for arg in node.args[-2:]:  # CMSIS-NN kernels take their scratch buffer(s) last
+        if node.op == "call_function":
+            # A kernel's work buffer is an anonymous byte buffer passed as an argument (the
+            # outputs it writes are ``out=`` keywords): ExecuTorch's convention, any backend.
+            for arg in node.args:
                 if _is_scratch(arg):
                     scratch.append(
                         {"node": node.name, "op": str(node.target), "bytes": int(arg.args[0][0][0])}
@@ -118,11 +121,24 @@ def _is_scratch(arg: Any) -> bool:
     return isinstance(spec, tuple) and len(spec) == 2 and len(spec[0]) == 1 and "uint8" in str(spec[1])
 
 
-def check_budget(stats: MemoryStats, budget: int | None) -> None:
-    if budget is None or sum(stats.arena_bytes) <= budget:
+def check_budget(stats: MemoryStats, budget: int | None, npu: Sequence[Any] = ()) -> None:
+    """The arena, and the arena beside each NPU partition's working memory (``npu``:
+    ``core.npu_memory`` plans; partitions run one at a time), within ``budget`` bytes."""
+    if budget is None:
         return
-    live = ", ".join(stats.peak_nodes[:4])
-    raise EtforgeError(
-        f"planned arena {sum(stats.arena_bytes):,} B does not fit the memory budget {budget:,} B; "
-        f"peak live memory {stats.lower_bound:,} B at step {stats.peak_step}, held by {live}"
-    )
+    arena = sum(stats.arena_bytes)
+    if arena > budget:
+        live = ", ".join(stats.peak_nodes[:4])
+        raise EtforgeError(
+            f"planned arena {arena:,} B does not fit the memory budget {budget:,} B; "
+            f"peak live memory {stats.lower_bound:,} B at step {stats.peak_step}, held by {live}"
+        )
+    for part in sorted(npu, key=lambda p: (-p.working_bytes, p.name)):
+        if arena + part.working_bytes > budget:
+            from etforge.core.npu_memory import SOURCE
+
+            raise EtforgeError(
+                f"NPU partition {part.name}: working memory {part.working_bytes:,} B beside the planned "
+                f"arena {arena:,} B ({arena + part.working_bytes:,} B) does not fit the memory budget "
+                f"{budget:,} B ({SOURCE})"
+            )

@@ -116,3 +116,73 @@ def pad_spatial(
         fill_t = ctx.add_constant(fill.reshape(()), x.dtype, "pad_value", quant=x.quant)
         ctx.emit("PADV2", [x.tensor, pads_t, fill_t], [out])
     return Value(out, out_shape, x.perm, x.dtype, x.quant)
+
+
+# -- quantization parameters seen by support checks -----------------------------------------
+#: Ops that only move or relabel data: a DQ behind them still gives the consumer's qparams.
+_PASS_THROUGH = frozenset(
+    {
+        "aten.view_copy.default",
+        "aten.expand_copy.default",
+        "aten.clone.default",
+        "dim_order_ops._clone_dim_order.default",
+        "aten.squeeze_copy.dims",
+        "aten.unsqueeze_copy.default",
+    }
+)
+
+QParams = tuple[object, object, object]
+
+
+def input_qparams(node: Node, index: int | tuple[int, int]) -> QParams | None:
+    """(scale, zero_point, dtype) of the dequantize feeding ``node.args[index]`` (or
+    ``node.args[i][j]``), looking through pure data movement; None when it is not quantized."""
+    from etforge.core.graph_utils import is_dequantize
+
+    try:
+        a = node.args[index] if isinstance(index, int) else node.args[index[0]][index[1]]
+    except (IndexError, TypeError):
+        return None
+    while isinstance(a, Node) and not is_dequantize(a) and node_op(a) in _PASS_THROUGH:
+        a = a.args[0]
+    if not is_dequantize(a) or len(a.args) < 3:
+        return None
+    return a.args[1], a.args[2], a.args[-1]
+
+
+def output_qparams(node: Node) -> QParams | None:
+    """(scale, zero_point, dtype) of the quantize of ``node``'s (first) output, else None."""
+    from etforge.core.graph_utils import is_quantize
+
+    users = list(node.users)
+    if len(users) == 1 and node_op(users[0]) == "operator.getitem":
+        users = list(users[0].users)
+    q = next((u for u in users if is_quantize(u)), None)
+    if q is None or len(q.args) < 3:
+        return None
+    return q.args[1], q.args[2], q.args[-1]
+
+
+def shares_qparams(node: Node, inputs: Sequence[int | tuple[int, int]] = (0,)) -> bool | str:
+    """True when every listed quantized input has the output's qparams (or nothing is quantized)."""
+    out = output_qparams(node)
+    for i in inputs:
+        got = input_qparams(node, i)
+        if got is None or out is None:
+            continue
+        if (got[0], got[1]) != (out[0], out[1]):
+            return f"input {i} has scale {got[0]:.6g} zero point {got[1]}, output {out[0]:.6g} / {out[1]}"
+    return True
+
+
+def has_full_size_operand(node: Node) -> bool | str:
+    """Some tensor input has as many elements as the output (no operand is broadcast from both sides)."""
+    from math import prod
+
+    from etforge.core.graph_utils import shape_of, tensor_inputs
+
+    n = prod(shape_of(node))
+    sizes = [prod(shape_of(a)) for a in tensor_inputs(node)]
+    if any(s == n for s in sizes):
+        return True
+    return f"output has {n} elements, inputs {sizes}"

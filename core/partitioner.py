@@ -21,7 +21,8 @@ from torch.fx import Node
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
 
-from etforge.core import backend as _backend  # noqa: F401  (registers EtforgeNpuBackend)
+from etforge.core import backend as _backend  # registers EtforgeNpuBackend
+from etforge.core.converter import OpConverter, Support
 from etforge.core.graph_utils import (
     is_constant,
     is_dequantize,
@@ -31,11 +32,13 @@ from etforge.core.graph_utils import (
     node_op,
     tensor_inputs,
 )
-from etforge.core.litert_convert import select_converter
+from etforge.core.litert_convert import DECIDED_KEY, select_converter
 from etforge.core.plugin_manager import Registry, registry
 from etforge.core.target import TargetSpec
 
 _STRUCTURAL = {"operator.getitem"}
+#: Node meta key caching a support answer (see ``EtforgePartitioner._select``).
+_SUPPORT_KEY = "etforge_support"
 
 
 @dataclass
@@ -81,17 +84,21 @@ class EtforgePartitioner(Partitioner):
         options: dict[str, Any] | None = None,
         reg: Registry | None = None,
         backend_id: str = "EtforgeNpuBackend",
+        lowering: _backend.Lowering | None = None,
     ) -> None:
         self.target = target
         self.options = {**target.option_defaults(), **(options or {})}
-        self.registry = reg or registry()
+        self.registry = lowering.registry if lowering is not None else (reg or registry())
         self.backend_id = backend_id
         spec = [
             CompileSpec("target", target.name.encode()),
             CompileSpec("options", json.dumps(self.options, sort_keys=True, default=list).encode()),
         ]
+        if lowering is not None:  # how preprocess finds this lowering's registry and sink
+            spec.append(lowering.spec)
         self.delegation_spec = DelegationSpec(backend_id, spec)
         self.decisions: list[Decision] = []
+        self._chosen: dict[Node, Decision] = {}
         #: Keep converter-preferred ATen ops whole (see ops_to_not_decompose).
         self.preserve = True
         self.seconds = 0.0  # time spent deciding and tagging (for the benchmarks)
@@ -125,7 +132,7 @@ class EtforgePartitioner(Partitioner):
             convs = [c for cs in self._table.values() for c in cs if name in c.preserve]
             if not nodes or name in blocked:
                 continue
-            if all(any(c.is_supported(n, self.target).ok for c in convs) for n in nodes):
+            if all(self._select(n, convs)[0] for n in nodes):
                 ns, op, overload = name.split(".")
                 packet = getattr(getattr(torch.ops, ns), op, None)
                 if packet is not None and hasattr(packet, overload):
@@ -141,35 +148,42 @@ class EtforgePartitioner(Partitioner):
         chosen: dict[Node, Decision] = {}
         for node in _compute_nodes(ep):
             op = node_op(node)
+            node.meta.pop(DECIDED_KEY, None)
             if self.target.npu is None:
                 d = Decision(node.name, op, False, None, None, f"target {self.target.name} has no NPU")
             elif op in blocked:
                 d = Decision(node.name, op, False, None, None, "listed in operators_not_to_delegate")
             else:
-                conv, support = select_converter(node, self._table.get(op, []), self.target)
+                conv, support = self._select(node, self._table.get(op, []))
                 owner = self.registry.owner(conv) if conv else None
                 d = Decision(
                     node.name, op, conv is not None, conv.name if conv else None, owner, support.reason
                 )
+                if conv is not None:  # decided once: conversion uses this converter as is
+                    node.meta[DECIDED_KEY] = (owner, conv.name)
             d.macs = self._macs(node)
             d.handle = node.meta.get("debug_handle")
             self.decisions.append(d)
             if d.npu:
                 chosen[node] = d
-        # An int8 op needs int8 inputs: each tensor input must be a DQ or another NPU node
-        # (e.g. a ReLU fused into a delegated conv). Drop until stable.
-        changed = True
-        while changed:
-            changed = False
-            for node in list(chosen):
-                if node_dtype(node) != "int8":
-                    continue
-                why = _int8_boundary_problem(node, chosen)
-                if why:
-                    d = chosen.pop(node)
-                    d.npu, d.reason = False, why
-                    changed = True
+        _drop_unquantized_boundaries(chosen)
+        self._chosen = chosen  # for _partition, which may refuse more of them
         return set(chosen)
+
+    def _select(self, node: Node, candidates: list[OpConverter]) -> tuple[OpConverter | None, Support]:
+        """``select_converter``, asked once per node: ExecuTorch asks which ops to keep whole
+        more than once, on copies of the graph, and the kept node is decided again after
+        ``to_edge``; the answer rides in the node's meta (plain data, so copies keep it)."""
+        key = (id(self.registry), self.target.name, node_op(node), tuple(c.name for c in candidates))
+        cached = node.meta.get(_SUPPORT_KEY)
+        if cached is not None and cached[0] == key:
+            _, name, reason = cached
+            conv = next((c for c in candidates if c.name == name), None) if name else None
+            if conv is not None or name is None:
+                return conv, Support(conv is not None, reason)
+        conv, support = select_converter(node, candidates, self.target, self.registry)
+        node.meta[_SUPPORT_KEY] = (key, conv.name if conv else None, support.reason)
+        return conv, support
 
     def _macs(self, node: Node) -> int:
         """MACs counted by any converter of the op (also for nodes the NPU refuses)."""
@@ -190,7 +204,81 @@ class EtforgePartitioner(Partitioner):
 
     def _partition(self, exported_program: ExportedProgram) -> PartitionResult:
         ep = exported_program
-        chosen = self.decide(ep)
+        self.decide(ep)
+        chosen = self._chosen
+        by_name = {d.node: d for d in self.decisions}
+        groups = self._groups(ep, chosen)
+        # Partition-level limits of the NPU (target data): a refused node leaves the NPU and the
+        # rest is grouped again, as often as nodes are refused (at most once per node).
+        if self.target.npu is not None and self.target.npu.requirement("clone_boundary_dim_orders"):
+            for _ in range(len(chosen)):
+                bad = _boundary_dim_order_problems(groups, chosen)
+                if not bad:
+                    break
+                for node, why in bad.items():
+                    d = chosen.pop(node)
+                    d.npu, d.reason = False, why
+                _drop_unquantized_boundaries(chosen)
+                groups = self._groups(ep, chosen)
+        min_ops = int(self.options.get("min_partition_ops", 1))
+        npu = self.target.npu
+        needs_compute = npu is not None and npu.requirement("partition_needs_compute")
+        tags: dict[str, DelegationSpec] = {}
+        groups = sorted(groups, key=lambda p: min(_order(ep, n) for n in p.nodes))
+        for group in groups:
+            compute = [
+                n for n in group.nodes if n in chosen and not is_constant(n)
+            ]  # folded weights don't count
+            refusal = ""
+            if npu is not None and needs_compute and not any(not self._is_noop(ep, n) for n in compute):
+                ops = sorted({node_op(n) for n in group.nodes if n in chosen})
+                refusal = (
+                    f"partition of no-op ops only ({', '.join(ops)}): the "
+                    f"{npu.family} NPU compiler drops them, leaving nothing to run"
+                )
+            elif len(compute) < min_ops:
+                refusal = f"partition of {len(compute)} op(s) < min_partition_ops={min_ops}"
+            if refusal:
+                for n in (n for n in group.nodes if n in chosen):
+                    by_name[n.name].npu = False
+                    by_name[n.name].reason = refusal
+                continue
+            tag = f"etforge_{len(tags)}"
+            for n in group.nodes:
+                n.meta["delegation_tag"] = tag
+                if n.name in by_name:
+                    by_name[n.name].partition = tag
+            # The tag travels to preprocess, which names the partition after it.
+            tags[tag] = DelegationSpec(
+                self.backend_id,
+                [*self.delegation_spec.compile_specs, CompileSpec(_backend.PARTITION_KEY, tag.encode())],
+            )
+        tag_constant_data(ep)
+        return PartitionResult(tagged_exported_program=ep, partition_tags=tags)
+
+    def _is_noop(self, ep: ExportedProgram, node: Node) -> bool:
+        """Whether the converter that took ``node`` says it computes nothing on the target."""
+        from etforge.core.litert_convert import _constant_tensor
+
+        who = node.meta.get(DECIDED_KEY)
+        conv = next((c for c in self._table.get(node_op(node), []) if who and c.name == who[1]), None)
+        if conv is None:
+            return False
+
+        def constant(n: Node) -> torch.Tensor | None:
+            return _constant_tensor(ep, n) if isinstance(n, Node) and n.op == "placeholder" else None
+
+        try:
+            return bool(conv.is_noop(node, self.target, constant))
+        except Exception as e:  # a plugin bug must not pass for a no-op
+            from etforge.core.errors import EtforgeError
+
+            raise EtforgeError(
+                f"{conv.name}.is_noop failed on node {node.name} ({node_op(node)}): {e}"
+            ) from e
+
+    def _groups(self, ep: ExportedProgram, chosen: dict[Node, Decision]) -> list[Any]:
+        """The chosen nodes with their Q/DQ, grouped into cycle-free partitions."""
         nodes = set(chosen)
         for node in chosen:
             for a in node.all_input_nodes:
@@ -200,32 +288,77 @@ class EtforgePartitioner(Partitioner):
                 if is_quantize(u) or node_op(u) in _STRUCTURAL:
                     nodes.add(u)
                     nodes.update(x for x in u.users if is_quantize(x))
-        groups = CapabilityBasedPartitioner(
+        # A requantization between NPU ops (dequantize -> quantize to other qparams, e.g. a
+        # softmax output feeding a zero-point-0 bmm input) is a QUANTIZE inside the partition.
+        for dq in [n for n in ep.graph_module.graph.nodes if is_dequantize(n) and n not in nodes]:
+            qs = list(dq.users)
+            if (
+                dq.args[0] in nodes
+                and is_quantize(dq.args[0])
+                and qs
+                and all(is_quantize(q) and q.users and all(u in nodes for u in q.users) for q in qs)
+            ):
+                nodes.add(dq)
+                nodes.update(qs)
+        return CapabilityBasedPartitioner(
             ep.graph_module, _Selected(nodes), allows_single_node_partition=True
         ).propose_partitions()
-        min_ops = int(self.options.get("min_partition_ops", 1))
-        by_name = {d.node: d for d in self.decisions}
-        tags: dict[str, DelegationSpec] = {}
-        groups = sorted(groups, key=lambda p: min(_order(ep, n) for n in p.nodes))
-        for group in groups:
-            compute = [
-                n for n in group.nodes if n in chosen and not is_constant(n)
-            ]  # folded weights don't count
-            if len(compute) < min_ops:
-                for n in (n for n in group.nodes if n in chosen):
-                    by_name[n.name].npu = False
-                    by_name[
-                        n.name
-                    ].reason = f"partition of {len(compute)} op(s) < min_partition_ops={min_ops}"
+
+
+def _drop_unquantized_boundaries(chosen: dict[Node, Decision]) -> None:
+    """An int8 op needs int8 inputs: each tensor input must be a DQ or another NPU node
+    (e.g. an activation fused into its delegated producer). Drop until stable."""
+    changed = True
+    while changed:
+        changed = False
+        for node in list(chosen):
+            if node_dtype(node) != "int8":
                 continue
-            tag = f"etforge_{len(tags)}"
-            for n in group.nodes:
-                n.meta["delegation_tag"] = tag
-                if n.name in by_name:
-                    by_name[n.name].partition = tag
-            tags[tag] = self.delegation_spec
-        tag_constant_data(ep)
-        return PartitionResult(tagged_exported_program=ep, partition_tags=tags)
+            why = _int8_boundary_problem(node, chosen)
+            if why:
+                d = chosen.pop(node)
+                d.npu, d.reason = False, why
+                changed = True
+
+
+#: Clone-like ops whose partition-boundary tensors the NPU runtime must see in a plain layout.
+_CLONES = {"aten.clone.default", "dim_order_ops._clone_dim_order.default"}
+
+
+def _boundary_dim_order_problems(groups: list[Any], chosen: dict[Node, Decision]) -> dict[Node, str]:
+    """Clones that take or give a partition boundary tensor whose dim order the NPU runtime
+    cannot hand over (only contiguous and channels-last are), with the reason."""
+    from etforge.core.graph_utils import dim_order
+
+    bad: dict[Node, str] = {}
+    for group in groups:
+        members = set(group.nodes)
+        for node in members:
+            if node not in chosen or node_op(node) not in _CLONES:
+                continue
+            rank = len(node.meta["val"].shape)
+            plain = {tuple(range(rank)), (0, *range(2, rank), 1) if rank > 1 else (0,)}
+            src = node.args[0]
+            while isinstance(src, Node) and is_dequantize(src):
+                src = src.args[0]
+                while isinstance(src, Node) and is_quantize(src):
+                    src = src.args[0]
+            ends = []
+            if isinstance(src, Node) and src not in members:
+                ends.append(("input", node.args[0]))
+            outs = list(node.users)
+            outs = [x for u in outs for x in (u.users if is_quantize(u) else [u])]
+            outs = [x for u in outs for x in (u.users if is_dequantize(u) else [u])]
+            if any(u not in members for u in outs):
+                ends.append(("output", node))
+            for side, t in ends:
+                order = dim_order(t)
+                if order not in plain:
+                    bad[node] = (
+                        f"partition {side} dim order {list(order)} is neither contiguous nor "
+                        "channels-last (npu clone_boundary_dim_orders)"
+                    )
+    return bad
 
 
 def _int8_boundary_problem(node: Node, chosen: dict[Node, Decision]) -> str:

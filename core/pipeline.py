@@ -25,6 +25,7 @@ from torch.export import ExportedProgram
 
 from etforge.core import backend
 from etforge.core.errors import EtforgeError
+from etforge.core.front import export  # noqa: F401  (pipeline.export: the stage functions in one place)
 from etforge.core.litert_convert import Converted
 from etforge.core.npu_compiler import NpuPayload
 from etforge.core.partitioner import EtforgePartitioner
@@ -51,15 +52,51 @@ def edge_config() -> EdgeCompileConfig:
     return EdgeCompileConfig(_check_ir_validity=False)
 
 
-def export(
-    module: torch.nn.Module, example: tuple[torch.Tensor, ...], what: str = "the model"
-) -> ExportedProgram:
+def rewrite(
+    ep: ExportedProgram, target: TargetSpec, reg: Registry | None = None
+) -> tuple[ExportedProgram, list[str]]:
+    """Run the target's graph rewrites (``etforge_rewrites``) on the float program.
+
+    Returns the re-exported program (``ep`` itself when nothing changed) and the names of
+    the rewrites that changed the graph. A rewrite that raises or leaves a broken graph is
+    an :class:`EtforgeError` naming it and its plugin.
+    """
+    from etforge.core.rewrite import annotate_values
+
+    reg = reg or registry()
+    rewrites = [r for r in reg.rewrites_for(target) if r.stage == "export"]
+    if not rewrites:
+        return ep, []
+    example = tuple(ep.example_inputs[0])
+    gm = ep.module(check_guards=False)
+    annotate_values(gm, example)
+    applied: list[str] = []
+    for rw in rewrites:
+        try:
+            changed = bool(rw.apply(gm, target))
+            if changed:
+                gm.graph.eliminate_dead_code()
+                gm.graph.lint()
+                gm.recompile()
+                annotate_values(gm, example)
+        except EtforgeError:
+            raise
+        except Exception as exc:
+            label = reg.owner_label(rw) if hasattr(reg, "owner_label") else reg.owner(rw)
+            first = (str(exc).strip().splitlines() or [""])[0]
+            raise EtforgeError(
+                f"graph rewrite {rw.name} ({label}) failed on {target.name}: {type(exc).__name__}: {first}"
+            ) from None
+        if changed:
+            applied.append(rw.name)
+    if not applied:
+        return ep, []
     try:
-        return torch.export.export(module.eval(), example, strict=False)
+        return torch.export.export(gm, example, strict=False), applied
     except Exception as exc:
-        lines = [ln for ln in str(exc).strip().splitlines() if ln.strip()][:6]
+        first = (str(exc).strip().splitlines() or [""])[0]
         raise EtforgeError(
-            f"torch.export rejected {what}: {type(exc).__name__}: " + "\n  ".join(lines)
+            f"torch.export rejected the model after rewrites {', '.join(applied)}: {type(exc).__name__}: {first}"
         ) from None
 
 
@@ -135,6 +172,8 @@ def _share_across(model: torch.fx.GraphModule, owned: set[torch.fx.Node]) -> Non
                     or isinstance(src_ann.output_qspec, SharedQuantizationSpec)
                 )
                 and type(spec) is QuantizationSpec
+                # a consumer asking for its own scheme (symmetric bmm inputs) keeps it: requantized
+                and spec.qscheme == torch.per_tensor_affine
                 and getattr(src_ann.output_qspec, "dtype", spec.dtype) == spec.dtype
             ):
                 ann.input_qspec_map[src] = SharedQuantizationSpec(src)
@@ -171,10 +210,10 @@ def lower(
     options = {**target.option_defaults(), **(options or {})}
     cpu = reg.cpu_backend(target)
     config = cpu.edge_compile_config() or edge_config()
-    partitioner = EtforgePartitioner(target, options, reg)
-    start = len(backend.CONVERTED)
     t0 = time.perf_counter()
-    try:
+    # The lowering hands preprocess this registry and collects the partitions it converts.
+    with backend.lowering(reg) as low:
+        partitioner = EtforgePartitioner(target, options, reg, lowering=low)
         if getattr(config, "preserve_ops", None):
             # A CPU backend that keeps ATen ops whole (CMSIS-NN's linear ...) needs to_edge's
             # preserve_ops, which to_edge_transform_and_lower ignores once a partitioner is
@@ -193,12 +232,11 @@ def lower(
                 # A kept-whole node ended up off the NPU (a partition-level refusal such as
                 # min_partition_ops): redo with everything decomposed; converters of the
                 # decomposed forms (addmm, permute ...) take what the NPU can run.
-                del backend.CONVERTED[start:]
+                low.partitions.clear()
                 partitioner.preserve = False
                 edge = to_edge_transform_and_lower(ep, partitioner=[partitioner], compile_config=config)
-    finally:
-        lowered = backend.CONVERTED[start:]
-        del backend.CONVERTED[start:]
+        lowered = low.in_tag_order()
+    backend.strip_lowering_specs(edge.exported_program())
     t1 = time.perf_counter()
     parts = [Partition(x.name, x.converted, x.payload, x.processed) for x in lowered]
     _set_runtime_backend_ids(edge.exported_program(), parts)

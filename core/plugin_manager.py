@@ -11,7 +11,6 @@ import importlib.metadata as md
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Any
 
 import pluggy
@@ -21,7 +20,9 @@ from etforge.core.converter import OpConverter
 from etforge.core.cpu_backend import CpuBackend
 from etforge.core.errors import PluginError
 from etforge.core.npu_compiler import NpuCompiler
+from etforge.core.plugin_checks import item_problems
 from etforge.core.quant_rule import QuantRule
+from etforge.core.rewrite import Rewrite
 from etforge.core.target import TargetSpec
 
 #: hook name -> (type each item must have, provides-key)
@@ -31,6 +32,7 @@ HOOKS: dict[str, tuple[type, str]] = {
     "etforge_targets": (TargetSpec, "targets"),
     "etforge_npu_compilers": (NpuCompiler, "npu_compilers"),
     "etforge_cpu_backends": (CpuBackend, "cpu_backends"),
+    "etforge_rewrites": (Rewrite, "rewrites"),
 }
 
 
@@ -60,16 +62,29 @@ class Conflict:
     note: str
 
 
+@dataclass(frozen=True)
+class RuleConflict:
+    """Two quantizer rules claim ``op`` in ``scheme``; the first in ``order`` annotates it."""
+
+    op: str
+    scheme: str
+    order: tuple[tuple[str, str, int], ...]  # (plugin, rule kind, priority)
+    note: str
+
+
 class Registry:
     """Everything the plugins provide, with per-target converter resolution."""
 
-    def __init__(self, plugins: list[PluginInfo]) -> None:
+    def __init__(self, plugins: list[PluginInfo], strict: bool = False) -> None:
         self.plugins = plugins
-        self._owner: dict[int, str] = {}
+        #: ``--strict``: a plugin that misbehaves while compiling (a support check that
+        #: raises) is an error too, not a reason to move the node to the CPU.
+        self.strict = strict
+        self._owner: dict[int, PluginInfo] = {}
         for p in plugins:
             for items in p.provides.values():
                 for item in items:
-                    self._owner[id(item)] = p.name
+                    self._owner[id(item)] = p
 
     # -- lookups ---------------------------------------------------------------------------
     def _all(self, key: str) -> list[Any]:
@@ -80,7 +95,16 @@ class Registry:
         return [p for p in self.plugins if p.error]
 
     def owner(self, item: object) -> str:
-        return self._owner.get(id(item), "?")
+        """The entry-point name of the plugin that provided ``item`` ("?" if none did)."""
+        info = self._owner.get(id(item))
+        return info.name if info else "?"
+
+    def owner_label(self, item: object) -> str:
+        """``plugin 'name' (distribution version)`` for messages that must name the plugin."""
+        info = self._owner.get(id(item))
+        return (
+            f"plugin {info.name!r} ({info.distribution} {info.version})" if info else "an unregistered plugin"
+        )
 
     @property
     def converters(self) -> list[OpConverter]:
@@ -93,6 +117,15 @@ class Registry:
     @property
     def npu_compilers(self) -> dict[str, NpuCompiler]:
         return {c.name: c for c in self._all("npu_compilers")}
+
+    @property
+    def rewrites(self) -> list[Rewrite]:
+        return self._all("rewrites")
+
+    def rewrites_for(self, target: TargetSpec) -> list[Rewrite]:
+        """The rewrites that apply to ``target``, in run order (order, plugin, name)."""
+        mine = [r for r in self.rewrites if r.applies_to(target)]
+        return sorted(mine, key=lambda r: (r.order, self.owner(r), r.name))
 
     @property
     def cpu_backends(self) -> dict[str, CpuBackend]:
@@ -122,11 +155,66 @@ class Registry:
         return targets[name]
 
     def rules_for(self, target: TargetSpec) -> list[QuantRule]:
-        """The target's rules, in scheme order then by descending priority (stable)."""
+        """The target's rules, in scheme order then by descending priority (ties: load order).
+
+        For an op claimed by several rules the first one annotates it (see ``rule_conflicts``).
+        """
         rules = self.quantizer_rules
         out: list[QuantRule] = []
         for scheme in target.quant_schemes:
             out.extend(sorted((r for r in rules if r.scheme == scheme), key=lambda r: -r.priority))
+        return out
+
+    def rule_conflicts(self) -> list[RuleConflict]:
+        """Ops claimed by more than one quantizer rule of a scheme, and which rule wins."""
+        by_key: dict[tuple[str, str], list[QuantRule]] = {}
+        for rule in self.quantizer_rules:
+            for op in dict.fromkeys(rule.ops):
+                by_key.setdefault((rule.scheme, op), []).append(rule)
+        out: list[RuleConflict] = []
+        for (scheme, op), rules in sorted(by_key.items()):
+            if len(rules) < 2:
+                continue
+            rules = sorted(rules, key=lambda r: -r.priority)  # stable: load order breaks ties
+            tie = rules[0].priority == rules[1].priority
+            note = (
+                "equal priority: the first loaded wins; set `priority` to make it explicit"
+                if tie
+                else f"{self.owner(rules[0])}'s rule overrides; the others are ignored for this op"
+            )
+            order = tuple((self.owner(r), r.kind, r.priority) for r in rules)
+            out.append(RuleConflict(op, scheme, order, note))
+        return out
+
+    def coverage_warnings(self) -> list[str]:
+        """Converter and quantizer-rule op lists that do not meet, and unchecked constraints.
+
+        Warnings, not errors: a float-only converter needs no rule, a rule may quantize an
+        ATen op that decomposes into ops other converters handle (or that a CPU backend
+        runs), and a constraint may be documentation of what ``check`` enforces.
+        """
+        out: list[str] = []
+        ruled = {op for r in self.quantizer_rules for op in (*r.ops, *r.fuse)}
+        handled = {op for c in self.converters for op in (*c.ops, *c.preserve)}
+        for conv in self.converters:
+            if "int8" in conv.dtypes and not (set(conv.ops) | set(conv.preserve)) & ruled:
+                out.append(
+                    f"converter {conv.name} ({self.owner_label(conv)}) takes int8 but no quantizer "
+                    f"rule names {', '.join(conv.ops)}: on int8 targets nothing quantizes these ops"
+                )
+            texts = [c for c in conv.constraints if isinstance(c, str)]
+            if texts:
+                out.append(
+                    f"converter {conv.name} ({self.owner_label(conv)}) advertises free-text "
+                    f"constraints that no check is tied to: {'; '.join(texts)}"
+                )
+        for rule in self.quantizer_rules:
+            orphans = [op for op in rule.ops if op not in handled]
+            if orphans and len(orphans) == len(rule.ops):
+                out.append(
+                    f"quantizer rule for {', '.join(rule.ops)} ({self.owner_label(rule)}): "
+                    "no converter handles these ops (fine if they decompose into ops one does)"
+                )
         return out
 
     def converters_for(self, target: TargetSpec) -> dict[str, list[OpConverter]]:
@@ -158,6 +246,7 @@ class Registry:
 
 
 def _validate(plugin: PluginInfo, hook: str, result: object) -> list[Any]:
+    """The hook's items, or :class:`PluginError` naming the plugin and the first problem."""
     expected, _ = HOOKS[hook]
     if not isinstance(result, (list, tuple)):
         raise PluginError(
@@ -169,6 +258,10 @@ def _validate(plugin: PluginInfo, hook: str, result: object) -> list[Any]:
                 f"plugin {plugin.label}: hook {hook}() returned an item of type {type(item).__name__}, "
                 f"expected {expected.__module__}.{expected.__name__}"
             )
+        problems = item_problems(item)
+        if problems:
+            more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
+            raise PluginError(f"plugin {plugin.label}: hook {hook}(): {problems[0]}{more}")
     return list(result)
 
 
@@ -217,20 +310,30 @@ def load_plugins(entry_points: Iterable[md.EntryPoint] | None = None, strict: bo
             )
         if info.error and strict:
             raise PluginError(info.error)
-    return Registry(infos)
+    return Registry(infos, strict=strict)
 
 
 _OVERRIDE: list[Registry] = []
+_LOADED: list[Registry] = []  # at most one: the process-wide registry once loaded
 
 
-@lru_cache(maxsize=1)
 def _entry_point_registry() -> Registry:
-    return load_plugins()
+    if not _LOADED:
+        _LOADED.append(load_plugins())
+    return _LOADED[0]
 
 
 def registry() -> Registry:
     """The process-wide registry (entry points do not change while a process runs)."""
     return _OVERRIDE[-1] if _OVERRIDE else _entry_point_registry()
+
+
+def use_as_default(reg: Registry) -> Registry:
+    """Make ``reg`` the process-wide registry when none is loaded yet (the CLI loads once,
+    with its ``--strict``, and code that asks ``registry()`` later gets that same one)."""
+    if not _LOADED:
+        _LOADED.append(reg)
+    return _LOADED[0]
 
 
 @contextmanager
@@ -246,7 +349,7 @@ def extra_plugins(*modules: object) -> Iterator[Registry]:
             if impl is not None:
                 info.provides.setdefault(key, []).extend(_validate(info, hook, impl()))
         infos.append(info)
-    reg = Registry(infos)
+    reg = Registry(infos, strict=base.strict)
     _OVERRIDE.append(reg)
     try:
         yield reg

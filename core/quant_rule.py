@@ -11,15 +11,6 @@ if TYPE_CHECKING:
 
 KINDS = ("weighted", "io", "shared", "fixed", "custom")
 
-#: Activations a LiteRT conv / fully-connected op can fuse (``fuse=`` of their rules).
-FUSABLE_ACTIVATIONS = (
-    "aten.relu.default",
-    "aten.relu_.default",
-    "aten.relu6.default",
-    "aten.hardtanh.default",
-    "aten.hardtanh_.default",
-)
-
 
 @dataclass(frozen=True)
 class QuantRule:
@@ -35,6 +26,8 @@ class QuantRule:
       * ``custom``: ``annotate(node, specs) -> bool`` does it (``specs`` holds the
         scheme's activation/weight/bias specs); return False to leave the node alone.
     ``fuse``: activation ops that, as the single user, share this op's output observer.
+    ``fusable``: on an activation's own rule, which of its nodes may be fused that way
+    (e.g. a clamp only with bounds the converter can fold); None: every node.
     ``inputs``: positional args quantized (default: all tensor args).
     """
 
@@ -47,8 +40,11 @@ class QuantRule:
     inputs: tuple[int, ...] | None = None
     annotate: Callable[[Node, Any], bool] | None = None
     priority: int = 0
+    fusable: Callable[[Node], bool] | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.ops, str):
+            raise ValueError(f"QuantRule ops must be a tuple of op names, got the string {self.ops!r}")
         if self.kind not in KINDS:
             raise ValueError(f"QuantRule kind {self.kind!r} not in {KINDS}")
         if self.kind == "fixed" and self.fixed is None:

@@ -29,13 +29,11 @@ from torchao.quantization.pt2e.quantizer import (
     SharedQuantizationSpec,
 )
 
-from etforge.core.graph_utils import activation_kind, node_op, tensor_meta
+from etforge.core.graph_utils import node_op, tensor_meta
 from etforge.core.quant_rule import QuantRule
 
 ANNOTATION_KEY = "quantization_annotation"
 INT8_MIN, INT8_MAX = -128, 127
-#: Activations fusable into the producer's output observer, with their argument check.
-_HARDTANH = {"aten.hardtanh.default", "aten.hardtanh_.default", "aten.clamp.default"}
 
 
 @dataclass(frozen=True)
@@ -122,8 +120,9 @@ def _mark(
     )
 
 
-def _fusable(rule: QuantRule, node: Node) -> Node | None:
-    """The activation that shares ``node``'s output observer, if the rule fuses it."""
+def _fusable(rule: QuantRule, node: Node, rules: dict[str, QuantRule]) -> Node | None:
+    """The activation that shares ``node``'s output observer, if the rule fuses it (and the
+    activation's own rule, through ``fusable``, agrees for that node)."""
     if len(node.users) != 1:
         return None
     user = next(iter(node.users))
@@ -132,7 +131,8 @@ def _fusable(rule: QuantRule, node: Node) -> Node | None:
     name = node_op(user)
     if name not in rule.fuse:
         return None
-    if name in _HARDTANH and activation_kind(user) is None:
+    own = rules.get(name)
+    if own is not None and own.fusable is not None and not own.fusable(user):
         return None
     return user
 
@@ -219,13 +219,13 @@ class ComposedQuantizer(Quantizer):
         }
         if isinstance(bias, Node):
             spec_map[bias] = s.bias((act, node), (weight, node))
-        fused = _fusable(rule, node)
+        fused = _fusable(rule, node, self.rules)
         _mark(node, spec_map, None if fused is not None else s.activation)
         if fused is not None:
             _mark(fused, {}, s.activation)
 
     def _fuse(self, rule: QuantRule, node: Node) -> None:
-        fused = _fusable(rule, node)
+        fused = _fusable(rule, node, self.rules)
         if fused is not None:
             ann = node.meta[ANNOTATION_KEY]
             out = ann.output_qspec

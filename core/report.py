@@ -12,8 +12,9 @@ from typing import Any
 from torch.export import ExportedProgram
 
 from etforge import __version__
-from etforge.core import boundaries
+from etforge.core import boundaries, npu_memory
 from etforge.core.compiler import CompileResult
+from etforge.core.cpu_backend import CpuBackend
 from etforge.core.graph_utils import node_op
 from etforge.core.memory import memory_stats
 from etforge.core.plugin_manager import Registry
@@ -21,22 +22,46 @@ from etforge.core.plugin_manager import Registry
 REPORT_VERSION = 1
 
 
-def _final_ops(program: ExportedProgram) -> dict[int, str]:
-    """debug handle -> the op that runs it after CPU lowering (a cortex_m op wins)."""
+def _final_ops(program: ExportedProgram, cpu: CpuBackend) -> dict[int, str]:
+    """debug handle -> the op that runs it after CPU lowering (a CPU backend kernel wins)."""
     out: dict[int, str] = {}
     for node in program.graph_module.graph.nodes:
         handle = node.meta.get("debug_handle")
         if node.op == "call_function" and isinstance(handle, int):
             op = node_op(node)
-            if op.startswith("cortex_m.") or handle not in out:
+            if cpu.runs(op) or handle not in out:
                 out[handle] = op
     return out
+
+
+def npu_compiler_status(result: CompileResult, reg: Registry) -> tuple[str | None, bool, str]:
+    """(compiler name, available, status) of the target's NPU compiler, worded for the case:
+    no NPU at all, an NPU without a compiler (its partitions are host-only LiteRT), a
+    compiler named by the target but not installed as a plugin, or the compiler's own word."""
+    npu = result.target.npu
+    if npu is None:
+        return None, False, "no NPU on this target"
+    if not npu.compiler:
+        return (
+            None,
+            False,
+            f"the {npu.family} NPU has no compiler plugin: its partitions are host-only LiteRT",
+        )
+    compiler = reg.npu_compilers.get(npu.compiler)
+    if compiler is None:
+        return (
+            npu.compiler,
+            False,
+            f"no plugin provides NPU compiler {npu.compiler!r}: partitions are host-only",
+        )
+    available, status = compiler.available()
+    return npu.compiler, bool(available), status
 
 
 def build_report(result: CompileResult, reg: Registry, model: str) -> dict[str, Any]:
     decisions = result.decisions
     cpu = reg.cpu_backend(result.target)
-    final = _final_ops(result.host_program)
+    final = _final_ops(result.host_program, cpu)
     litert_ops: dict[str, list[dict[str, Any]]] = {}
     for p in result.partitions:
         for index, names in p.converted.op_nodes.items():
@@ -48,8 +73,8 @@ def build_report(result: CompileResult, reg: Registry, model: str) -> dict[str, 
     for d in decisions:
         placement = "npu" if d.npu else cpu.placement
         cpu_op = None if d.npu else final.get(d.handle) if d.handle is not None else None
-        if not d.npu and cpu.placement == "cortex-m" and not (cpu_op or "").startswith("cortex_m."):
-            placement = "portable"  # no CMSIS-NN kernel took it
+        if not d.npu and cpu.kernel_namespaces and not cpu.runs(cpu_op or ""):
+            placement = "portable"  # none of the backend's kernels took it
         nodes.append(
             {
                 "node": d.node,
@@ -67,13 +92,7 @@ def build_report(result: CompileResult, reg: Registry, model: str) -> dict[str, 
         )
     total = sum(n["macs"] for n in nodes)
     on_npu = sum(n["macs"] for n in nodes if n["placement"] == "npu")
-    compiler_name = result.target.npu.compiler if result.target.npu else None
-    compiler = reg.npu_compilers.get(compiler_name) if compiler_name else None
-    status = (
-        compiler.available()
-        if compiler
-        else (False, "no NPU on this target" if not compiler_name else "no such compiler plugin")
-    )
+    compiler_name, available, status = npu_compiler_status(result, reg)
     partitions = []
     for p in result.partitions:
         counts = Counter(p.converted.operators)
@@ -113,11 +132,13 @@ def build_report(result: CompileResult, reg: Registry, model: str) -> dict[str, 
         "model": model,
         "target": result.target.name,
         "cpu": result.options.get("cpu") or result.target.cpu,
-        "isa": _isa(result),
+        "isa": cpu.isa(result.target, result.options),
         "cpu_backend": cpu.name,
         "options": {k: list(v) if isinstance(v, tuple) else v for k, v in sorted(result.options.items())},
         "quantized": result.quantized,
-        "npu_compiler": {"name": compiler_name, "available": bool(status[0]), "status": status[1]},
+        "npu_compiler": {"name": compiler_name, "available": available, "status": status},
+        # Device figures the decisions used; "assumption": true marks values that are not vendor data.
+        "npu_figures": result.target.npu.figures() if result.target.npu is not None else {},
         "host_only": any(p.host_only for p in result.partitions),
         "inputs": [
             {"shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")} for t in _example(result)
@@ -127,8 +148,12 @@ def build_report(result: CompileResult, reg: Registry, model: str) -> dict[str, 
         "macs": {"total": total, "npu": on_npu, "npu_share": (on_npu / total) if total else 0.0},
         "partitions": partitions,
         "cpu_ops": dict(sorted(cpu_ops.items())),
-        "cpu_layout_conversions": boundaries.layout_conversions(result.host_program),
-        "memory": {**memory_stats(result.executorch).as_dict(), "pte_bytes": len(result.pte)},
+        "cpu_layout_conversions": boundaries.layout_conversions(result.host_program, cpu.layout_ops),
+        "memory": {
+            **memory_stats(result.executorch).as_dict(),
+            "pte_bytes": len(result.pte),
+            **npu_memory.report_section(npu_memory.plan_result(result)),
+        },
         "pte_sha256": hashlib.sha256(result.pte).hexdigest(),
         "notes": list(result.notes),
         "io_quant": _io_quant(result.host_program),
@@ -162,17 +187,8 @@ def _io_quant(program: ExportedProgram) -> dict[str, list[dict[str, Any] | None]
     return {"inputs": inputs, "outputs": outputs}
 
 
-def _isa(result: CompileResult) -> str | None:
-    """The CMSIS-NN implementation the CPU kernels were chosen for (None: no CMSIS-NN)."""
-    if result.target.cpu_fallback != "cortex_m":
-        return None
-    from etforge.plugins.targets.cortex_m import target_config
-
-    return str(target_config(result.target, result.options).backend.name).lower()
-
-
 def _named(node: Any, op: str) -> bool:
-    """``node`` calls ``<namespace>.<op>.<overload>`` (quantized_decomposed or cortex_m)."""
+    """``node`` calls ``<namespace>.<op>.<overload>`` (any namespace: q/dq ops or a CPU backend's)."""
     parts = node_op(node).split(".") if getattr(node, "op", None) == "call_function" else []
     return len(parts) == 3 and parts[1] == op
 

@@ -38,26 +38,89 @@ class OptionSpec:
         return value
 
 
+#: Vendor figures read through an NPU's ``probe``, per probe and device (one query per process).
+_PROBED: dict[tuple[str, str], dict[str, Any]] = {}
+
+
 @dataclass(frozen=True)
 class NpuSpec:
-    """An NPU's limits, read by op converters' support checks (never by the core)."""
+    """An NPU's limits, read by op converters' support checks (never by the core).
+
+    Everything a converter needs to decide is data here: integer ``limits``, allowed value
+    sets in ``choices`` and named ``requires`` flags (each converter documents the flags it
+    honours). A figure listed in ``assumptions`` is not vendor data; when the vendor SDK is
+    installed, ``probe`` reads the real figures and they replace it (see :meth:`figure`).
+    """
 
     family: str
     #: MACs per cycle; rounds input channels in the weight-buffer limit.
     num_macs: int = 16
     #: Free-form numeric limits, e.g. {"max_kernel": 4096, "max_stride": 4096}.
     limits: dict[str, int] = field(default_factory=dict)
-    #: Activations a conv/linear may fuse (LiteRT names: "RELU", "RELU6", ...).
-    fused_activations: tuple[str, ...] = ("RELU", "RELU6")
+    #: LiteRT fused activations the NPU applies inside a producing op ("RELU", "RELU6",
+    #: ...); none unless the target says so. Activation converters say which nodes are which.
+    fused_activations: tuple[str, ...] = ()
     #: Element types the NPU executes ("int8", "float32").
     dtypes: tuple[str, ...] = ("int8",)
     #: Name of the NPU compiler adapter that turns a partition into a payload.
     compiler: str | None = None
     #: Where each number comes from.
     sources: dict[str, str] = field(default_factory=dict)
+    #: Allowed values, e.g. {"resize_scales": (1, 2, 4, 8)}.
+    choices: dict[str, tuple[float, ...]] = field(default_factory=dict)
+    #: Named requirements converters enforce, e.g. "binary_full_size_operand".
+    requires: tuple[str, ...] = ()
+    #: Figures that are assumptions, not vendor data: figure -> why the value was chosen.
+    assumptions: dict[str, str] = field(default_factory=dict)
+    #: "module:function(device) -> {figure: value}" reading figures from the vendor SDK
+    #: ({} when it is not installed); the module must not import torch.
+    probe: str | None = None
+    #: The vendor's name of the device, passed to ``probe`` (e.g. "imxrt700").
+    device: str | None = None
 
     def limit(self, key: str, default: int) -> int:
         return self.limits.get(key, default)
+
+    def requirement(self, flag: str) -> bool:
+        return flag in self.requires
+
+    def vendor_figures(self) -> dict[str, Any]:
+        """Figures the vendor SDK reports for ``device`` ({} without a probe or the SDK)."""
+        if not self.probe:
+            return {}
+        key = (self.probe, self.device or "")
+        if key not in _PROBED:
+            import importlib
+
+            module, func = self.probe.split(":")
+            _PROBED[key] = dict(getattr(importlib.import_module(module), func)(self.device) or {})
+        return _PROBED[key]
+
+    def figure(self, name: str) -> Any:
+        """A device figure (e.g. ``num_macs``): the vendor SDK's value when it reports one, else ours."""
+        vendor = self.vendor_figures()
+        if name in vendor:
+            return vendor[name]
+        return getattr(self, name) if hasattr(self, name) else self.limits[name]
+
+    def figure_source(self, name: str) -> str:
+        """Where :meth:`figure` takes ``name`` from, saying so when it is an assumption."""
+        if name in self.vendor_figures():
+            return f"read from the vendor SDK for {self.device} ({self.probe})"
+        if name in self.assumptions:
+            return f"assumption: {self.assumptions[name]}"
+        return self.sources.get(name, "")
+
+    def is_assumption(self, name: str) -> bool:
+        return name in self.assumptions and name not in self.vendor_figures()
+
+    def figures(self) -> dict[str, dict[str, Any]]:
+        """Every assumed or vendor-read figure: value, source, whether it is an assumption."""
+        names = sorted(set(self.assumptions) | set(self.vendor_figures()))
+        return {
+            n: {"value": self.figure(n), "assumption": self.is_assumption(n), "source": self.figure_source(n)}
+            for n in names
+        }
 
 
 @dataclass(frozen=True)
@@ -70,8 +133,8 @@ class TargetSpec:
     npu: NpuSpec | None = None
     #: How the non-NPU leftovers run: "portable" kernels or "cortex_m" (CMSIS-NN).
     cpu_fallback: str = "portable"
-    #: Cortex-M core name recorded in the report and model header.
-    cpu: str = "cortex-m33"
+    #: CPU core name recorded in the report and model header ("" when the target names none).
+    cpu: str = ""
     #: Quantizer-rule schemes composed (in order) into the target's PT2E quantizer.
     quant_schemes: tuple[str, ...] = ("int8",)
     options: tuple[OptionSpec, ...] = ()
@@ -98,8 +161,11 @@ class TargetSpec:
             if self.npu is None
             else {
                 "family": self.npu.family,
-                "num_macs": self.npu.num_macs,
+                "num_macs": self.npu.figure("num_macs"),
+                "figures": self.npu.figures(),
                 "limits": dict(self.npu.limits),
+                "choices": {k: list(v) for k, v in self.npu.choices.items()},
+                "requires": list(self.npu.requires),
                 "fused_activations": list(self.npu.fused_activations),
                 "dtypes": list(self.npu.dtypes),
                 "compiler": self.npu.compiler,

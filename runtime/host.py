@@ -7,7 +7,8 @@ interpreter; CPU ops run as their Edge/ATen (or Cortex-M reference) implementati
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -58,7 +59,78 @@ class _Runner(torch.fx.Interpreter):
             if self.calls is not None:
                 self.calls.append((args[0], list(args[1:])))
             return _delegate_call(args[0], args[1:], self.kernels)
-        return super().call_function(target, args, kwargs)
+        try:
+            return super().call_function(target, args, kwargs)
+        except NotImplementedError:
+            with _exact_integer_convolution():  # e.g. a dilated CMSIS-NN conv's reference
+                return super().call_function(target, args, kwargs)
+        except RuntimeError:
+            if not any(_integer_channels_last(a) for a in args):
+                raise
+            return _contiguous_call(target, args, kwargs)
+
+
+@contextlib.contextmanager
+def _exact_integer_convolution() -> Iterator[None]:
+    """``F.conv1d/conv2d`` on integer tensors computed in float64 and rounded back.
+
+    The Cortex-M ops' reference implementations accumulate int8 products in int32 with
+    ``F.conv2d``, and torch has no integer kernel for some cases (dilation: "slow_conv_dilated
+    not implemented for 'Int'"). float64 holds every such sum exactly (|sum| < 2^53), so the
+    result is the integer one.
+    """
+    import torch.nn.functional as F
+
+    saved = {name: getattr(F, name) for name in ("conv1d", "conv2d")}
+
+    def exact(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+        def run(
+            x: torch.Tensor, weight: torch.Tensor, bias: Any = None, *rest: Any, **kw: Any
+        ) -> torch.Tensor:
+            if x.is_floating_point():
+                return fn(x, weight, bias, *rest, **kw)
+            b = bias.double() if isinstance(bias, torch.Tensor) else bias
+            return fn(x.double(), weight.double(), b, *rest, **kw).round().to(x.dtype)
+
+        return run
+
+    try:
+        for name, fn in saved.items():
+            setattr(F, name, exact(fn))
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(F, name, fn)
+
+
+def _integer_channels_last(t: object) -> bool:
+    return (
+        isinstance(t, torch.Tensor)
+        and t.dim() == 4
+        and not t.is_floating_point()
+        and not t.is_contiguous()
+        and t.is_contiguous(memory_format=torch.channels_last)
+    )
+
+
+def _contiguous_call(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``target`` on contiguous copies of its channels-last integer inputs, results back in
+    channels-last memory.
+
+    torch's CPU kernels refuse some int8 channels-last inputs the device kernels take
+    (``max_pool2d_with_indices`` checks its plane size against the *element* type's range:
+    any int8 map over 127 values fails). The memory format is layout only: the values, and
+    the device's, are the same.
+    """
+    flat = [a.contiguous() if _integer_channels_last(a) else a for a in args]
+    out = target(*flat, **kwargs)
+
+    def back(t: Any) -> Any:
+        if isinstance(t, torch.Tensor) and t.dim() == 4:
+            return t.contiguous(memory_format=torch.channels_last)
+        return t
+
+    return tuple(back(t) for t in out) if isinstance(out, tuple) else back(out)
 
 
 def program_inputs(ep: ExportedProgram, user_inputs: Sequence[torch.Tensor]) -> list[Any]:

@@ -5,9 +5,10 @@ a convolution sums thousands of float32 products, so a value near a rounding bou
 the next quantize can land on either side. An int8 kernel accumulates exactly, so it is
 not closer to that float32 evaluation than the evaluation is to the program's exact value.
 Evaluated here in float64 (quantize and dequantize included), the program is exact to
-~1e-16; how far its float32 evaluation lies from that is the floor under any end-to-end
-comparison with the reference. On random-weight BatchNorm nets (the zoo) this floor is
-large: such nets amplify a one-step difference layer after layer.
+~1e-16: ``verify`` counts top-1 agreement against that value, and reports (never gates on)
+how far torch's float32 evaluation lies from it. On random-weight BatchNorm nets (the zoo)
+that distance is large: such nets amplify a one-step difference layer after layer; a gate
+that widened with it would loosen itself exactly where the model is most sensitive.
 """
 
 from __future__ import annotations

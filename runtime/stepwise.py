@@ -32,6 +32,28 @@ class OpParity:
     max_steps: int
     elements_off: int
     elements: int
+    #: values exactly one step off (a wrong constant shows as many of these; rounding, few)
+    off_by_one: int = 0
+    #: values of this node the check could not compare, and why (never silently dropped)
+    skipped: int = 0
+    skip_reason: str = ""
+
+
+def _measure(partition: str, node: str, ours: torch.Tensor, ref: torch.Tensor) -> OpParity:
+    off = (ours.to(torch.int32) - ref.to(torch.int32)).abs()
+    return OpParity(
+        partition, node, int(off.max()) if off.numel() else 0, int((off > 0).sum()), off.numel(),
+        off_by_one=int((off == 1).sum()),
+    )  # fmt: skip
+
+
+def _skipped(partition: str, node: str, ref: torch.Tensor, reason: str) -> OpParity:
+    return OpParity(partition, node, 0, 0, 0, skipped=ref.numel(), skip_reason=reason)
+
+
+#: Why an int8 value of a partition was not compared.
+SHAPE_MISMATCH = "LiteRT tensor shape differs from the reference value"
+NOT_RECORDED = "no LiteRT tensor holds it in logical order: a channels-last flatten or an alias"
 
 
 def op_parity(lowered: Any, args: Sequence[torch.Tensor], kernels: str = "default") -> list[OpParity]:
@@ -48,17 +70,18 @@ def op_parity(lowered: Any, args: Sequence[torch.Tensor], kernels: str = "defaul
     class Forced(torch.fx.Interpreter):
         def run_node(self, n: torch.fx.Node) -> Any:
             ref = super().run_node(n)
-            if n.name not in values or not isinstance(ref, torch.Tensor) or ref.dtype != torch.int8:
+            if n.op != "call_function" or not isinstance(ref, torch.Tensor) or ref.dtype != torch.int8:
+                return ref
+            src = n.args[0] if n.args and isinstance(n.args[0], torch.fx.Node) else n
+            if n.name not in values:
+                found.append(_skipped(blob.partition, src.name, ref, NOT_RECORDED))
                 return ref
             index, perm = values[n.name]
             ours = torch.from_numpy(it.get_tensor(index).copy()).permute(layout.inverse(perm))
             if tuple(ours.shape) != tuple(ref.shape):
+                found.append(_skipped(blob.partition, src.name, ref, SHAPE_MISMATCH))
                 return ref
-            off = (ours.to(torch.int32) - ref.to(torch.int32)).abs()
-            src = n.args[0] if n.args and isinstance(n.args[0], torch.fx.Node) else n
-            found.append(
-                OpParity(blob.partition, src.name, int(off.max()), int((off > 0).sum()), off.numel())
-            )
+            found.append(_measure(blob.partition, src.name, ours, ref))
             return ours
 
     program = lowered.original_module
@@ -125,12 +148,11 @@ class HostInt8Values:
                     return ref
                 host_name, check, ours = forced[n.name]
                 if tuple(ours.shape) != tuple(ref.shape):
+                    if check:
+                        found.append(_skipped("cpu", host_name, ref, SHAPE_MISMATCH))
                     return ref
                 if check:
-                    off = (ours.to(torch.int32) - ref.to(torch.int32)).abs()
-                    found.append(
-                        OpParity("cpu", host_name, int(off.max()), int((off > 0).sum()), off.numel())
-                    )
+                    found.append(_measure("cpu", host_name, ours, ref))
                 return ours.contiguous()
 
         with torch.no_grad():

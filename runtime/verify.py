@@ -8,7 +8,6 @@ implementations, everything else in torch.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,12 +19,34 @@ from etforge.core import output
 from etforge.core.errors import EtforgeError
 from etforge.core.graph_utils import node_op
 from etforge.core.plugin_manager import Registry, registry
+from etforge.runtime.accuracy import DEFAULT_MAX_ACCURACY_DROP, Labeled, evaluate
 from etforge.runtime.host import run_program
+from etforge.runtime.pte_agreement import Agreement, compare_with_edge
+from etforge.runtime.pte_interpreter import PteInterpreter
 from etforge.runtime.reference import run_float64
 from etforge.runtime.stepwise import HostInt8Values, OpParity, op_parity
 
-#: Steps an NPU op may be from the reference op fed the same int8 inputs (its rounding).
+# The gates. Each is a fixed number, never a figure measured from the model under test (a
+# bound derived from the model's own behaviour loosens itself exactly where it should hold).
+
+#: Steps an NPU op may be from the reference op fed the same int8 inputs: one rounding of the
+#: requantization (a value on a rounding boundary may land on either side), no more.
 OP_MAX_STEPS = 1
+#: Share of one NPU op's values (over all samples) that may be exactly one step off, per LiteRT
+#: kernel set. A correct conversion with the default kernels rounds as the reference does and is
+#: one step off only where float evaluation order decides a tie: at most 1 in 10,000 values
+#: per op on the zoo; a wrong constant inside the tolerance of OP_MAX_STEPS (tanh-approximate
+#: GELU for exact GELU) puts about 1 in 100 values one step off. 1 in 1,000 sits between them
+#: with a factor of ten either side. The reference kernels' fixed-point requantization rounds
+#: twice and is itself one step off on up to ~0.3% of an op's values (zoo), hence 1%.
+OFF_BY_ONE_MAX_FRACTION = {"default": 0.001, "reference": 0.01}
+#: An op with at most this many values one step off passes the share rule whatever its size:
+#: on an op of a few hundred values one or two boundary ties are already a percent.
+OFF_BY_ONE_FREE = 8
+#: Top-1 disagreements allowed per 32 seeded samples with the quantized reference's exact
+#: value (float64; the float model for float programs): an int8 program may flip one
+#: near-tied input in 32, not more.
+TOP1_MISSES_PER_32 = 1
 
 
 @dataclass
@@ -55,6 +76,23 @@ class Verification:
     top1_required: int | None = None
     #: Top-1 agreement with the reference's exact (float64) value: what the gate counts.
     top1_vs_exact: int | None = None
+    #: Values one step off over every NPU op (``OFF_BY_ONE_MAX_FRACTION`` is per op).
+    op_off_by_one: int = 0
+    #: Per op (NPU and CPU), summed over the samples: partition ("cpu" for CPU ops), node,
+    #: max_steps, values, values_off, off_by_one.
+    ops: list[dict[str, Any]] = field(default_factory=list)
+    #: Values the per-op check could not compare (counted, never dropped), and per node why.
+    skipped_values: int = 0
+    skipped: list[dict[str, Any]] = field(default_factory=list)
+    #: With labeled data (``--data``): top-1 accuracy in percent and the drop in points.
+    data: str | None = None
+    data_samples: int | None = None
+    float_accuracy: float | None = None
+    compiled_accuracy: float | None = None
+    accuracy_drop: float | None = None
+    max_accuracy_drop: float | None = None
+    #: ``model.pte`` itself, run by the host interpreter, against the Edge-level run above.
+    pte: Agreement | None = None
     failures: list[str] = field(default_factory=list)
 
     @property
@@ -86,6 +124,11 @@ def _inputs(report: dict[str, Any], seed: int, count: int) -> list[tuple[torch.T
     return batches
 
 
+def _first_output(out: Any) -> torch.Tensor:
+    """A module's (first) output tensor: multi-output models return a tuple."""
+    return out[0] if isinstance(out, (tuple, list)) else out
+
+
 def top1_agrees(ours: torch.Tensor, ref: torch.Tensor) -> bool:
     """Each row's top class agrees, ties included.
 
@@ -100,35 +143,45 @@ def top1_agrees(ours: torch.Tensor, ref: torch.Tensor) -> bool:
     return bool((tied_in_ref | tied_in_ours).all())
 
 
-def _top1_required(samples: int, min_top1: int | None, reference_top1: int | None) -> int:
-    """Agreements with the quantized reference's exact value that ``verify`` requires.
-
-    31 of 32 by default, less the samples on which torch's own float32 evaluation of the
-    reference misses that value: ours is held to be as faithful to the quantized model as
-    torch is, within 1/32 (on random-weight MobileNets the reference's top class moves on a
-    few inputs; on every other zoo model the float32 evaluation never misses, and this is
-    plain 31/32).
-    """
-    if min_top1 is not None:
-        return min_top1
-    misses = samples - reference_top1 if reference_top1 is not None else 0
-    return samples - samples // 32 - misses
+def top1_required(samples: int) -> int:
+    """Agreements ``verify`` requires of ``samples``: all but ``TOP1_MISSES_PER_32`` per 32."""
+    return samples - samples // 32 * TOP1_MISSES_PER_32
 
 
-#: Output steps an all-NPU model may be from the reference's exact value (the issue's bound).
-END_TO_END_STEPS = 3.0
+def off_by_one_allowed(values: int, kernels: str) -> int:
+    """Values of one op (of ``values``) that may be one step off: a fixed share, never fewer
+    than ``OFF_BY_ONE_FREE``."""
+    return max(OFF_BY_ONE_FREE, int(OFF_BY_ONE_MAX_FRACTION[kernels] * values))
 
 
-def _steps_allowed(max_steps: float | None, reference_spread: float | None) -> float:
-    """``END_TO_END_STEPS`` — or torch's own distance from the exact value when larger.
-
-    A deep random-weight net amplifies one-step rounding differences (MobileNetV2-96: torch's
-    float32 evaluation of the reference lands up to 22 steps from its exact value); ours is
-    held to be no further from the exact value than torch is. ``max_steps`` is a strict bound.
-    """
-    if max_steps is not None:
-        return max_steps
-    return max(END_TO_END_STEPS, reference_spread or 0.0)
+def _per_op(found: list[OpParity]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(compared ops, skipped values) summed over samples, in first-seen order."""
+    ops: dict[tuple[str, str], dict[str, Any]] = {}
+    skipped: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for p in found:
+        if p.skipped:
+            k = (p.partition, p.node, p.skip_reason)
+            e = skipped.setdefault(
+                k, {"partition": p.partition, "node": p.node, "values": 0, "reason": p.skip_reason}
+            )
+            e["values"] += p.skipped
+            continue
+        o = ops.setdefault(
+            (p.partition, p.node),
+            {
+                "partition": p.partition,
+                "node": p.node,
+                "max_steps": 0,
+                "values": 0,
+                "values_off": 0,
+                "off_by_one": 0,
+            },
+        )
+        o["max_steps"] = max(o["max_steps"], p.max_steps)
+        o["values"] += p.elements
+        o["values_off"] += p.elements_off
+        o["off_by_one"] += p.off_by_one
+    return list(ops.values()), list(skipped.values())
 
 
 def rebuild(
@@ -159,15 +212,34 @@ def verify(
     max_steps: float | None = None,
     min_top1: int | None = None,
     kernels: str = "default",
+    data: str | None = None,
+    max_accuracy_drop: float = DEFAULT_MAX_ACCURACY_DROP,
 ) -> Verification:
+    """Verify the compile in ``out``; ``data``: labeled samples (``runtime.accuracy``) to
+    measure the accuracy drop on."""
+    from etforge.core.load import check_program_file
+    from etforge.core.pte_check import check_pte
+
+    output.recover(out)  # a swap cut short by a kill is finished first
     report_path = out / output.REPORT
     if not report_path.is_file() or not (out / output.PTE).is_file():
         raise EtforgeError(
             f"{out}: no compiled program here (missing {output.PTE} or {output.REPORT}); run etforge compile first"
         )
-    report = json.loads(report_path.read_text())
+    report = output.load_report(report_path)  # corrupt or foreign: named, not a traceback
+    check_program_file(out / output.FLOAT_PROGRAM)  # truncated programs: named, not a zip traceback
+    if report["quantized"]:
+        check_program_file(out / output.QUANTIZED_PROGRAM)
+    pte_path = out / output.PTE  # empty, truncated, corrupt or not this report's: refused here
+    interp = PteInterpreter(check_pte(pte_path, report), str(pte_path))
+    labeled = None
+    if data is not None:
+        from etforge.runtime.accuracy import load_labeled
+
+        labeled = load_labeled(data, report)  # bad data fails before the long rebuild
     program, float_ep, qep = rebuild(out, report, registry())
-    return compare(
+    edge_outputs: list[list[torch.Tensor]] = []
+    result = compare(
         program,
         float_ep,
         qep,
@@ -177,7 +249,19 @@ def verify(
         max_steps=max_steps,
         min_top1=min_top1,
         kernels=kernels,
+        data=labeled,
+        max_accuracy_drop=max_accuracy_drop,
+        edge_outputs=edge_outputs,
     )
+    batches = _inputs(report, seed, samples)
+    result.pte = agreement = compare_with_edge(interp, program, batches, kernels, edge_outputs)
+    if not agreement.ok:
+        result.failures.insert(
+            0,
+            f"{pte_path} differs from the Edge program on {agreement.samples - agreement.agreed}/"
+            f"{agreement.samples} samples: {agreement.first_difference}",
+        )
+    return result
 
 
 def compare(
@@ -190,13 +274,20 @@ def compare(
     max_steps: float | None = None,
     min_top1: int | None = None,
     kernels: str = "default",
+    data: Labeled | None = None,
+    max_accuracy_drop: float = DEFAULT_MAX_ACCURACY_DROP,
+    edge_outputs: list[list[torch.Tensor]] | None = None,
 ) -> Verification:
     """Run ``program`` on seeded inputs and compare with the float and quantized references.
 
-    Gates, all against the quantized reference's exact (float64) value: top-1 agreement
-    (``_top1_required``; ``min_top1`` overrides it); every NPU op within ``OP_MAX_STEPS`` of
-    the reference op on the same inputs (``runtime.stepwise``); and, with the whole model on
-    the NPU, the end-to-end output steps (``_steps_allowed``; ``max_steps`` overrides it).
+    Gates (fixed constants above): every NPU op within ``OP_MAX_STEPS`` of the reference op on
+    the same inputs, and no more than ``OFF_BY_ONE_MAX_FRACTION`` of its values one step off
+    (``runtime.stepwise``, teacher-forced); top-1 agreement with the quantized reference's exact
+    (float64) value on all but ``TOP1_MISSES_PER_32`` per 32 samples (``min_top1`` overrides);
+    with ``max_steps``, the output within that many steps of the exact value; with ``data``,
+    the accuracy drop within ``max_accuracy_drop`` points. The end-to-end steps are otherwise
+    reported, not gated: on random weights they measure how the network amplifies legitimate
+    one-step rounding (MobileNetV2-96: 23 steps with every op within one), not the conversion.
     """
     scale = _output_scale(program)
     float_fn = float_ep.module()
@@ -210,14 +301,18 @@ def compare(
     for batch in _inputs(report, seed, samples):
         calls: list[Any] = []
         values = HostInt8Values()
-        ours = run_program(program, batch, kernels, calls, values)[0].float()
+        outs = run_program(program, batch, kernels, calls, values)
+        if edge_outputs is not None:  # the .pte interpreter is compared with them (``verify``)
+            edge_outputs.append(outs)
+        ours = outs[0].float()
         for lowered, args in calls:
             ops.extend(op_parity(lowered, args, kernels))
         if q_fn is not None:
             cpu_ops.extend(values.compare(q_fn, batch))
         with torch.no_grad():
-            ref_f = float_fn(*batch)
-            ref_q = q_fn(*batch) if q_fn is not None else ref_f
+            # The first output of a multi-output model, as ``ours`` (run_program(...)[0]).
+            ref_f = _first_output(float_fn(*batch))
+            ref_q = _first_output(q_fn(*batch)) if q_fn is not None else ref_f
         exact = run_float64(q_fn, batch)[0] if q_fn is not None else ref_q
         max_abs_f = max(max_abs_f, float((ours - ref_f).abs().max()))
         if scale:
@@ -245,25 +340,45 @@ def compare(
         result.reference_spread_top1, result.top1_vs_exact = top1_spread, top1_exact
     if scale and q_fn is not None:
         result.reference_spread_steps, result.max_steps_vs_exact = spread, vs_exact
-    if cpu_ops:
-        result.cpu_op_max_steps = max(p.max_steps for p in cpu_ops)
-        result.cpu_values_off = sum(p.elements_off for p in cpu_ops)
-        result.cpu_values = sum(p.elements for p in cpu_ops)
-    if ops:
-        worst_op = max(ops, key=lambda p: p.max_steps)
-        result.op_max_steps, result.worst_op = worst_op.max_steps, f"{worst_op.partition}:{worst_op.node}"
-        result.op_values_off = sum(p.elements_off for p in ops)
-        result.op_values = sum(p.elements for p in ops)
-        if worst_op.max_steps > OP_MAX_STEPS:
+    npu_ops, npu_skipped = _per_op(ops)
+    cpu_summary, cpu_skipped = _per_op(cpu_ops)
+    result.ops = npu_ops + cpu_summary
+    result.skipped = npu_skipped + cpu_skipped
+    result.skipped_values = sum(e["values"] for e in result.skipped)
+    if cpu_summary:
+        result.cpu_op_max_steps = max(o["max_steps"] for o in cpu_summary)
+        result.cpu_values_off = sum(o["values_off"] for o in cpu_summary)
+        result.cpu_values = sum(o["values"] for o in cpu_summary)
+    if npu_ops:
+        worst_op = max(npu_ops, key=lambda o: o["max_steps"])
+        result.op_max_steps, result.worst_op = (
+            worst_op["max_steps"],
+            f"{worst_op['partition']}:{worst_op['node']}",
+        )
+        result.op_values_off = sum(o["values_off"] for o in npu_ops)
+        result.op_values = sum(o["values"] for o in npu_ops)
+        result.op_off_by_one = sum(o["off_by_one"] for o in npu_ops)
+        if worst_op["max_steps"] > OP_MAX_STEPS:
             result.failures.append(
-                f"NPU op {result.worst_op} is {worst_op.max_steps} steps from the reference op on the "
+                f"NPU op {result.worst_op} is {worst_op['max_steps']} steps from the reference op on the "
                 f"same inputs (> {OP_MAX_STEPS}): a conversion error"
             )
-    result.top1_required = need = _top1_required(samples, min_top1, result.reference_spread_top1)
-    if report["quantized"] and top1_exact < need:
-        floor = (
-            "" if top1_spread == samples else f"; torch's float32 evaluation agrees {top1_spread}/{samples}"
-        )
+        for o in npu_ops:
+            allowed = off_by_one_allowed(o["values"], kernels)
+            if o["off_by_one"] > allowed:
+                result.failures.append(
+                    f"NPU op {o['partition']}:{o['node']} has {o['off_by_one']:,} of {o['values']:,} values one "
+                    f"step off the reference op on the same inputs (> {allowed:,}: "
+                    f"{OFF_BY_ONE_MAX_FRACTION[kernels]:.1%} with the {kernels} kernels): a wrong constant, "
+                    "not rounding"
+                )
+    need = result.top1_required = min_top1 if min_top1 is not None else top1_required(samples)
+    agree, against = (
+        (top1_exact, "the quantized reference (exact value)")
+        if q_fn is not None
+        else (top1_f, "the float model")
+    )
+    if agree < need:
         every_op_close = max(result.op_max_steps or 0, result.cpu_op_max_steps or 0) <= OP_MAX_STEPS
         why = (
             f" (every op is within {OP_MAX_STEPS} step of its reference op on the same inputs: the "
@@ -271,15 +386,19 @@ def compare(
             if every_op_close and (ops or cpu_ops)
             else ""
         )
+        result.failures.append(f"top-1 agreement with {against} {agree}/{samples} < {need}/{samples}{why}")
+    if max_steps is not None and scale and q_fn is not None and vs_exact > max_steps:
         result.failures.append(
-            f"top-1 agreement with the quantized reference (exact value) {top1_exact}/{samples} "
-            f"< {need}/{samples}{floor}{why}"
+            f"max difference from the quantized reference (exact value) {vs_exact:.1f} steps > {max_steps:g}"
         )
-    allowed = _steps_allowed(max_steps, result.reference_spread_steps)
-    if scale and on_npu and report["quantized"] and vs_exact > allowed:
-        floor = "" if max_steps is not None else f"; torch's float32 evaluation is {spread:.0f} from it"
-        result.failures.append(
-            f"max difference from the quantized reference (exact value) {vs_exact:.1f} steps > "
-            f"{allowed:g}{floor} (whole model on the NPU)"
-        )
+    if data is not None:
+        acc = evaluate(program, float_ep, data, report, kernels)
+        result.data, result.data_samples = data.source, acc.samples
+        result.float_accuracy, result.compiled_accuracy = acc.float_accuracy, acc.compiled_accuracy
+        result.accuracy_drop, result.max_accuracy_drop = acc.drop, max_accuracy_drop
+        if acc.drop > max_accuracy_drop:
+            result.failures.append(
+                f"accuracy on {data.source} ({acc.samples} samples): compiled {acc.compiled_accuracy:.2f}% vs "
+                f"float {acc.float_accuracy:.2f}%, a drop of {acc.drop:.2f} points > {max_accuracy_drop:g}"
+            )
     return result

@@ -26,9 +26,12 @@ def write_distribution(
 
 
 def run_cli(
-    *args: str, pythonpath: Path | None = None, python: str = sys.executable
+    *args: str,
+    pythonpath: Path | None = None,
+    python: str = sys.executable,
+    env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ)
+    env = {**os.environ, **(env or {})}
     if pythonpath is not None:
         env["PYTHONPATH"] = f"{pythonpath}{os.pathsep}{env.get('PYTHONPATH', '')}"
     env["COLUMNS"] = "200"

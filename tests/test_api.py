@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -68,3 +70,72 @@ def test_unknown_target_and_option() -> None:
         etforge.target("imx93")
     with pytest.raises(EtforgeError, match="unknown option"):
         etforge.target("imxrt700", turbo=True)
+
+
+def test_compile_validates_options_like_the_cli() -> None:
+    model, example, calib = _model()
+    with pytest.raises(
+        EtforgeError, match=r"unknown option 'turbo' for target 'imxrt700' \(known: .*min_partition_ops"
+    ):
+        etforge.compile(model, example, target="imxrt700", options={"turbo": True})
+    with pytest.raises(
+        EtforgeError, match=r"option 'min_partition_ops' takes int values like its default 1, got float 2.5"
+    ):
+        etforge.compile(model, example, target="imxrt700", options={"min_partition_ops": 2.5})
+    with pytest.raises(EtforgeError, match=r"option 'min_partition_ops' takes an integer, got 'many'"):
+        etforge.compile(model, example, target="imxrt700", options={"min_partition_ops": "many"})
+    with pytest.raises(EtforgeError, match=r"calibration batch 0, input 0 holds 48 NaN"):
+        etforge.compile(
+            model, example, target="imxrt700", calibration=[(torch.full_like(example[0], float("nan")),)]
+        )
+
+
+# The README's "existing ExecuTorch script", verbatim in spirit, run in a fresh interpreter:
+# a target whose program keeps quantize/dequantize ops on the CPU must work without any
+# other import having registered their out variants first.
+README_SCRIPT = """
+import sys
+
+import torch
+from executorch.exir import to_edge_transform_and_lower
+from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+import etforge
+
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.Flatten(),
+                            torch.nn.Linear(128, 4)).eval()
+example = (torch.randn(1, 3, 4, 4),)
+batches = [example]
+
+target = etforge.target(sys.argv[1])
+model, example, batches = target.adapt(model, example, batches)  # channels-last inside
+prepared = prepare_pt2e(torch.export.export(model, example).module(check_guards=False), target.quantizer())
+for batch in batches:
+    prepared(*batch)
+quantized = torch.export.export(convert_pt2e(prepared), example)
+edge = to_edge_transform_and_lower(
+    quantized, partitioner=target.partitioners(), compile_config=target.compile_config()
+)
+program = target.lower_cpu(edge).to_executorch()
+assert len(program.buffer) > 0
+"""
+
+
+def test_readme_script_works_for_every_target_in_a_fresh_process() -> None:
+    from etforge.core.plugin_manager import registry
+
+    names = sorted(registry().targets)
+    assert {"imxrt700", "imxrt700cm", "cortex-m33", "litert"} <= set(names)
+    procs = {
+        name: subprocess.Popen(
+            [sys.executable, "-c", README_SCRIPT, name],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for name in names
+    }
+    for name, proc in procs.items():
+        _, err = proc.communicate(timeout=900)
+        assert proc.returncode == 0, f"{name}: {err[-2000:]}"

@@ -31,13 +31,13 @@ def test_float_model_refused_on_int8_npu_with_reason() -> None:
 
 def test_unsupported_shape_is_refused() -> None:
     refused = _decisions(torch.nn.Conv3d(2, 2, 1), (torch.randn(1, 2, 3, 3, 3),), "litert", quantize=False)
-    assert "3-D convolution" in refused["aten.convolution.default"]
+    assert "3-D" in refused["aten.convolution.default"]  # the constraint's text, then the culprit
 
 
 def test_unsupported_attribute_is_refused() -> None:
     pool = torch.nn.AvgPool2d(2, divisor_override=3)
     refused = _decisions(pool, (torch.randn(1, 2, 4, 4),), "litert", quantize=False)
-    assert refused["aten.avg_pool2d.default"] == "divisor_override"
+    assert refused["aten.avg_pool2d.default"].endswith(": divisor_override")
 
 
 def test_neutron_limit_is_refused_with_numbers() -> None:

@@ -20,6 +20,7 @@ from etforge.core.boundaries import check_delegate_dim_orders, layout_conversion
 from etforge.core.compiler import CompileResult, compile_model
 from etforge.core.errors import EtforgeError
 from etforge.core.graph_utils import node_op
+from etforge.core.plugin_manager import registry
 from etforge.runtime.host import run_program
 
 SPLITS = {
@@ -81,7 +82,7 @@ def test_forced_split_has_no_layout_conversion_between_npu_and_cortex_m(name: st
     cmsis = [op for op in ops if op.startswith("cortex_m.quantized_")]
     assert len(result.partitions) >= 3 and len(cmsis) >= 2, "the model must really alternate NPU and CPU"
     assert _transposes(result) == []
-    assert layout_conversions(result.host_program) == []
+    assert layout_conversions(result.host_program, registry().cpu_backend(result.target).layout_ops) == []
     for p in result.partitions:
         for order in p.converted.input_dim_orders + p.converted.output_dim_orders:
             assert len(order) != 4 or tuple(order) == (0, 2, 3, 1), (p.name, order)
@@ -133,7 +134,7 @@ def test_nchw_user_tensors_are_converted_once_at_the_input() -> None:
     # one TRANSPOSE, inside the NPU (int8), straight off the model's NCHW input
     assert _transposes(result) == [(first.name, 0)]
     assert first.converted.input_dim_orders == [(0, 1, 2, 3)]
-    assert layout_conversions(result.host_program) == []
+    assert layout_conversions(result.host_program, registry().cpu_backend(result.target).layout_ops) == []
     for p in result.partitions[1:]:
         assert all(len(o) != 4 or o == (0, 2, 3, 1) for o in p.converted.input_dim_orders)
     x = next(n for n in result.host_program.graph.nodes if n.op == "placeholder" and n.name == "x")

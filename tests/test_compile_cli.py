@@ -70,13 +70,17 @@ def test_compile_is_deterministic(compiled: dict[str, Path], tmp_path: Path) -> 
 
 
 def _fails(tmp_path: Path, *args: str, pythonpath: Path | None = None) -> str:
+    """A failed compile leaves the previous output as it was and writes nothing of its own."""
     out = tmp_path / "out"
     out.mkdir(exist_ok=True)
-    (out / "model.pte").write_bytes(b"stale program from an earlier run")
+    (out / "model.pte").write_bytes(b"program from an earlier run")
+    (out / "report.json").write_text('{"model": "earlier"}')
     proc = run_cli(*args, "-o", str(out), pythonpath=pythonpath)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr
-    assert not (out / "model.pte").exists(), "a failed run left a model.pte behind"
+    assert sorted(p.name for p in out.iterdir()) == ["model.pte", "report.json"]
+    assert (out / "model.pte").read_bytes() == b"program from an earlier run"
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith("out.")] == [], "staging left behind"
     return proc.stderr
 
 

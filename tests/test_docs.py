@@ -19,8 +19,10 @@ ORDER = [
     "targets.md",
     "writing-an-op-plugin.md",
     "writing-a-target-plugin.md",
+    "writing-a-rewrite-plugin.md",
     "report.md",
     "codegen.md",
+    "batch.md",
 ]
 BLOCK = re.compile(r"^```(\w+)\n(.*?)^```", re.S | re.M)
 

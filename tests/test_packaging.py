@@ -18,7 +18,8 @@ from support import REPO
 BUILTIN_ENTRY_POINTS = {
     "ops_conv", "ops_linear", "ops_elementwise", "ops_activation", "ops_pool", "ops_shape",
     "ops_softmax", "ops_reduce", "ops_resize", "targets_neutron", "targets_cortex_m", "targets_litert", "cpu_portable",
-    "npu_eiq_neutron_sdk",
+    "npu_eiq_neutron_sdk", "rewrites_activation", "rewrites_split", "rewrites_shuffle",
+    "rewrites_normalization", "rewrites_arithmetic",
 }  # fmt: skip
 
 
@@ -85,6 +86,7 @@ def test_third_party_plugin_in_a_fresh_venv(tmp_path: Path) -> None:
     example = plugins["example"]
     assert example["distribution"] == "etforge-example-plugin" and example["version"] == "0.3.0"
     assert example["provides"]["converters"] == ["Floor"] and example["provides"]["targets"] == ["toy-npu"]
+    assert plugins["example_square"]["provides"]["rewrites"] == ["SquareAsMul"]  # one file, one entry point
     assert BUILTIN_ENTRY_POINTS <= set(plugins)
     targets = subprocess.run([python, "-m", "etforge", "targets", "--json"], capture_output=True, text=True)
     assert "toy-npu" in {t["name"] for t in json.loads(targets.stdout)}

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from etforge.zoo import digits
+
 
 def _bn_act(block: list[nn.Module], channels: int, act: nn.Module | None, dims: int = 2) -> list[nn.Module]:
     block.append(nn.BatchNorm2d(channels) if dims == 2 else nn.BatchNorm1d(channels))
@@ -191,6 +193,8 @@ class ZooEntry:
     build: Callable[[], nn.Module]
     input_shape: tuple[int, ...]
     description: str
+    #: Real calibration samples (count -> batches) for trained models; else seeded noise.
+    calibrate: Callable[[int], list[tuple[torch.Tensor, ...]]] | None = None
 
 
 ZOO: dict[str, ZooEntry] = {
@@ -205,6 +209,20 @@ ZOO: dict[str, ZooEntry] = {
         ZooEntry("resnet8", ResNet8, (1, 3, 32, 32), "MLPerf Tiny image classification ResNet-8"),
         ZooEntry("ds_cnn", DSCNN, (1, 1, 49, 10), "MLPerf Tiny keyword spotting DS-CNN"),
         ZooEntry("autoencoder", AutoEncoder, (1, 640), "MLPerf Tiny anomaly detection autoencoder"),
+        ZooEntry(
+            "digits_cnn",
+            digits.trained("digits_cnn"),
+            digits.DigitsCNN.input_shape,
+            "small CNN trained on scikit-learn's 8x8 digits",
+            lambda count: digits.calibration("digits_cnn", count),
+        ),
+        ZooEntry(
+            "digits_mlp",
+            digits.trained("digits_mlp"),
+            digits.DigitsMLP.input_shape,
+            "MLP trained on scikit-learn's 8x8 digits",
+            lambda count: digits.calibration("digits_mlp", count),
+        ),
     )
 }
 
@@ -237,6 +255,9 @@ def build(name: str, seed: int = 0) -> tuple[nn.Module, tuple[torch.Tensor, ...]
 
 
 def calibration(name: str, count: int = 16, seed: int = 100) -> list[tuple[torch.Tensor, ...]]:
-    """Seeded random calibration batches for a zoo model."""
+    """Calibration batches for a zoo model: training samples for trained models, else seeded noise."""
+    calibrate = ZOO[name].calibrate
+    if calibrate is not None:
+        return calibrate(count)
     g = torch.Generator().manual_seed(seed)
     return [(torch.randn(ZOO[name].input_shape, generator=g),) for _ in range(count)]

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, ClassVar
 
-from etforge.core.converter import SUPPORTED, OpConverter, Support, unsupported
+from etforge.core.converter import Constraint, OpConverter
 from etforge.core.hookspecs import hookimpl
 from etforge.core.quant_rule import QuantRule
 
@@ -17,6 +18,34 @@ if TYPE_CHECKING:
 #: LiteRT builtins for clamp ranges it has a dedicated op for.
 _RANGES = {(0.0, 6.0): "RELU6", (-1.0, 1.0): "RELU_N1_TO_1", (0.0, None): "RELU"}
 
+#: Activations a LiteRT conv / fully-connected op can fuse: the ``fuse=`` of their quantizer
+#: rules (the rule of each activation says which of its nodes can, see ``activation_kind``).
+FUSABLE_ACTIVATIONS = (
+    "aten.relu.default",
+    "aten.relu_.default",
+    "aten.relu6.default",
+    "aten.hardtanh.default",
+    "aten.hardtanh_.default",
+)
+
+
+def activation_kind(node: Node) -> str | None:
+    """The LiteRT fused activation an activation node is (RELU, RELU6, RELU_N1_TO_1), else None."""
+    from etforge.core.graph_utils import node_op
+
+    name = node_op(node)
+    if name in {"aten.relu.default", "aten.relu_.default"}:
+        return "RELU"
+    if name in {"aten.relu6.default", "aten.relu6_.default"}:
+        return "RELU6"
+    if name in {"aten.hardtanh.default", "aten.hardtanh_.default", "aten.clamp.default"}:
+        if name.startswith("aten.hardtanh") and len(node.args) < 3:
+            return None  # default (-1, 1) needs explicit handling by callers; keep it unfused
+        if any(hasattr(v, "op") for v in node.args[1:3]):
+            return None  # tensor bounds
+        return _RANGES.get(_bounds(node))
+    return None
+
 
 def _bounds(node: Node) -> tuple[float | None, float | None]:
     from etforge.core.ophelpers import arg
@@ -27,18 +56,90 @@ def _bounds(node: Node) -> tuple[float | None, float | None]:
     return (None if lo is None else float(lo)), (None if hi is None else float(hi))
 
 
+#: Clamp ranges the Neutron IR has a ReLU-family op for (None: unbounded).
+_RELU_RANGES = ((0.0, None), (0.0, 6.0), (-1.0, 1.0), (0.0, 1.0))
+
+
+def collapsed_by_quantization(node: Node, lo: float | None, hi: float | None) -> bool:
+    """Whether the int8 input's range leaves nothing of clamp(lo, hi): for a ReLU-family range,
+    no bound quantizes strictly inside the range (the hinge is gone); for any other range, both
+    bounds lie outside the representable values. False when the input is not per-tensor int8."""
+    from etforge.core.ophelpers import input_qparams
+
+    got = input_qparams(node, 0)
+    if got is None:
+        return False
+    scale, zp, dtype = got
+    if isinstance(scale, list | tuple) or isinstance(zp, list | tuple) or "int8" not in str(dtype):
+        return False
+    scale, zp = float(scale), int(zp)  # type: ignore[arg-type]
+    qmin, qmax = (0, 255) if "uint8" in str(dtype) else (-128, 127)
+
+    def q(v: float) -> float:
+        return min(max(round(v / scale) + zp, qmin), qmax)
+
+    if (lo, hi) in _RELU_RANGES:
+        low = q(0.0 if lo is None else lo)
+        if hi is None:
+            return not qmin < low < qmax
+        return not (qmin < low or q(hi) < qmax)
+    return (lo is None or lo <= (qmin - zp) * scale) and (hi is None or (qmax - zp) * scale <= hi)
+
+
+def _scalar_bounds(node: Node, target: TargetSpec) -> bool:
+    from etforge.core.ophelpers import arg
+
+    return not any(hasattr(v, "op") for v in (arg(node, 1, "min"), arg(node, 2, "max")))
+
+
+def _finite_bounds(node: Node) -> tuple[float | None, float | None]:
+    import math
+
+    lo, hi = _bounds(node)
+    return (
+        None if lo is None or math.isinf(lo) else lo,
+        None if hi is None or math.isinf(hi) else hi,
+    )
+
+
+def _clamp_bounded(node: Node, target: TargetSpec) -> bool | str:
+    if target.npu is None or not target.npu.requirement("clamp_needs_a_bound"):
+        return True
+    return _finite_bounds(node) != (None, None) or "no finite bound"
+
+
+def _clamp_qparams(node: Node, target: TargetSpec) -> bool | str:
+    """A ReLU-family range converts to one op; any other range (MIN/MAX) needs equal in/out qparams."""
+    from etforge.core.ophelpers import input_qparams, output_qparams, shares_qparams
+
+    npu = target.npu
+    if npu is None or not npu.requirement("clamp_shared_qparams_unless_relu"):
+        return True
+    if _finite_bounds(node) in _RELU_RANGES:
+        return True
+    if input_qparams(node, 0) is None or output_qparams(node) is None:
+        return "not quantized on both sides"
+    return shares_qparams(node)
+
+
 class Clamp(OpConverter):
     """hardtanh / clamp: RELU6, RELU_N1_TO_1 or RELU when the range matches, else MAXIMUM/MINIMUM."""
 
     ops = ("aten.hardtanh.default", "aten.clamp.default")
-    constraints = ("scalar bounds",)
+    constraints = (
+        Constraint("scalar bounds", _scalar_bounds),
+        Constraint("a finite bound (npu clamp_needs_a_bound)", _clamp_bounded),
+        Constraint(
+            "a ReLU-family range, or input and output share qparams (npu clamp_shared_qparams_unless_relu)",
+            _clamp_qparams,
+        ),
+    )
 
-    def check(self, node: Node, target: TargetSpec) -> Support:
-        from etforge.core.ophelpers import arg
+    def fused_activation(self, node: Node) -> str | None:
+        return activation_kind(node)
 
-        if any(hasattr(v, "op") for v in (arg(node, 1, "min"), arg(node, 2, "max"))):
-            return unsupported("tensor bounds")
-        return SUPPORTED
+    def is_noop(self, node: Node, target: TargetSpec, constant: object = None) -> bool:
+        return collapsed_by_quantization(node, *_finite_bounds(node))
 
     def convert(self, node: Node, ctx: ConversionContext) -> None:
         import numpy as np
@@ -89,17 +190,29 @@ class LeakyRelu(OpConverter):
         ctx.emit("LEAKY_RELU", [x], [ctx.output(node, x.perm)], options("LeakyReluOptions", alpha=alpha))
 
 
+def _constant_slope(node: Node, target: TargetSpec) -> bool:
+    from etforge.core.graph_utils import is_constant
+
+    return is_constant(node.args[1])
+
+
+def _full_size_operand(node: Node, target: TargetSpec) -> bool | str:
+    from etforge.core.ophelpers import has_full_size_operand
+
+    if target.npu is None or not target.npu.requirement("binary_full_size_operand"):
+        return True
+    return has_full_size_operand(node)
+
+
 class Prelu(OpConverter):
     """PRELU with the slope broadcast over channels (stored in the input's layout)."""
 
     ops = ("aten._prelu_kernel.default", "aten.prelu.default")
     preserve = ("aten.prelu.default",)
-    constraints = ("constant slope",)
-
-    def check(self, node: Node, target: TargetSpec) -> Support:
-        from etforge.core.graph_utils import is_constant
-
-        return SUPPORTED if is_constant(node.args[1]) else unsupported("slope is not constant")
+    constraints = (
+        Constraint("constant slope", _constant_slope),
+        Constraint("an input as large as the output (npu binary_full_size_operand)", _full_size_operand),
+    )
 
     def convert(self, node: Node, ctx: ConversionContext) -> None:
         from etforge.core.litert_convert import Constant
@@ -122,6 +235,20 @@ class Prelu(OpConverter):
         ctx.emit("PRELU", [x, alpha], [ctx.output(node, x.perm)])
 
 
+def _fixed_output(scale: float, zero_point: int) -> Callable[[Node, TargetSpec], bool | str]:
+    """LiteRT's int8 kernel produces this output quantization (the quantizer rule fixes it)."""
+
+    def test(node: Node, target: TargetSpec) -> bool | str:
+        from etforge.core.ophelpers import output_qparams
+
+        q = output_qparams(node)
+        if q is None or (abs(float(q[0]) - scale) <= 1e-9 and int(q[1]) == zero_point):
+            return True
+        return f"output scale {float(q[0]):.6g}, zero point {q[1]}"
+
+    return test
+
+
 class Unary(OpConverter):
     """A layout-agnostic unary op with a fixed LiteRT builtin."""
 
@@ -136,17 +263,23 @@ class Relu(Unary):
     ops = ("aten.relu.default",)
     litert = "RELU"
 
+    def fused_activation(self, node: Node) -> str | None:
+        return "RELU"
+
+    def is_noop(self, node: Node, target: TargetSpec, constant: object = None) -> bool:
+        return collapsed_by_quantization(node, 0.0, None)
+
 
 class Sigmoid(Unary):
     ops = ("aten.sigmoid.default",)
     litert = "LOGISTIC"
-    constraints = ("int8 output scale 1/256, zero point -128",)
+    constraints = (Constraint("int8 output scale 1/256, zero point -128", _fixed_output(1.0 / 256.0, -128)),)
 
 
 class Tanh(Unary):
     ops = ("aten.tanh.default",)
     litert = "TANH"
-    constraints = ("int8 output scale 1/128, zero point 0",)
+    constraints = (Constraint("int8 output scale 1/128, zero point 0", _fixed_output(1.0 / 128.0, 0)),)
 
 
 class Hardswish(Unary):
@@ -175,6 +308,8 @@ def etforge_quantizer_rules() -> list[QuantRule]:
             ),
             kind="shared",
             inputs=(0,),
+            # fused into a producer's output only when LiteRT has that activation
+            fusable=lambda node: activation_kind(node) is not None,
         ),
         QuantRule(
             ops=(

@@ -5,9 +5,10 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from etforge.core.converter import SUPPORTED, OpConverter, Support, unsupported
+from etforge.core.converter import Constraint, OpConverter
 from etforge.core.hookspecs import hookimpl
-from etforge.core.quant_rule import FUSABLE_ACTIVATIONS, QuantRule
+from etforge.core.quant_rule import QuantRule
+from etforge.plugins.ops.activation import FUSABLE_ACTIVATIONS
 
 if TYPE_CHECKING:
     from torch.fx import Node
@@ -29,60 +30,115 @@ def _round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
 
 
+def _rank_1d_2d(node: Node, target: TargetSpec) -> bool | str:
+    from etforge.core.graph_utils import shape_of
+
+    rank = len(shape_of(node.args[0]))
+    return rank in (3, 4) or f"{rank - 2}-D"
+
+
+def _constant_weights(node: Node, target: TargetSpec) -> bool:
+    from etforge.core.graph_utils import is_constant
+
+    b = node.args[2]
+    return is_constant(node.args[1]) and (b is None or is_constant(b))
+
+
+def _window(node: Node, target: TargetSpec) -> bool | str:
+    """Kernel <= max_kernel; regular convs also stride <= max_stride, dilation <= max_dilation."""
+    from etforge.core.graph_utils import shape_of
+
+    npu = target.npu
+    assert npu is not None
+    stride, _, dilation, transposed, _, _ = _params(node)
+    kernel = shape_of(node.args[1])[2:]
+    checks = [("kernel", kernel, "max_kernel")]
+    if not transposed:  # a transposed conv's stride has its own, smaller limit
+        checks += [("stride", stride, "max_stride"), ("dilation", dilation, "max_dilation")]
+    for what, values, key in checks:
+        if key in npu.limits and max(values) > npu.limits[key]:
+            return f"{what} {list(values)} > {npu.limits[key]}"
+    return True
+
+
+def _weight_rows(node: Node, target: TargetSpec) -> bool | str:
+    """kernel_h * kernel_w * ceil(C_in, num_macs) within the NPU's weight-row limit.
+
+    C_in is the input's whole channel count, depthwise included, as upstream counts it.
+    """
+    from etforge.core.graph_utils import shape_of
+
+    npu = target.npu
+    assert npu is not None
+    if "max_weight_rows" not in npu.limits:
+        return True
+    macs = int(npu.figure("num_macs"))
+    rows = math.prod(shape_of(node.args[1])[2:]) * _round_up(shape_of(node.args[0])[1], macs)
+    limit = npu.limits["max_weight_rows"]
+    note = " (num_macs is an assumption)" if npu.is_assumption("num_macs") else ""
+    return rows <= limit or f"{rows} > {limit} with num_macs={macs}{note}"
+
+
+def _plain_or_depthwise(node: Node, target: TargetSpec) -> bool | str:
+    """Grouped convolutions: only depthwise (C_in == C_out == groups) when the NPU requires it."""
+    from etforge.core.graph_utils import shape_of
+
+    npu = target.npu
+    assert npu is not None
+    *_, transposed, _, groups = _params(node)
+    if groups == 1 or transposed or not npu.requirement("conv_plain_or_depthwise"):
+        return True
+    c_in, c_out = shape_of(node.args[0])[1], shape_of(node.args[1])[0]
+    return (c_in == c_out == groups) or f"groups={groups} with C_in={c_in}, C_out={c_out}"
+
+
+def _transposed_limits(node: Node, target: TargetSpec) -> bool | str:
+    from etforge.core.graph_utils import shape_of
+
+    npu = target.npu
+    assert npu is not None
+    stride, padding, dilation, transposed, out_pad, groups = _params(node)
+    if not transposed:
+        return True
+    kernel = shape_of(node.args[1])[2:]
+    if groups != 1:
+        return f"groups={groups}"
+    if any(d != 1 for d in dilation):
+        return f"dilation {list(dilation)}"
+    limit = npu.limits.get("max_transpose_conv_stride")
+    if limit is not None and max(stride) > limit:
+        return f"stride {list(stride)} > {limit}"
+    if any(s > k for s, k in zip(stride, kernel, strict=False)):
+        return f"stride {list(stride)} > kernel {list(kernel)}"
+    if any(p >= k for p, k in zip(padding, kernel, strict=False)):
+        return f"padding {list(padding)} >= kernel {list(kernel)}"
+    if any(o > p for o, p in zip(out_pad, padding, strict=False)):
+        return f"output_padding {list(out_pad)} > padding {list(padding)}"
+    return True
+
+
+def _no_output_padding(node: Node, target: TargetSpec) -> bool | str:
+    *_, transposed, out_pad, _ = _params(node)
+    return transposed or all(o == 0 for o in out_pad) or f"output_padding {list(out_pad)}"
+
+
 class Convolution(OpConverter):
     """CONV_2D / DEPTHWISE_CONV_2D / TRANSPOSE_CONV; weights permuted to OHWI / 1HWO at conversion."""
 
     ops = ("aten.convolution.default",)
     constraints = (
-        "weights and bias constant; 1-D or 2-D",
-        "kernel, stride, dilation <= npu max_kernel / max_stride / max_dilation",
-        "kernel_h * kernel_w * ceil(C_in / groups, num_macs) <= npu max_weight_rows",
-        "transposed: groups 1, dilation 1, stride <= max_transpose_conv_stride and <= kernel, padding < kernel",
-        "fuses relu / relu6 (hardtanh 0..6) into the conv",
+        Constraint("1-D or 2-D", _rank_1d_2d),
+        Constraint("constant weights and bias", _constant_weights),
+        Constraint("kernel <= npu max_kernel; stride, dilation <= max_stride, max_dilation", _window),
+        Constraint("kernel_h * kernel_w * ceil(C_in, num_macs) <= npu max_weight_rows", _weight_rows),
+        Constraint("grouped: depthwise only (npu conv_plain_or_depthwise)", _plain_or_depthwise),
+        Constraint(
+            "transposed: groups 1, dilation 1, stride <= max_transpose_conv_stride and <= kernel, "
+            "padding < kernel, output_padding <= padding",
+            _transposed_limits,
+        ),
+        Constraint("regular: no output_padding", _no_output_padding),
     )
-
-    def check(self, node: Node, target: TargetSpec) -> Support:
-        from etforge.core.graph_utils import is_constant, shape_of
-
-        x, w, b = node.args[0], node.args[1], node.args[2]
-        rank = len(shape_of(x))
-        if rank not in (3, 4):
-            return unsupported(f"{rank - 2}-D convolution (1-D and 2-D only)")
-        if not is_constant(w) or (b is not None and not is_constant(b)):
-            return unsupported("weights/bias are not constant")
-        stride, padding, dilation, transposed, out_pad, groups = _params(node)
-        kernel = shape_of(w)[2:]
-        npu = target.npu
-        assert npu is not None
-        lim = npu.limit
-        if max(kernel) > lim("max_kernel", 1 << 30) or max(stride) > lim("max_stride", 1 << 30):
-            return unsupported(f"kernel {list(kernel)} / stride {list(stride)} above the NPU limit")
-        if max(dilation) > lim("max_dilation", 1 << 30):
-            return unsupported(f"dilation {list(dilation)} above the NPU limit")
-        c_in = shape_of(x)[1]
-        rows = math.prod(kernel) * _round_up(c_in // groups, npu.num_macs)
-        if rows > lim("max_weight_rows", 1 << 62):
-            return unsupported(
-                f"kernel_h*kernel_w*ceil(C_in, {npu.num_macs}) = {rows} > {lim('max_weight_rows', 0)}"
-            )
-        if transposed:
-            if groups != 1:
-                return unsupported("transposed convolution with groups > 1")
-            if any(d != 1 for d in dilation):
-                return unsupported("transposed convolution with dilation")
-            if max(stride) > lim("max_transpose_conv_stride", 1 << 30) or any(
-                s > k for s, k in zip(stride, kernel, strict=False)
-            ):
-                return unsupported(f"transposed convolution stride {list(stride)} (kernel {list(kernel)})")
-            if any(p >= k for p, k in zip(padding, kernel, strict=False)) or any(
-                o > p for o, p in zip(out_pad, padding, strict=False)
-            ):
-                return unsupported(
-                    f"transposed convolution padding {list(padding)} / output_padding {list(out_pad)}"
-                )
-        elif any(o != 0 for o in out_pad):
-            return unsupported("output_padding on a regular convolution")
-        return SUPPORTED
 
     def macs(self, node: Node) -> int:
         from etforge.core.graph_utils import shape_of

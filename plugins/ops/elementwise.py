@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from etforge.core.converter import SUPPORTED, Elementwise, OpConverter, Support, elementwise, unsupported
+from etforge.core.converter import Constraint, Elementwise, OpConverter, elementwise
 from etforge.core.hookspecs import hookimpl
 from etforge.core.quant_rule import QuantRule
 
@@ -18,26 +18,143 @@ if TYPE_CHECKING:
     from etforge.core.target import TargetSpec
 
 
+def _unit_alpha(node: Node, target: TargetSpec) -> bool | str:
+    alpha = node.kwargs.get("alpha", 1)
+    return alpha == 1 or f"alpha={alpha}"
+
+
+def _full_size_operand(node: Node, target: TargetSpec) -> bool | str:
+    from etforge.core.ophelpers import has_full_size_operand
+
+    if target.npu is None or not target.npu.requirement("binary_full_size_operand"):
+        return True
+    return has_full_size_operand(node)
+
+
+def _minmax_shared(node: Node, target: TargetSpec) -> bool | str:
+    from etforge.core.ophelpers import input_qparams, output_qparams, shares_qparams
+
+    if target.npu is None or not target.npu.requirement("shared_qparams_minmax"):
+        return True
+    if output_qparams(node) is None or any(input_qparams(node, i) is None for i in (0, 1)):
+        return "not quantized on every input and the output"
+    return shares_qparams(node, (0, 1))
+
+
+def _per_tensor_input(node: Node, target: TargetSpec) -> bool | str:
+    from etforge.core.ophelpers import input_qparams
+
+    if target.npu is None or not target.npu.requirement("neg_per_tensor"):
+        return True
+    q = input_qparams(node, 0)
+    return q is None or isinstance(q[0], float) or "per-channel quantized input"
+
+
+def neutral_operand(node: Node, constant: object, neutral: float, positions: tuple[int, ...]) -> bool:
+    """Whether an operand at one of ``positions`` is a compile-time ``neutral`` everywhere
+    (x + 0, x - 0, x * 1) and the other operand already has the output's shape: then the
+    output is that operand."""
+    from torch.fx import Node as FxNode
+
+    from etforge.core.graph_utils import shape_of, tensor_meta
+
+    for i in positions:
+        other = node.args[1 - i]
+        if not isinstance(other, FxNode) or tensor_meta(other) is None:
+            continue
+        if shape_of(other) != shape_of(node):
+            continue
+        a = node.args[i]
+        if isinstance(a, int | float):
+            if float(a) == neutral:
+                return True
+            continue
+        if value_of(a, constant) == neutral:
+            return True
+    return False
+
+
+def value_of(a: object, constant: object) -> float | None:
+    """The single value of compile-time tensor ``a`` as the int8 graph computes with it
+    (through its quantize / dequantize), None if it is not a constant of one value."""
+    from torch.fx import Node as FxNode
+
+    from etforge.core.graph_utils import is_dequantize, is_quantize
+
+    steps = []
+    while isinstance(a, FxNode) and (is_dequantize(a) or is_quantize(a)):
+        if not isinstance(a.args[1], float):
+            return None  # per-channel
+        steps.append((is_quantize(a), float(a.args[1]), int(a.args[2]), int(a.args[3]), int(a.args[4])))
+        a = a.args[0]
+    value = constant(a) if callable(constant) and isinstance(a, FxNode) else None
+    if value is None or value.numel() == 0:
+        return None
+    v = value.double()
+    for quantize, scale, zp, lo, hi in reversed(steps):
+        v = (v / scale).round().add(zp).clamp(lo, hi) if quantize else (v - zp) * scale
+    first = float(v.flatten()[0])
+    return first if bool((v == first).all()) else None
+
+
+_FULL = Constraint("an input as large as the output (npu binary_full_size_operand)", _full_size_operand)
+
+
 class AddSub(Elementwise):
     """ADD / SUB; ``alpha`` other than 1 is refused (it would need a MUL first)."""
 
     arity = 2
-    constraints = ("alpha == 1", "rank <= 4 after broadcasting")
-
-    def check(self, node: Node, target: TargetSpec) -> Support:
-        if node.kwargs.get("alpha", 1) != 1:
-            return unsupported(f"alpha={node.kwargs['alpha']}")
-        return SUPPORTED
+    constraints = (Constraint("alpha == 1", _unit_alpha), _FULL)
 
 
 class Add(AddSub):
     ops = ("aten.add.Tensor",)
     litert = "ADD"
 
+    def is_noop(self, node: Node, target: TargetSpec, constant: object = None) -> bool:
+        return neutral_operand(node, constant, 0.0, (0, 1))
+
 
 class Sub(AddSub):
     ops = ("aten.sub.Tensor",)
     litert = "SUB"
+
+    def is_noop(self, node: Node, target: TargetSpec, constant: object = None) -> bool:
+        return neutral_operand(node, constant, 0.0, (1,))
+
+
+class Mul(Elementwise):
+    ops = ("aten.mul.Tensor",)
+    litert = "MUL"
+    arity = 2
+    constraints = (_FULL,)
+
+    def is_noop(self, node: Node, target: TargetSpec, constant: object = None) -> bool:
+        return neutral_operand(node, constant, 1.0, (0, 1))
+
+
+class MinMax(Elementwise):
+    arity = 2
+    constraints = (
+        _FULL,
+        Constraint("inputs and output share qparams (npu shared_qparams_minmax)", _minmax_shared),
+    )
+
+
+class Maximum(MinMax):
+    ops = ("aten.maximum.default",)
+    litert = "MAXIMUM"
+
+
+class Minimum(MinMax):
+    ops = ("aten.minimum.default",)
+    litert = "MINIMUM"
+
+
+class Neg(Elementwise):
+    ops = ("aten.neg.default",)
+    litert = "NEG"
+    constraints = (Constraint("per-tensor quantized input (npu neg_per_tensor)", _per_tensor_input),)
 
 
 @hookimpl
@@ -45,11 +162,11 @@ def etforge_op_converters() -> list[OpConverter]:
     return [
         Add(),
         Sub(),
-        elementwise("aten.mul.Tensor", "MUL", arity=2),
-        elementwise("aten.maximum.default", "MAXIMUM", arity=2),
-        elementwise("aten.minimum.default", "MINIMUM", arity=2),
+        Mul(),
+        Maximum(),
+        Minimum(),
         elementwise("aten.abs.default", "ABS"),
-        elementwise("aten.neg.default", "NEG"),
+        Neg(),
         elementwise("aten.exp.default", "EXP"),
         elementwise("aten.log.default", "LOG"),
         elementwise("aten.rsqrt.default", "RSQRT"),

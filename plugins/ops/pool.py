@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from etforge.core.converter import SUPPORTED, OpConverter, Support, unsupported
+from etforge.core.converter import Constraint, OpConverter
 from etforge.core.hookspecs import hookimpl
 from etforge.core.quant_rule import QuantRule
 
@@ -66,38 +66,100 @@ def _pool(
     ctx.emit(builtin, [x], [out], opts)
 
 
-def _check_limits(target: TargetSpec, kernel: tuple[int, ...], stride: tuple[int, ...]) -> Support:
+def _limits(
+    target: TargetSpec, kernel: tuple[int, ...] | None, stride: tuple[int, ...], stride_key: str
+) -> bool | str:
     npu = target.npu
     assert npu is not None
-    if max(kernel) > npu.limit("max_kernel", 1 << 30) or max(stride) > npu.limit("max_stride", 1 << 30):
-        return unsupported(f"kernel {list(kernel)} / stride {list(stride)} above the NPU limit")
-    return SUPPORTED
+    if kernel is not None and "max_kernel" in npu.limits and max(kernel) > npu.limits["max_kernel"]:
+        return f"kernel {list(kernel)} > {npu.limits['max_kernel']}"
+    if stride_key in npu.limits and max(stride) > npu.limits[stride_key]:
+        return f"stride {list(stride)} > {npu.limits[stride_key]}"
+    return True
+
+
+def _shared_qparams(node: Node, target: TargetSpec) -> bool | str:
+    """Input and output quantized alike, when the NPU requires it of pooling (LiteRT does too)."""
+    from etforge.core.ophelpers import shares_qparams
+
+    if target.npu is None or not target.npu.requirement("shared_qparams_pool"):
+        return True
+    return shares_qparams(node)
+
+
+def _max_pool_output(node: Node) -> Node:
+    return next(iter(node.users)) if "with_indices" in str(node.target) and node.users else node
+
+
+def _max_pool_shape(node: Node, target: TargetSpec) -> bool | str:
+    from etforge.core.graph_utils import shape_of
+
+    if "with_indices" in str(node.target):
+        users = list(node.users)
+        if not users:
+            return "no output used"
+        if any(u.args[1] != 0 for u in users):
+            return "pooling indices are used"
+    ranks = (len(shape_of(node.args[0])), len(shape_of(_max_pool_output(node))))
+    return ranks == (4, 4) or f"ranks {list(ranks)}"
+
+
+def _max_pool_window(node: Node, target: TargetSpec) -> bool | str:
+    from etforge.core.ophelpers import arg, pair
+
+    if any(d != 1 for d in pair(arg(node, 4, "dilation", 1))):
+        return "dilated"
+    _, stride, _, _ = _window(node)
+    # Padding and ceil_mode become a PADV2 ahead of a VALID window, so only the stride limit
+    # of an unpadded window applies (as upstream reasons for its own explicit padding).
+    return _limits(target, None, stride, "max_max_pool_stride")
+
+
+def _avg_pool_window(node: Node, target: TargetSpec) -> bool | str:
+    from etforge.core.graph_utils import shape_of
+    from etforge.core.ophelpers import arg, choose_padding
+
+    if arg(node, 6, "divisor_override") is not None:
+        return "divisor_override"
+    if len(shape_of(node.args[0])) != 4:
+        return "non-4-D input"
+    kernel, stride, padding, _ = _window(node)
+    x_hw, out_hw = shape_of(node.args[0])[2:], shape_of(node)[2:]
+    pads = _pads(x_hw, out_hw, kernel, stride, padding)
+    if any(b != a for a, b in pads):
+        return "ceil_mode with a partial last window"
+    include = bool(arg(node, 5, "count_include_pad", True))
+    if any(padding) and not include:
+        npu = target.npu
+        if npu is not None and npu.requirement("avg_pool_counts_padding"):
+            return "count_include_pad=False with padding"
+        if choose_padding(x_hw, kernel, stride, (1, 1), padding) != "SAME":
+            return "count_include_pad=False with padding LiteRT SAME does not match"
+    return _limits(target, kernel, stride, "max_stride")
+
+
+def _adaptive_window(node: Node, target: TargetSpec) -> bool | str:
+    from etforge.core.graph_utils import shape_of
+
+    ins, outs = shape_of(node.args[0]), shape_of(node)
+    if len(ins) != 4:
+        return "non-4-D input"
+    if any(i % o for i, o in zip(ins[2:], outs[2:], strict=True)):
+        return f"output size {list(outs[2:])} does not divide input {list(ins[2:])}"
+    stride = tuple(i // o for i, o in zip(ins[2:], outs[2:], strict=True))
+    kernel = tuple(i - (o - 1) * s for i, o, s in zip(ins[2:], outs[2:], stride, strict=True))
+    return _limits(target, kernel, stride, "max_stride")
 
 
 class MaxPool2d(OpConverter):
     """MAX_POOL_2D; padding (and ceil_mode) become a PADV2 with the lowest value."""
 
     ops = ("aten.max_pool2d_with_indices.default", "aten.max_pool2d.default")
-    constraints = ("dilation 1", "indices unused", "4-D input")
-
-    def check(self, node: Node, target: TargetSpec) -> Support:
-        from etforge.core.graph_utils import shape_of
-        from etforge.core.ophelpers import arg, pair
-
-        if any(d != 1 for d in pair(arg(node, 4, "dilation", 1))):
-            return unsupported("dilated max pooling")
-        out = node
-        if "with_indices" in str(node.target):
-            users = list(node.users)
-            if any(u.args[1] != 0 for u in users):
-                return unsupported("pooling indices are used")
-            if not users:
-                return unsupported("no output used")
-            out = users[0]
-        if len(shape_of(node.args[0])) != 4 or len(shape_of(out)) != 4:
-            return unsupported("max pooling on a non-4-D tensor")
-        kernel, stride, _, _ = _window(node)
-        return _check_limits(target, kernel, stride)
+    constraints = (
+        Constraint("4-D input and output, indices unused", _max_pool_shape),
+        Constraint("dilation 1, stride <= npu max_max_pool_stride", _max_pool_window),
+        Constraint("input and output share qparams (npu shared_qparams_pool)", _shared_qparams),
+    )
 
     def convert(self, node: Node, ctx: ConversionContext) -> None:
         from etforge.core.graph_utils import shape_of
@@ -125,25 +187,15 @@ class AvgPool2d(OpConverter):
     """AVERAGE_POOL_2D: VALID, SAME when it equals count_include_pad=False, or PAD + VALID."""
 
     ops = ("aten.avg_pool2d.default",)
-    constraints = ("no divisor_override", "ceil_mode only without partial windows", "4-D input")
-
-    def check(self, node: Node, target: TargetSpec) -> Support:
-        from etforge.core.graph_utils import shape_of
-        from etforge.core.ophelpers import arg, choose_padding
-
-        if arg(node, 6, "divisor_override") is not None:
-            return unsupported("divisor_override")
-        if len(shape_of(node.args[0])) != 4:
-            return unsupported("average pooling on a non-4-D tensor")
-        kernel, stride, padding, _ = _window(node)
-        x_hw, out_hw = shape_of(node.args[0])[2:], shape_of(node)[2:]
-        pads = _pads(x_hw, out_hw, kernel, stride, padding)
-        if any(b != a for a, b in pads):
-            return unsupported("ceil_mode with a partial last window")
-        include = bool(arg(node, 5, "count_include_pad", True))
-        if any(padding) and not include and choose_padding(x_hw, kernel, stride, (1, 1), padding) != "SAME":
-            return unsupported("count_include_pad=False with padding LiteRT SAME does not match")
-        return _check_limits(target, kernel, stride)
+    constraints = (
+        Constraint(
+            "4-D, no divisor_override, ceil_mode only without partial windows, "
+            "count_include_pad=False only without padding (npu avg_pool_counts_padding) or as LiteRT SAME, "
+            "kernel / stride <= npu max_kernel / max_stride",
+            _avg_pool_window,
+        ),
+        Constraint("input and output share qparams (npu shared_qparams_pool)", _shared_qparams),
+    )
 
     def convert(self, node: Node, ctx: ConversionContext) -> None:
         from etforge.core.ophelpers import arg
@@ -163,17 +215,13 @@ class AdaptiveAvgPool2d(OpConverter):
     """Global pooling -> MEAN over H, W; evenly dividing output sizes -> AVERAGE_POOL_2D."""
 
     ops = ("aten._adaptive_avg_pool2d.default", "aten.adaptive_avg_pool2d.default")
-    constraints = ("output size divides the input size",)
-
-    def check(self, node: Node, target: TargetSpec) -> Support:
-        from etforge.core.graph_utils import shape_of
-
-        ins, outs = shape_of(node.args[0]), shape_of(node)
-        if len(ins) != 4:
-            return unsupported("non-4-D input")
-        if any(i % o for i, o in zip(ins[2:], outs[2:], strict=True)):
-            return unsupported(f"output size {list(outs[2:])} does not divide input {list(ins[2:])}")
-        return SUPPORTED
+    constraints = (
+        Constraint(
+            "4-D, output size divides the input size, equivalent kernel / stride <= npu max_kernel / max_stride",
+            _adaptive_window,
+        ),
+        Constraint("input and output share qparams (npu shared_qparams_pool)", _shared_qparams),
+    )
 
     def convert(self, node: Node, ctx: ConversionContext) -> None:
         import numpy as np

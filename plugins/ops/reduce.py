@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar
 
-from etforge.core.converter import SUPPORTED, OpConverter, Support, unsupported
+from etforge.core.converter import Constraint, OpConverter
 from etforge.core.hookspecs import hookimpl
 from etforge.core.quant_rule import QuantRule
 
@@ -15,18 +15,37 @@ if TYPE_CHECKING:
     from etforge.core.target import TargetSpec
 
 
+def _explicit_dims(node: Node, target: TargetSpec) -> bool | str:
+    from etforge.core.ophelpers import arg
+
+    if not arg(node, 1, "dim"):
+        return "reduction over all dims without explicit dims"
+    return node.kwargs.get("dtype") is None or "dtype argument"
+
+
+def _shared(node: Node, target: TargetSpec) -> bool | str:
+    from etforge.core.ophelpers import shares_qparams
+
+    if target.npu is None or not target.npu.requirement("shared_qparams_reduce"):
+        return True
+    return shares_qparams(node)
+
+
 class Reduce(OpConverter):
     litert: ClassVar[str] = ""
-    constraints = ("explicit dims", "no dtype change")
+    constraints = (
+        Constraint("explicit dims, no dtype change", _explicit_dims),
+        Constraint("input and output share qparams (npu shared_qparams_reduce)", _shared),
+    )
 
-    def check(self, node: Node, target: TargetSpec) -> Support:
+    def is_noop(self, node: Node, target: TargetSpec, constant: object = None) -> bool:
+        """keepdim over size-1 dims only: the output is the input."""
+        from etforge.core.graph_utils import shape_of
         from etforge.core.ophelpers import arg
 
-        if not arg(node, 1, "dim"):
-            return unsupported("reduction over all dims without explicit dims")
-        if node.kwargs.get("dtype") is not None:
-            return unsupported("dtype argument")
-        return SUPPORTED
+        shape = shape_of(node.args[0])
+        dims = arg(node, 1, "dim") or ()
+        return bool(arg(node, 2, "keepdim", False)) and all(shape[int(d)] == 1 for d in dims)
 
     def convert(self, node: Node, ctx: ConversionContext) -> None:
         import numpy as np
@@ -79,4 +98,10 @@ def etforge_op_converters() -> list[OpConverter]:
 
 @hookimpl
 def etforge_quantizer_rules() -> list[QuantRule]:
-    return [QuantRule(ops=("aten.mean.dim", "aten.sum.dim_IntList"), kind="io", inputs=(0,))]
+    return [
+        QuantRule(ops=("aten.mean.dim", "aten.sum.dim_IntList"), kind="io", inputs=(0,)),
+        # The Neutron NPU reduces without rescaling: output quantized like the input.
+        QuantRule(
+            ops=("aten.mean.dim", "aten.sum.dim_IntList"), kind="shared", inputs=(0,), scheme="neutron"
+        ),
+    ]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar
 
-from etforge.core.converter import SUPPORTED, OpConverter, Support, unsupported
+from etforge.core.converter import Constraint, OpConverter
 from etforge.core.hookspecs import hookimpl
 from etforge.core.quant_rule import QuantRule
 
@@ -15,19 +15,51 @@ if TYPE_CHECKING:
     from etforge.core.target import TargetSpec
 
 
+def _four_d(node: Node, target: TargetSpec) -> bool | str:
+    from etforge.core.graph_utils import shape_of
+
+    return len(shape_of(node)) == 4 or "non-4-D input"
+
+
+def _align_corners(node: Node) -> bool:
+    return "bilinear" in str(node.target) and len(node.args) > 2 and bool(node.args[2])
+
+
+def _scales(node: Node, target: TargetSpec) -> bool | str:
+    """H and W scale factors in the NPU's set (align_corners: (out - 1) / (in - 1))."""
+    from etforge.core.graph_utils import shape_of
+
+    allowed = target.npu.choices.get("resize_scales") if target.npu else None
+    if allowed is None:
+        return True
+    (_, _, in_h, in_w), (_, _, out_h, out_w) = shape_of(node.args[0]), shape_of(node)
+    if _align_corners(node):
+        if 1 in (in_h, in_w):
+            return f"align_corners with a {in_h}x{in_w} input"
+        scales = ((out_h - 1) / (in_h - 1), (out_w - 1) / (in_w - 1))
+    else:
+        scales = (out_h / in_h, out_w / in_w)
+    return (
+        all(f in allowed for f in scales) or f"scales {[round(f, 4) for f in scales]} not in {list(allowed)}"
+    )
+
+
 class Resize(OpConverter):
     litert: ClassVar[str] = ""
     options_kind: ClassVar[str] = ""
-
-    def check(self, node: Node, target: TargetSpec) -> Support:
-        from etforge.core.graph_utils import shape_of
-
-        if len(shape_of(node)) != 4:
-            return unsupported("non-4-D input")
-        return SUPPORTED
+    constraints = (
+        Constraint("4-D", _four_d),
+        Constraint("H and W scales in npu resize_scales", _scales),
+    )
 
     def align_corners(self, node: Node) -> bool:
         return False
+
+    def is_noop(self, node: Node, target: TargetSpec, constant: object = None) -> bool:
+        """Scale 1 in H and W: the output is the input."""
+        from etforge.core.graph_utils import shape_of
+
+        return shape_of(node.args[0]) == shape_of(node)
 
     def convert(self, node: Node, ctx: ConversionContext) -> None:
         import numpy as np

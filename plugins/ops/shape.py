@@ -6,9 +6,10 @@ channels-last input is transposed back first unless only size-1 dims move.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from etforge.core.converter import SUPPORTED, OpConverter, Support, unsupported
+from etforge.core.converter import SUPPORTED, Constraint, OpConverter, Support, unsupported
 from etforge.core.hookspecs import hookimpl
 from etforge.core.quant_rule import QuantRule
 
@@ -19,16 +20,44 @@ if TYPE_CHECKING:
     from etforge.core.target import TargetSpec
 
 
-def _rank_ok(node: Node, target: TargetSpec) -> Support:
+def _rank_ok(node: Node, target: TargetSpec) -> bool | str:
     from etforge.core.graph_utils import shape_of
 
     max_rank = target.npu.limit("max_rank", 6) if target.npu else 6
     ranks = [len(shape_of(node))] + [
         len(shape_of(a)) for a in node.all_input_nodes if a.meta.get("val") is not None
     ]
-    if max(ranks) > max_rank:
-        return unsupported(f"rank {max(ranks)} > {max_rank}")
-    return SUPPORTED
+    return max(ranks) <= max_rank or f"rank {max(ranks)} > {max_rank}"
+
+
+def _view_rank(node: Node, target: TargetSpec) -> bool | str:
+    """Output rank within the NPU's reshape limit (``max_view_rank``), else the generic ``max_rank``."""
+    from etforge.core.graph_utils import shape_of
+
+    npu = target.npu
+    if npu is None or "max_view_rank" not in npu.limits:
+        return _rank_ok(node, target)
+    rank = len(shape_of(node))
+    return rank <= npu.limits["max_view_rank"] or f"rank {rank} > {npu.limits['max_view_rank']}"
+
+
+def _shared(flag: str, every_input: bool = False) -> Callable[[Node, TargetSpec], bool | str]:
+    """Input 0 (or every listed input, for cat) and the output share qparams when the NPU sets ``flag``.
+
+    A constant input is exempt: it is folded at conversion (upstream: a static permute).
+    """
+
+    def test(node: Node, target: TargetSpec) -> bool | str:
+        from etforge.core.graph_utils import is_constant
+        from etforge.core.ophelpers import shares_qparams
+
+        if target.npu is None or not target.npu.requirement(flag):
+            return True
+        if not every_input:
+            return is_constant(node.args[0]) or shares_qparams(node)
+        return shares_qparams(node, tuple((0, i) for i in range(len(node.args[0]))))
+
+    return test
 
 
 class Reshape(OpConverter):
@@ -45,10 +74,10 @@ class Reshape(OpConverter):
         "aten.unsqueeze_copy.default",
         "aten.expand_dims.default",
     )
-    constraints = ("rank <= npu max_rank",)
+    constraints = (Constraint("rank <= npu max_view_rank (else max_rank)", _view_rank),)
 
-    def check(self, node: Node, target: TargetSpec) -> Support:
-        return _rank_ok(node, target)
+    def is_noop(self, node: Node, target: TargetSpec, constant: object = None) -> bool:
+        return True  # same bytes, another shape
 
     def convert(self, node: Node, ctx: ConversionContext) -> None:
         from etforge.core import layout
@@ -103,6 +132,22 @@ class Permute(OpConverter):
         "aten.transpose_copy.int",
         "aten.t_copy.default",
     )
+    constraints = (
+        Constraint(
+            "input and output share qparams (npu shared_qparams_permute)", _shared("shared_qparams_permute")
+        ),
+    )
+
+    def is_noop(self, node: Node, target: TargetSpec, constant: object = None) -> bool:
+        """A permute of a constant (folded at conversion) or one that only moves size-1 dims."""
+        from etforge.core.graph_utils import is_constant, shape_of
+        from etforge.core.litert_convert import _const_perm
+
+        if is_constant(node.args[0]):
+            return True
+        shape = shape_of(node.args[0])
+        moved = [d for d in _const_perm(node, len(shape)) if shape[d] != 1]
+        return moved == sorted(moved)
 
     def convert(self, node: Node, ctx: ConversionContext) -> None:
         from etforge.core import layout
@@ -134,6 +179,9 @@ class Identity(OpConverter):
         "dim_order_ops._to_dim_order_copy.default",
     )
 
+    def is_noop(self, node: Node, target: TargetSpec, constant: object = None) -> bool:
+        return True  # check() refuses dtype changes: the output is the input
+
     def check(self, node: Node, target: TargetSpec) -> Support:
         from etforge.core.graph_utils import tensor_meta
 
@@ -155,10 +203,19 @@ class Cat(OpConverter):
     """CONCATENATION along the stored position of the logical axis (all inputs share a layout)."""
 
     ops = ("aten.cat.default",)
-    constraints = ("rank <= npu max_rank",)
+    constraints = (
+        Constraint("rank <= npu max_rank", _rank_ok),
+        Constraint(
+            "inputs and output share qparams (npu shared_qparams_cat)",
+            _shared("shared_qparams_cat", every_input=True),
+        ),
+    )
 
-    def check(self, node: Node, target: TargetSpec) -> Support:
-        return _rank_ok(node, target)
+    def is_noop(self, node: Node, target: TargetSpec, constant: object = None) -> bool:
+        """A concatenation of one (non-empty) tensor is that tensor."""
+        from etforge.core.graph_utils import shape_of
+
+        return len([a for a in node.args[0] if 0 not in shape_of(a)]) == 1
 
     def convert(self, node: Node, ctx: ConversionContext) -> None:
         from etforge.core import layout
@@ -178,10 +235,35 @@ class Cat(OpConverter):
         )
 
 
+def _slice_limits(node: Node, target: TargetSpec) -> bool | str:
+    from etforge.core.graph_utils import shape_of
+    from etforge.core.ophelpers import arg
+
+    npu = target.npu
+    if npu is None:
+        return True
+    step = int(arg(node, 4, "step", 1))
+    if npu.requirement("slice_unit_step") and step != 1:
+        return f"step {step}"
+    if npu.requirement("slice_nonempty"):
+        size = shape_of(node.args[0])[int(arg(node, 1, "dim", 0))]
+        start, end = arg(node, 2, "start", None), arg(node, 3, "end", None)
+        start = 0 if start is None else int(start)
+        end = size if end is None else int(end)
+        start = min(max(start + size if start < 0 else start, 0), size)
+        end = min(max(end + size if end < 0 else end, 0), size)
+        if start >= end:
+            return f"empty slice {start}:{end}"
+    return True
+
+
 class Slice(OpConverter):
     """slice_copy -> STRIDED_SLICE in stored coordinates."""
 
     ops = ("aten.slice_copy.Tensor", "aten.slice.Tensor")
+    constraints = (
+        Constraint("step 1 (npu slice_unit_step), start < end (npu slice_nonempty)", _slice_limits),
+    )
 
     def convert(self, node: Node, ctx: ConversionContext) -> None:
         import numpy as np
@@ -210,16 +292,20 @@ class Slice(OpConverter):
         ctx.emit("STRIDED_SLICE", [v, *consts], [y], options("StridedSliceOptions"))
 
 
+def _pad_non_negative(node: Node, target: TargetSpec) -> bool | str:
+    pads = [int(p) for p in node.args[1]]
+    return all(p >= 0 for p in pads) or f"negative padding (cropping) {pads}"
+
+
 class ConstantPad(OpConverter):
     """constant_pad_nd -> PAD (zero / zero point) or PADV2 (other values)."""
 
     ops = ("aten.constant_pad_nd.default",)
-    constraints = ("non-negative padding",)
-
-    def check(self, node: Node, target: TargetSpec) -> Support:
-        if any(int(p) < 0 for p in node.args[1]):
-            return unsupported("negative padding (cropping)")
-        return _rank_ok(node, target)
+    constraints = (
+        Constraint("non-negative padding", _pad_non_negative),
+        Constraint("rank <= npu max_rank", _rank_ok),
+        Constraint("input and output share qparams (npu shared_qparams_pad)", _shared("shared_qparams_pad")),
+    )
 
     def convert(self, node: Node, ctx: ConversionContext) -> None:
         import numpy as np

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from etforge.core.converter import SUPPORTED, OpConverter, Support, unsupported
+from etforge.core.converter import Constraint, OpConverter
 from etforge.core.hookspecs import hookimpl
 from etforge.core.quant_rule import QuantRule
 
@@ -15,32 +15,36 @@ if TYPE_CHECKING:
     from etforge.core.target import TargetSpec
 
 
+def _sizes(node: Node, target: TargetSpec) -> bool | str:
+    """Channels (the softmax dim), spatial (every other dim, batch included) and their product."""
+    from math import prod
+
+    from etforge.core.graph_utils import shape_of
+
+    npu = target.npu
+    assert npu is not None
+    shape = shape_of(node)
+    channels = shape[int(node.args[1]) % len(shape)]
+    spatial = prod(shape) // max(channels, 1)
+    for what, value, key in (
+        ("channels", channels, "max_softmax_channels"),
+        ("spatial size", spatial, "max_softmax_spatial"),
+        ("elements", channels * spatial, "max_softmax_elements"),
+    ):
+        if key in npu.limits and value > npu.limits[key]:
+            return f"{what} {value} > {npu.limits[key]}"
+    return True
+
+
 class Softmax(OpConverter):
     ops = ("aten._softmax.default", "aten.softmax.int")
     constraints = (
-        "channels <= npu max_softmax_channels",
-        "spatial <= max_softmax_spatial",
-        "channels * spatial <= max_softmax_elements",
+        Constraint(
+            "channels <= npu max_softmax_channels, spatial (N*H*W) <= max_softmax_spatial, "
+            "channels * spatial <= max_softmax_elements",
+            _sizes,
+        ),
     )
-
-    def check(self, node: Node, target: TargetSpec) -> Support:
-        from math import prod
-
-        from etforge.core.graph_utils import shape_of
-
-        shape = shape_of(node)
-        dim = int(node.args[1]) % len(shape)
-        channels = shape[dim]
-        spatial = prod(shape) // max(channels, 1) // max(shape[0], 1)
-        npu = target.npu
-        assert npu is not None
-        if channels > npu.limit("max_softmax_channels", 1 << 30):
-            return unsupported(f"softmax over {channels} channels")
-        if spatial > npu.limit("max_softmax_spatial", 1 << 30):
-            return unsupported(f"softmax spatial size {spatial}")
-        if channels * spatial > npu.limit("max_softmax_elements", 1 << 62):
-            return unsupported(f"softmax of {channels * spatial} elements")
-        return SUPPORTED
 
     def convert(self, node: Node, ctx: ConversionContext) -> None:
         from etforge.core.litert import options

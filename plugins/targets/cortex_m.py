@@ -79,6 +79,14 @@ class CortexMBackend(CpuBackend):
     description = "CMSIS-NN kernels via executorch.backends.cortex_m (cortex_m::* ops)"
     placement = "cortex-m"
     channels_last = True
+    #: CMSIS-NN's cortex_m:: kernels first, then ExecuTorch's quantized and portable ones.
+    kernel_libraries = ("cortex_m", "quantized", "portable", "portable_custom", "et_copy")
+    kernel_namespaces = ("cortex_m",)
+    layout_ops = ("cortex_m.transpose",)
+
+    def isa(self, target: TargetSpec, options: dict[str, Any]) -> str | None:
+        """The CMSIS-NN implementation (scalar, dsp, mve) chosen for the core."""
+        return str(target_config(target, options).backend.name).lower()
 
     def quantizer(self, target: TargetSpec, options: dict[str, Any]) -> Quantizer | None:
         from executorch.backends.cortex_m.quantizer.quantizer import CortexMQuantizer
@@ -96,7 +104,63 @@ class CortexMBackend(CpuBackend):
         from executorch.backends.cortex_m.passes.cortex_m_pass_manager import CortexMPassManager
 
         logging.getLogger("executorch.exir.pass_manager").setLevel(logging.ERROR)
-        return CortexMPassManager(ep, target_config=target_config(target, options)).transform()
+        config = target_config(target, options)
+        try:
+            return CortexMPassManager(copy_program(ep), target_config=config).transform()
+        except Exception as exc:  # an upstream pass failing on a graph it does not expect
+            first = exc
+        # The passes after the q/dq folding re-trace the graph with fake tensors: a folded
+        # linear (int8 x int8 + int32 bias) traces to int32, and an int8 op that takes it
+        # (bmm) fails to trace. Substituting the CMSIS-NN ops once right after the folding
+        # gives every consumer its int8 producer; the usual passes then run as before.
+        from executorch.backends.cortex_m.passes.aten_to_cortex_m_pass import AtenToCortexMPass
+
+        passes = list(CortexMPassManager.pass_list)
+        at = next(i for i, p in enumerate(passes) if p.__name__ == "FoldAndAnnotateQParamsPass") + 1
+        passes.insert(at, AtenToCortexMPass)
+        try:
+            return CortexMPassManager(ep, passes=passes, target_config=config).transform()
+        except Exception:
+            raise lowering_error(first, ep, target) from None
+
+
+def copy_program(ep: ExportedProgram) -> ExportedProgram:
+    """A copy the pass manager may change in place (a failed attempt must not leak)."""
+    import copy
+
+    return copy.deepcopy(ep)
+
+
+def lowering_error(exc: BaseException, ep: ExportedProgram, target: TargetSpec) -> Exception:
+    """ExecuTorch's Cortex-M pass manager failed: one line naming the pass, node and op.
+
+    Its exceptions wrap the pass name around torch.fx's "While executing %node" trace.
+    """
+    import re
+
+    from etforge.core.errors import EtforgeError
+    from etforge.core.graph_utils import node_op
+
+    chain, cause = [], exc
+    while cause is not None and len(chain) < 8:
+        chain.append(cause)
+        cause = cause.__cause__ or cause.__context__
+    text = "\n".join(str(e) for e in chain)
+    pass_name = re.search(r"running the '(\w+)' pass", text)
+    where = re.search(r"While executing %(\w+)", text)
+    root = chain[-1]
+    first = next((ln.strip() for ln in str(root).splitlines() if ln.strip()), type(root).__name__)
+    nodes = {n.name: n for n in ep.graph_module.graph.nodes}
+    at = ""
+    if where:
+        node = nodes.get(where.group(1))
+        at = f" at node {where.group(1)}" + (f" ({node_op(node)})" if node is not None else "")
+    return EtforgeError(
+        f"{target.name}: ExecuTorch's Cortex-M lowering"
+        f"{f' (pass {pass_name.group(1)})' if pass_name else ''} failed{at}: "
+        f"{type(root).__name__}: {first}; this graph pattern has no CMSIS-NN lowering upstream "
+        "(compile for a target with the NPU, or change the model around that node)"
+    )
 
 
 @hookimpl

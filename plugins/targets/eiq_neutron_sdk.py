@@ -20,6 +20,8 @@ from etforge.core.target import TargetSpec
 SDK_MODULE = "eiq_neutron_sdk"
 FORMAT_NEUTRON = "neutron-c-v1"
 _ALIGN = 16
+#: Seconds one partition may take in the SDK (``--option npu_timeout=SECONDS``).
+DEFAULT_TIMEOUT = 3600
 
 
 def convert_in_child(
@@ -43,37 +45,78 @@ def _pad(raw: bytes) -> bytes:
     return raw + b"\0" * ((-len(raw)) % _ALIGN)
 
 
+def _sdk_output_error(why: str) -> ValueError:
+    return ValueError(f"SDK output is not a single-NeutronGraph model: {why}")
+
+
 def pack_neutron_payload(converted: bytes) -> bytes:
-    """Extract the NeutronGraph artifacts from the SDK's output model and pack them."""
+    """Extract the NeutronGraph artifacts from the SDK's output model and pack them.
+
+    The NeutronGraph node takes the graph inputs, then microcode, weights and kernels; it
+    returns the graph outputs, then (newer SDKs) a profile and a debug buffer, then the
+    scratch buffer. The payload version tells the runtime which of the two it is: 1 when
+    the profile and debug outputs are there, 0 otherwise -- derived from the node, since
+    the runtime's reading of the outputs depends on it.
+    """
     import numpy as np
     from ai_edge_litert import schema_py_generated as schema
 
-    model = schema.ModelT.InitFromPackedBuf(converted, 0)
-    if len(model.subgraphs) != 1:
-        raise ValueError(f"SDK output has {len(model.subgraphs)} subgraphs, expected 1")
+    try:
+        model = schema.ModelT.InitFromPackedBuf(converted, 0)
+    except Exception as exc:
+        raise _sdk_output_error(f"not a TFLite flatbuffer ({type(exc).__name__}: {exc})") from None
+    if len(model.subgraphs or []) != 1:
+        raise _sdk_output_error(f"{len(model.subgraphs or [])} subgraphs, expected 1")
     graph = model.subgraphs[0]
-    nodes = [
-        op
-        for op in graph.operators
-        if model.operatorCodes[op.opcodeIndex].builtinCode == schema.BuiltinOperator.CUSTOM
-        and model.operatorCodes[op.opcodeIndex].customCode in (b"NeutronGraph", "NeutronGraph")
-    ]
-    if len(graph.operators) != 1 or len(nodes) != 1:
-        raise ValueError(f"SDK output has {len(graph.operators)} operators; expected one NeutronGraph node")
-    node = nodes[0]
+    ops = list(graph.operators or [])
+    codes = list(model.operatorCodes or [])
+    if len(ops) != 1:
+        raise _sdk_output_error(f"{len(ops)} operators, expected one NeutronGraph node")
+    node = ops[0]
+    code = codes[node.opcodeIndex] if node.opcodeIndex < len(codes) else None
+    if (
+        code is None
+        or code.builtinCode != schema.BuiltinOperator.CUSTOM
+        or code.customCode not in (b"NeutronGraph", "NeutronGraph")
+    ):
+        raise _sdk_output_error("its operator is not the NeutronGraph custom op")
+    node_inputs = [int(t) for t in node.inputs]
+    node_outputs = [int(t) for t in node.outputs]
+    graph_inputs = [int(t) for t in graph.inputs]
+    graph_outputs = [int(t) for t in graph.outputs]
+    if len(node_inputs) < 3:
+        raise _sdk_output_error(
+            f"the node has {len(node_inputs)} inputs; microcode, weights, kernels missing"
+        )
+    if len(node_outputs) < 2:
+        raise _sdk_output_error(f"the node has {len(node_outputs)} outputs; the scratch buffer is missing")
 
     def blob(tensor: int) -> bytes:
-        return bytes(np.asarray(model.buffers[graph.tensors[tensor].buffer].data, dtype=np.uint8))
+        data = model.buffers[graph.tensors[tensor].buffer].data
+        return b"" if data is None else bytes(np.asarray(data, dtype=np.uint8))
 
-    microcode, weights, kernels = (blob(t) for t in list(node.inputs)[-3:])
-    inputs = [list(graph.inputs).index(t) for t in list(node.inputs)[:-3]]
-    outputs = [list(graph.outputs).index(t) for t in list(node.outputs) if t in list(graph.outputs)]
+    microcode, weights, kernels = (blob(t) for t in node_inputs[-3:])
+    results = node_outputs[:-1]  # the last output is the scratch buffer
+    version = 0
+    if len(results) - 2 == len(graph_outputs):  # profile and debug outputs before it
+        version, results = 1, results[:-2]
+    if any(t not in graph_inputs for t in node_inputs[:-3]) or any(t not in graph_outputs for t in results):
+        raise _sdk_output_error("the node's I/O tensors are not the graph's I/O")
+    inputs = [graph_inputs.index(t) for t in node_inputs[:-3]]
+    outputs = [graph_outputs.index(t) for t in results]
+    if max(len(inputs), len(outputs), len(graph_inputs)) > 255:
+        raise _sdk_output_error("more than 255 inputs or outputs (the header counts them in one byte)")
     # etforge partitions take and return each tensor in the bytes order its ExecuTorch dim
     # order gives (NHWC beside channels-last Cortex-M code; any conversion the model's own
     # NCHW I/O needs is a TRANSPOSE inside the graph), so the runtime copies buffers as they
-    # are: every I/O format flag is 0 (FORMATLESS).
+    # are: every I/O format flag is 0 (FORMATLESS). The third count is the delegate's
+    # arguments: the partition's inputs, which the SDK keeps as the graph's inputs.
     header = bytes(
-        [len(inputs), len(outputs), len(inputs)] + [0] * (len(inputs) + len(outputs)) + inputs + outputs + [1]
+        [len(inputs), len(outputs), len(graph_inputs)]
+        + [0] * (len(inputs) + len(outputs))
+        + inputs
+        + outputs
+        + [version]
     )
     return _pad(header) + _pad(microcode) + _pad(weights) + _pad(kernels)
 
@@ -95,10 +138,13 @@ class EiqNeutronSdk(NpuCompiler):
     ) -> NpuPayload:
         from etforge.core.isolated import run_isolated
 
+        timeout = float(options.get("npu_timeout") or DEFAULT_TIMEOUT)
         converted, log, files = run_isolated(
             f"{__name__}:convert_in_child",
             tflite,
             f"eIQ Neutron SDK on partition {partition}",
+            timeout=timeout,
+            timeout_hint="raise the limit with --option npu_timeout=SECONDS",
             target=options.get("neutron_target", "imxrt700"),
             fetch_constants_to_sram=bool(options.get("fetch_constants_to_sram", False)),
             dump_kernel_selection=True,

@@ -1,7 +1,11 @@
 """i.MX RT700 targets with the eIQ Neutron-C (N3) NPU.
 
-The limits below were read from the upstream ExecuTorch NXP backend (executorch 1.5.1,
-``backends/nxp``); each carries the file it comes from in ``sources``.
+The limits and requirements below re-express the checks of the upstream ExecuTorch NXP
+backend (executorch 1.5.1, ``backends/nxp``) as data; each carries the file it comes from
+in ``sources``. The op converters in ``plugins/ops`` enforce them (docs/targets.md,
+"Neutron constraint parity", maps each upstream condition to its check and test). Figures
+that are not NXP data are listed in ``assumptions`` and, with the eIQ Neutron SDK
+installed, read from it instead (``probe``).
 """
 
 from __future__ import annotations
@@ -11,11 +15,10 @@ from etforge.core.target import NpuSpec, OptionSpec, TargetSpec
 from etforge.plugins.targets.cortex_m import CPU_OPTIONS, DIM_ORDER_OPTION
 
 _UPSTREAM = "executorch/backends/nxp/backend/ir/converter/node_converters/ops_converters/"
+_NODE_CONVERTER = "executorch/backends/nxp/backend/ir/converter/node_converter.py"
 
 NEUTRON_C = NpuSpec(
     family="neutron-c",
-    # MACs per cycle of the RT700's Neutron-C; the SDK's getNeutronTarget("imxrt700").numMacs
-    # is authoritative (neutron_target_spec.py reads it from there).
     num_macs=16,
     dtypes=("int8",),
     limits={
@@ -24,25 +27,90 @@ NEUTRON_C = NpuSpec(
         "max_dilation": 4096,
         "max_weight_rows": 65535,  # kernel_h * kernel_w * ceil(C_in, num_macs)
         "max_transpose_conv_stride": 2,
+        "max_max_pool_stride": 4096,
         "max_softmax_channels": 2040,
-        "max_softmax_spatial": 4096,
+        "max_softmax_spatial": 4096,  # N * H * W (every dim but the softmax dim)
         "max_softmax_elements": 524288,
-        "max_rank": 4,
+        "max_view_rank": 7,
     },
+    choices={
+        "resize_scales": (1, 2, 4, 8),
+        "batch_matmul_zero_points": (0,),
+    },
+    requires=(
+        "binary_full_size_operand",
+        "conv_plain_or_depthwise",
+        "avg_pool_counts_padding",
+        "clamp_needs_a_bound",
+        "clamp_shared_qparams_unless_relu",
+        "shared_qparams_cat",
+        "shared_qparams_minmax",
+        "shared_qparams_pad",
+        "shared_qparams_permute",
+        "shared_qparams_pool",
+        "shared_qparams_reduce",
+        "neg_per_tensor",
+        "matmul_constant_rhs",
+        "addmm_bias_row",
+        "slice_unit_step",
+        "slice_nonempty",
+        "partition_needs_compute",
+        "clone_boundary_dim_orders",
+    ),
     fused_activations=("RELU", "RELU6", "RELU_N1_TO_1"),
     compiler="eiq-neutron-sdk",
+    assumptions={
+        "num_macs": "placeholder, not NXP data; the eIQ Neutron SDK's getNeutronTarget('imxrt700') "
+        "gives the real value (read automatically when the SDK is installed)",
+    },
+    probe="etforge.plugins.targets.neutron_spec_sdk:read_figures",
+    device="imxrt700",
     sources={
-        "max_kernel": _UPSTREAM + "convolution_converter.py (kernelH, kernelW <= 4096)",
-        "max_stride": _UPSTREAM + "convolution_converter.py, max_pool2d_with_indices_converter.py",
+        "num_macs": "executorch/backends/nxp/backend/neutron_target_spec.py reads it from the SDK",
+        "max_kernel": _UPSTREAM
+        + "convolution_converter.py, avg_pool_2d_converter.py, adaptive_avg_pool_2d_converter.py (<= 4096)",
+        "max_stride": _UPSTREAM
+        + "convolution_converter.py, avg_pool_2d_converter.py, adaptive_avg_pool_2d_converter.py (<= 4096)",
         "max_dilation": _UPSTREAM + "convolution_converter.py (dilationH, dilationW <= 4096)",
         "max_weight_rows": _UPSTREAM
         + "convolution_converter.py (kernelH*kernelW*ceil(inpC, NUM_MACS) <= 65535)",
         "max_transpose_conv_stride": _UPSTREAM
-        + "convolution_converter.py (transposed: stride <= 2, <= kernel)",
+        + "convolution_converter.py (transposed: stride <= 2, <= kernel, padding < kernel)",
+        "max_max_pool_stride": _UPSTREAM + "max_pool2d_with_indices_converter.py (stride <= 4096)",
         "max_softmax_channels": _UPSTREAM + "softmax_converter.py (channels <= 2040)",
-        "max_softmax_spatial": _UPSTREAM + "softmax_converter.py (spatial size <= 4096)",
-        "max_softmax_elements": _UPSTREAM + "softmax_converter.py (channels * spatial <= 524288)",
+        "max_softmax_spatial": _UPSTREAM + "softmax_converter.py (N*H*W <= 4096)",
+        "max_softmax_elements": _UPSTREAM + "softmax_converter.py (channels * N*H*W <= 524288)",
+        "max_view_rank": _UPSTREAM + "view_copy_converter.py (output rank < 8)",
+        "resize_scales": _UPSTREAM + "upsample_nearest2d_converter.py, upsample_bilinear2d_converter.py "
+        "(align_corners: (out - 1) / (in - 1), input H, W > 1)",
+        "batch_matmul_zero_points": _UPSTREAM + "bmm_converter.py (both input zero points 0)",
+        "binary_full_size_operand": _NODE_CONVERTER + " inputs_satisfy_broadcast_condition "
+        "(add, sub, mul, maximum, minimum, prelu)",
+        "conv_plain_or_depthwise": "executorch/backends/nxp/aten_passes/split_group_convolution.py "
+        "(the NPU runs regular and depthwise convolutions only)",
+        "avg_pool_counts_padding": _UPSTREAM
+        + "avg_pool_2d_converter.py (count_include_pad=False: no padding)",
+        "clamp_needs_a_bound": _UPSTREAM + "clamp_converter.py (some bound finite)",
+        "clamp_shared_qparams_unless_relu": _UPSTREAM + "clamp_converter.py, hardtanh_converter.py",
+        "shared_qparams_cat": _UPSTREAM + "cat_converter.py",
+        "shared_qparams_minmax": _UPSTREAM + "maximum_converter.py, minimum_converter.py",
+        "shared_qparams_pad": _UPSTREAM + "constant_pad_nd_converter.py",
+        "shared_qparams_permute": _UPSTREAM + "permute_copy_converter.py",
+        "shared_qparams_pool": _UPSTREAM
+        + "max_pool2d_with_indices_converter.py, avg_pool_2d_converter.py, adaptive_avg_pool_2d_converter.py",
+        "shared_qparams_reduce": _UPSTREAM + "mean_dim_converter.py, sum_dim_int_list_converter.py",
+        "neg_per_tensor": _UPSTREAM + "neg_converter.py",
+        "matmul_constant_rhs": _UPSTREAM + "mm_converter.py (weights static)",
+        "addmm_bias_row": _UPSTREAM + "addmm_converter.py (bias [P] or [1, P])",
+        "slice_unit_step": _UPSTREAM + "slice_copy_tensor_converter.py (4 args: no step)",
+        "slice_nonempty": _UPSTREAM + "slice_copy_tensor_converter.py (start < end)",
         "fused_activations": "executorch/backends/nxp/backend/neutron_target_spec.py (Relu, Relu6 fusable)",
+        "partition_needs_compute": "executorch/backends/nxp/neutron_partitioner.py "
+        "(validate_partitioning_result: no partition of no-ops only), backend/edge_helper.py "
+        "(is_no_op_on_neutron), and the supports_partitioning_result of the clone, permute_copy, "
+        "upsample_nearest2d, upsample_bilinear2d, mean_dim, clamp and relu converters",
+        "clone_boundary_dim_orders": _UPSTREAM
+        + "clone_converter.py (a clone at a partition boundary: contiguous or channels-last)",
     },
 )
 
@@ -52,6 +120,9 @@ _NPU_OPTIONS = (
     OptionSpec(
         "fetch_constants_to_sram", False, "Neutron: microcode that fetches weights from external memory."
     ),
+    OptionSpec(
+        "npu_timeout", 3600, "Seconds the eIQ Neutron SDK may take per partition before it is killed."
+    ),
 )
 
 IMXRT700 = TargetSpec(
@@ -59,7 +130,8 @@ IMXRT700 = TargetSpec(
     description="i.MX RT700: Neutron-C NPU for what it supports, portable CPU kernels for the rest",
     npu=NEUTRON_C,
     cpu_fallback="portable",
-    quant_schemes=("int8",),
+    cpu="cortex-m33",
+    quant_schemes=("neutron", "int8"),
     options=_NPU_OPTIONS,
 )
 
@@ -68,7 +140,8 @@ IMXRT700CM = TargetSpec(
     description="i.MX RT700: Neutron-C NPU wherever possible, CMSIS-NN on the Cortex-M33 for the rest",
     npu=NEUTRON_C,
     cpu_fallback="cortex_m",
-    quant_schemes=("int8",),
+    cpu="cortex-m33",
+    quant_schemes=("neutron", "int8"),
     options=(*_NPU_OPTIONS, *CPU_OPTIONS, DIM_ORDER_OPTION),
 )
 

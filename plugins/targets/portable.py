@@ -10,6 +10,8 @@ class Portable(CpuBackend):
     name = "portable"
     description = "ExecuTorch portable kernels (aten::*.out, quantized_decomposed::*.out)"
     placement = "portable"
+    #: ExecuTorch's kernel libraries the firmware links (``core.kernel_check``).
+    kernel_libraries = ("quantized", "portable", "portable_custom", "et_copy")
 
 
 @hookimpl

@@ -1,0 +1,47 @@
+"""Which of a ``.pte``'s delegates have a device runtime, read from the program itself.
+
+A delegate whose payload is etforge's tagged container (:mod:`etforge.core.payload`) marked
+host-only is a LiteRT model that only the host runs (the eIQ Neutron SDK was absent at
+compile time); the firmware build must not pretend otherwise. Any other payload is what a
+device backend (``NeutronBackend`` ...) was given.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from etforge.core import payload
+
+
+@dataclass(frozen=True)
+class DelegateInfo:
+    method: str
+    backend_id: str
+    #: The partition name when etforge's container says it, else the delegate's position.
+    partition: str
+    format: str
+    host_only: bool
+
+
+def read_delegates(pte: Path) -> list[DelegateInfo]:
+    """Every delegate of every method, in program order (``pte`` is known to parse)."""
+    from executorch.exir._serialize._program import deserialize_pte_binary
+    from executorch.exir.schema import DataLocation
+
+    program = deserialize_pte_binary(pte.read_bytes()).program
+    out = []
+    for plan in program.execution_plan:
+        for i, d in enumerate(plan.delegates):
+            ref = d.processed
+            data = (
+                bytes(program.backend_delegate_data[ref.index].data)
+                if ref.location == DataLocation.INLINE
+                else b""  # segments are folded back inline by the deserializer
+            )
+            name, fmt, host_only = f"{plan.name}[{i}]", "device payload", False
+            if data[:4] == payload.MAGIC:
+                blob = payload.unpack(data)
+                name, fmt, host_only = blob.partition, blob.format, blob.host_only
+            out.append(DelegateInfo(plan.name, d.id, name, fmt, host_only))
+    return out

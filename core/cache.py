@@ -1,0 +1,292 @@
+"""A content-addressed build cache: an unchanged model recompiles by copying its last output.
+
+The key hashes everything that determines the output bytes — the exported program (graph
+code, signature, every weight and constant), the example and calibration tensors, the target,
+its options and flags, the versions of etforge's own sources, of every plugin distribution
+and of the stack (torch, executorch, torchao, LiteRT), and the NPU compiler's availability.
+An entry is a directory of files plus a manifest of their SHA-256; a restore re-hashes every
+file, and an entry that does not match (truncated, edited, half-written) is deleted and
+rebuilt, never trusted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+#: Bump when the entry layout or the key's composition changes.
+CACHE_FORMAT = 1
+MANIFEST = "manifest.json"
+ENV_DIR = "ETFORGE_CACHE_DIR"
+
+
+def default_dir() -> Path:
+    """The platform's cache convention (XDG on Linux, Library/Caches on macOS, LOCALAPPDATA on Windows)."""
+    if env := os.environ.get(ENV_DIR):
+        return Path(env)
+    if sys.platform == "darwin":
+        return Path.home() / "Library" / "Caches" / "etforge"
+    if os.name == "nt":
+        base = os.environ.get("LOCALAPPDATA") or str(Path.home() / "AppData" / "Local")
+        return Path(base) / "etforge" / "Cache"
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "etforge"
+
+
+class Fingerprint:
+    """An incremental SHA-256 over labelled parts, so two different inputs cannot collide by
+    concatenation (each part carries its label and length)."""
+
+    def __init__(self) -> None:
+        self._h = hashlib.sha256()
+
+    def add(self, label: str, data: bytes | str) -> None:
+        raw = data.encode() if isinstance(data, str) else data
+        self._h.update(f"{label}\0{len(raw)}\0".encode())
+        self._h.update(raw)
+
+    def add_tensor(self, label: str, tensor: Any) -> None:
+        t = tensor.detach().cpu()
+        self.add(label + ".meta", f"{t.dtype}|{tuple(t.shape)}|{tuple(t.stride())}")
+        flat = t.contiguous().reshape(-1)
+        self.add(label + ".data", flat.view(dtype=_uint8()).numpy().tobytes() if flat.numel() else b"")
+
+    def hexdigest(self) -> str:
+        return self._h.hexdigest()
+
+
+def _uint8() -> Any:
+    import torch
+
+    return torch.uint8
+
+
+def _package_sources() -> str:
+    """SHA-256 of etforge's own Python sources and templates: a changed converter is a new build."""
+    root = Path(__file__).resolve().parent.parent
+    h = hashlib.sha256()
+    for path in sorted(p for p in root.rglob("*") if p.suffix in {".py", ".j2"} and _is_product(p, root)):
+        h.update(str(path.relative_to(root)).encode() + b"\0")
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def _is_product(path: Path, root: Path) -> bool:
+    parts = path.relative_to(root).parts
+    return not parts or parts[0] not in {"tests", "bench", "build", "dist", ".venv", ".git"}
+
+
+def _stack_versions() -> dict[str, str]:
+    import importlib.metadata as md
+
+    versions = {}
+    for dist in ("torch", "executorch", "torchao", "ai-edge-litert", "flatbuffers", "jinja2"):
+        try:
+            versions[dist] = md.version(dist)
+        except md.PackageNotFoundError:
+            versions[dist] = "absent"
+    return versions
+
+
+def build_key(
+    program: Any,
+    example: Sequence[Any],
+    calibration: Sequence[Sequence[Any]] | None,
+    *,
+    model: str,
+    target: str,
+    options: dict[str, Any],
+    flags: dict[str, Any],
+    plugins: Iterable[tuple[str, str]],
+    npu_compiler: str,
+) -> str:
+    """The cache key of one compile (``program`` is the float ``ExportedProgram``)."""
+    fp = Fingerprint()
+    fp.add("format", str(CACHE_FORMAT))
+    fp.add("model", model)
+    fp.add("target", target)
+    fp.add("options", json.dumps(options, sort_keys=True, default=str))
+    fp.add("flags", json.dumps(flags, sort_keys=True, default=str))
+    fp.add("etforge", _package_sources())
+    fp.add("plugins", json.dumps(sorted(set(plugins))))
+    fp.add("stack", json.dumps(_stack_versions(), sort_keys=True))
+    fp.add("npu_compiler", npu_compiler)
+    fp.add("graph", program.graph_module.print_readable(print_output=False, include_stride=True))
+    fp.add("signature", str(program.graph_signature))
+    for name in sorted(program.state_dict):
+        fp.add_tensor(f"state:{name}", program.state_dict[name])
+    for name in sorted(program.constants):
+        value = program.constants[name]
+        if hasattr(value, "detach"):
+            fp.add_tensor(f"const:{name}", value)
+        else:
+            fp.add(f"const:{name}", repr(value))
+    for i, t in enumerate(example):
+        fp.add_tensor(f"example:{i}", t)
+    for b, batch in enumerate(calibration or []):
+        for i, t in enumerate(batch):
+            fp.add_tensor(f"calib:{b}:{i}", t)
+    return fp.hexdigest()
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _files(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*") if p.is_file())
+
+
+@dataclass
+class Entry:
+    key: str
+    path: Path
+    bytes: int
+    last_used: float
+
+
+class BuildCache:
+    """Entries live in ``<root>/v<format>/<key[:2]>/<key>/`` with ``files/`` and a manifest."""
+
+    def __init__(self, root: Path | None = None) -> None:
+        self.root = (root or default_dir()) / f"v{CACHE_FORMAT}"
+
+    def _entry(self, key: str) -> Path:
+        return self.root / key[:2] / key
+
+    def restore(self, key: str, dest: Path) -> bool:
+        """Copy the entry's files into ``dest`` (an empty directory) if the entry is intact."""
+        entry = self._entry(key)
+        manifest = _read_manifest(entry)
+        if manifest is None:
+            return False
+        files = entry / "files"
+        listed: dict[str, str] = manifest["files"]
+        present = {str(p.relative_to(files)) for p in _files(files)} if files.is_dir() else set()
+        if present != set(listed) or any(
+            _sha256_file(files / rel) != digest for rel, digest in listed.items()
+        ):
+            self.discard(key)  # corrupt: never trusted, rebuilt by the caller
+            return False
+        for rel in sorted(listed):
+            target = dest / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(files / rel, target)
+        with contextlib.suppress(OSError):
+            os.utime(entry / MANIFEST)  # last use, for pruning
+        return True
+
+    def store(self, key: str, source: Path) -> None:
+        """Add ``source``'s files as the entry for ``key`` (atomically; a failure stores nothing)."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(dir=self.root, prefix=".store-"))
+        try:
+            shutil.copytree(source, staging / "files", dirs_exist_ok=True)
+            digests = {
+                str(p.relative_to(staging / "files")): _sha256_file(p) for p in _files(staging / "files")
+            }
+            manifest = {"format": CACHE_FORMAT, "key": key, "created": time.time(), "files": digests}
+            (staging / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
+            entry = self._entry(key)
+            entry.parent.mkdir(parents=True, exist_ok=True)
+            if entry.exists():
+                shutil.rmtree(entry, ignore_errors=True)
+            os.replace(staging, entry)
+        finally:
+            if staging.exists():
+                shutil.rmtree(staging, ignore_errors=True)
+
+    def discard(self, key: str) -> None:
+        shutil.rmtree(self._entry(key), ignore_errors=True)
+
+    def entries(self) -> list[Entry]:
+        found = []
+        for manifest_path in self.root.glob(f"*/*/{MANIFEST}"):
+            entry = manifest_path.parent
+            size = sum(p.stat().st_size for p in _files(entry))
+            found.append(Entry(entry.name, entry, size, manifest_path.stat().st_mtime))
+        return sorted(found, key=lambda e: e.last_used)
+
+    def prune(self, max_bytes: int = 0, older_than_seconds: float | None = None) -> list[Entry]:
+        """Remove least-recently-used entries until the cache holds at most ``max_bytes``
+        (and every entry unused for longer than ``older_than_seconds``); returns those removed."""
+        entries = self.entries()
+        total = sum(e.bytes for e in entries)
+        removed = []
+        now = time.time()
+        for e in entries:
+            stale = older_than_seconds is not None and now - e.last_used > older_than_seconds
+            if total > max_bytes or stale:
+                shutil.rmtree(e.path, ignore_errors=True)
+                total -= e.bytes
+                removed.append(e)
+        for leftover in self.root.glob(".store-*"):  # a store killed midway
+            shutil.rmtree(leftover, ignore_errors=True)
+        return removed
+
+
+def _read_manifest(entry: Path) -> dict[str, Any] | None:
+    try:
+        manifest = json.loads((entry / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+    if (
+        not isinstance(manifest, dict)
+        or manifest.get("format") != CACHE_FORMAT
+        or not isinstance(manifest.get("files"), dict)
+        or not manifest["files"]
+    ):
+        return None
+    return manifest
+
+
+def enabled() -> bool:
+    """``ETFORGE_NO_CACHE=1`` turns the cache off for a process (the test suite does)."""
+    return os.environ.get("ETFORGE_NO_CACHE", "") in {"", "0"}
+
+
+def plugin_fingerprints(reg: Any) -> list[tuple[str, str]]:
+    """Each plugin's distribution, version, entry point and module source: an edited plugin
+    (an editable install, a development checkout) is a new build even at the same version."""
+    found = []
+    for p in reg.plugins:
+        module = sys.modules.get(p.entry_point.split(":", 1)[0])
+        path = getattr(module, "__file__", None)
+        source = hashlib.sha256(Path(path).read_bytes()).hexdigest() if path and Path(path).is_file() else ""
+        found.append((f"{p.distribution} {p.version} {p.name}={p.entry_point}", source))
+    return found
+
+
+def compile_key(
+    front: Any, reg: Any, model: str, target: Any, options: dict[str, Any], flags: dict[str, Any]
+) -> str:
+    """The key of one ``etforge compile``: its front end (exported program, example and
+    calibration tensors) and everything else the output depends on."""
+    npu = getattr(target, "npu", None)
+    compiler_name = getattr(npu, "compiler", None) if npu is not None else None
+    compiler = reg.npu_compilers.get(compiler_name) if compiler_name else None
+    status = repr(compiler.available()) if compiler is not None else f"no compiler ({compiler_name})"
+    return build_key(
+        front.program,
+        front.example,
+        front.calibration,
+        model=model,
+        target=target.name,
+        options=options,
+        flags=flags,
+        plugins=plugin_fingerprints(reg),
+        npu_compiler=status,
+    )

@@ -1,0 +1,33 @@
+"""Silence third-party noise in the CLI: what torch, torchao and ExecuTorch print is not the user's concern.
+
+Installed once at CLI start, before torch is imported, because some of the noise comes from
+import-time code (torchao's "Failed to load ..._C_mxfp8.so", pytree deprecations). ``-v``
+skips it and shows everything. Errors are never silenced here: etforge reports them itself
+as :class:`~etforge.core.errors.EtforgeError` lines.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+
+#: Modules whose ``UserWarning``s are library chatter (the user's own modules keep theirs).
+THIRD_PARTY = r"(torch|torchao|executorch|ai_edge_litert|flatbuffers|tosa|numpy|copyreg|typing)(\.|$)"
+
+
+def install(verbose: bool = False) -> None:
+    """Quiet mode for this process (a no-op with ``verbose``)."""
+    if verbose:
+        return
+    # Library loggers (torchao's .so loader, torch's "W1123 ... _pytree.py" and its
+    # fake-tensor tracebacks logged before an export error, ExecuTorch's "PassManager is
+    # deprecated"): torch re-sets its loggers' levels at import, so disable globally.
+    logging.disable(logging.CRITICAL)
+    # C++ glog/c10 warnings from torch's native code.
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    # API deprecations inside libraries are for their developers.
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    # "No complete tensor found in the group!" (torch.export.save) and friends.
+    warnings.filterwarnings("ignore", category=UserWarning, module=THIRD_PARTY)

@@ -1,0 +1,151 @@
+"""The compile summary people read: one screen (80 columns) whatever the model's size.
+
+At most 16 lines (``summary_lines``), so with the eight stage lines above it ``compile``'s
+default output fits an 80x24 terminal.
+
+The per-node detail lives in ``etforge report OUT --ops``; this gives the figures that
+matter (NPU share, partitions, the CPU's ops grouped with the reason each stayed there,
+memory, flash, the host-only note) in a bounded number of lines.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from collections import Counter
+from typing import Any
+
+#: Groups of CPU ops and notes shown; the rest is counted and left to ``report --ops``.
+MAX_CPU_GROUPS = 2
+MAX_NOTES = 2
+
+
+def _fill(text: str, width: int, indent: str = "", hang: str = "    ", most: int = 0) -> list[str]:
+    """Wrapped at ``width``; with ``most``, cut to that many lines, the cut marked with "…"."""
+    lines = textwrap.wrap(
+        text,
+        width=width,
+        initial_indent=indent,
+        subsequent_indent=indent + hang,
+        break_long_words=False,
+        break_on_hyphens=False,
+    ) or [indent]
+    if most and len(lines) > most:
+        lines = lines[:most]
+        lines[-1] = _one(lines[-1] + " …", width)
+    return lines
+
+
+def _one(text: str, width: int) -> str:
+    """``text`` on one line: cut with an ellipsis (the full text is in ``report --ops``)."""
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def cpu_groups(report: dict[str, Any]) -> list[tuple[int, str, str, str]]:
+    """(count, Edge op, what runs it, reason) for the nodes off the NPU, most frequent first."""
+    groups: Counter[tuple[str, str, str]] = Counter()
+    for n in report["nodes"]:
+        if n.get("placement") == "npu":
+            continue
+        runs = n.get("cpu_op") or n.get("placement") or "cpu"
+        groups[(n.get("op", "?"), runs, n.get("reason") or "not offered to the NPU")] += 1
+    return [
+        (c, op, runs, why) for (op, runs, why), c in sorted(groups.items(), key=lambda kv: (-kv[1], kv[0]))
+    ]
+
+
+#: Lines of the summary at most (``compile`` prints its eight stage lines above it).
+MAX_LINES = 16
+
+
+def _pack(items: list[str], width: int, indent: str, hang: str = "    ") -> list[str]:
+    """Items joined with " · ", lines broken only between items."""
+    lines = [indent]
+    for item in items:
+        cur = lines[-1]
+        if cur.strip() and len(cur) + 3 + len(item) > width:
+            lines.append(indent + hang + item)
+        else:
+            lines[-1] = cur + (" · " if cur.strip() else "") + item
+    return lines
+
+
+def summary_lines(report: dict[str, Any], out: str | None = None, width: int = 80) -> list[str]:
+    """Plain-text lines, each at most ``width`` columns (bar a single word longer than that).
+
+    Notes get as many lines as fit in :data:`MAX_LINES`, cut with "…" when they do not.
+    """
+    for most in (4, 3, 2, 1):
+        lines = _build(report, out, width, most)
+        if len(lines) <= MAX_LINES:
+            break
+    return lines
+
+
+def _build(report: dict[str, Any], out: str | None, width: int, most: int) -> list[str]:
+    lines: list[str] = []
+    macs = report.get("macs", {})
+    total = macs.get("total", 0)
+    parts = report.get("partitions", [])
+    head = f"{report.get('model', '?')} on {report.get('target', '?')}: "
+    if parts or macs.get("npu"):
+        head += f"{100 * macs.get('npu_share', 0.0):.1f}% of {total:,} MACs on the NPU"
+    else:
+        head += f"every op on the CPU ({report.get('cpu_backend', 'cpu')}), {total:,} MACs"
+    lines.append(_one(head, width))
+    if parts:
+        ops = sum(p.get("litert_ops", 0) for p in parts)
+        transposes = sum(p.get("boundary_transposes", 0) for p in parts)
+        conv = len(report.get("cpu_layout_conversions", []))
+        lines.append(
+            _one(
+                f"  NPU: {len(parts)} partition(s), {ops} LiteRT ops, {transposes} boundary transposes"
+                + (f" (+{conv} on the CPU)" if conv else ""),
+                width,
+            )
+        )
+    groups = cpu_groups(report)
+    off = sum(g[0] for g in groups)
+    if groups:
+        lines.append(_one(f"  CPU: {off} node(s) ({report.get('cpu_backend', 'cpu')})", width))
+        for count, op, runs, why in groups[:MAX_CPU_GROUPS]:
+            via = f" as {runs}" if runs not in (op, "portable") else ""
+            lines.append(_one(f"    {count}× {op}{via}: {why}", width))
+        if len(groups) > MAX_CPU_GROUPS:
+            rest = sum(g[0] for g in groups[MAX_CPU_GROUPS:])
+            lines.append(
+                _one(f"    +{rest} more in {len(groups) - MAX_CPU_GROUPS} group(s): report --ops", width)
+            )
+    mem = report.get("memory", {})
+    arena = ", ".join(f"{b:,} B" for b in mem.get("arena_bytes", [])) or "0 B"
+    lines += _pack(
+        [
+            f"memory: arena {arena} (lower bound {mem.get('lower_bound_bytes', 0):,} B)",
+            f"flash {mem.get('flash_bytes', 0):,} B",
+            f".pte {mem.get('pte_bytes', 0):,} B",
+        ],
+        width,
+        "  ",
+    )[:2]
+    if mem.get("npu_partitions"):
+        parts = ", ".join(f"{p['name']} {p['working_bytes']:,} B" for p in mem["npu_partitions"])
+        lines += _fill(
+            f"NPU working memory: {parts} (etforge's host estimate; the device figure comes from "
+            "the NPU compiler when the eIQ Neutron SDK is installed)",
+            width,
+            "  ",
+            most=most,
+        )
+    notes = list(report.get("notes", []))
+    for fig, info in (report.get("npu_figures") or {}).items():
+        if isinstance(info, dict) and info.get("assumption"):  # decided with a figure that is not vendor data
+            notes.append(f"NPU {fig}={info.get('value')} is an {info.get('source')}")
+    for note in notes[:MAX_NOTES]:
+        lines += _fill(f"note: {note}", width, most=most)
+    if len(notes) > MAX_NOTES:
+        lines.append(f"note: +{len(notes) - MAX_NOTES} more in report.json")
+    if report.get("host_only"):
+        status = report.get("npu_compiler", {}).get("status", "")
+        lines += _fill(f"host-only: {status}", width, most=most)
+    if out is not None:
+        lines.append(f"per node: etforge report {out} --ops")  # one line: a long path stays whole
+    return lines

@@ -1,0 +1,1 @@
+"""Built-in graph rewrites (``etforge_rewrites``): one module per rewrite family."""

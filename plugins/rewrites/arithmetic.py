@@ -1,0 +1,56 @@
+"""Division by a constant as multiplication by its reciprocal.
+
+LiteRT's int8 DIV is not an NPU op (upstream Neutron has no div converter); MUL is, and
+``x / c == x * (1 / c)`` up to float rounding. Attention's ``q·kᵀ / √d`` is the usual case.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from etforge.core.hookspecs import hookimpl
+from etforge.core.rewrite import Rewrite
+
+if TYPE_CHECKING:
+    from torch.fx import GraphModule
+
+    from etforge.core.target import TargetSpec
+
+
+class DivByConstant(Rewrite):
+    description = "div(x, c) with a constant c (scalar or get_attr tensor) -> mul(x, 1/c)"
+
+    def apply(self, gm: GraphModule, target: TargetSpec) -> bool:
+        import torch
+
+        from etforge.core.rewrite import call, calls, constant, val
+
+        aten = torch.ops.aten
+        changed = False
+        for node in calls(gm, aten.div.Tensor, aten.div.Scalar):
+            if node.kwargs.get("rounding_mode") is not None or len(node.args) != 2:
+                continue
+            x, d = node.args
+            v = val(x)
+            if v is None or not v.is_floating_point():
+                continue
+            if isinstance(d, (int, float)) and not isinstance(d, bool):
+                if d == 0:
+                    continue
+                recip = torch.tensor(1.0 / float(d), dtype=v.dtype)
+            elif getattr(d, "op", None) == "get_attr":
+                t = val(d)
+                if t is None or not t.is_floating_point() or bool((t == 0).any()):
+                    continue
+                recip = (1.0 / t.detach().double()).to(t.dtype)
+            else:
+                continue
+            out = call(gm, aten.mul.Tensor, (x, constant(gm, recip, "reciprocal", node)), node)
+            node.replace_all_uses_with(out)
+            changed = True
+        return changed
+
+
+@hookimpl
+def etforge_rewrites() -> list[Rewrite]:
+    return [DivByConstant()]

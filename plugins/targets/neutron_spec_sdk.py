@@ -1,0 +1,56 @@
+"""Device figures of a Neutron target, read from the eIQ Neutron SDK when it is installed.
+
+ExecuTorch's NXP backend asks the SDK (``neutron_converter.getNeutronTarget(name)``) for the
+NPU's MACs, units, pipes and hardware version instead of assuming them. etforge does the
+same through the targets' ``NpuSpec.probe``: the query runs in an isolated child process
+(the SDK is a native library that may crash), once per process; without the SDK nothing
+runs and the spec's own figures stay, marked as assumptions where they are not NXP data.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from typing import Any
+
+SDK_MODULE = "eiq_neutron_sdk"
+#: SDK attribute -> figure name used on ``NpuSpec``.
+FIGURES = {
+    "numMacs": "num_macs",
+    "numUnits": "num_units",
+    "numPipes": "num_pipes",
+    "hwVersion": "hw_version",
+    "subsystem": "subsystem",
+}
+
+
+def query_in_child(_: bytes, device: str) -> bytes:
+    """Runs in the isolated child: the SDK's figures for ``device`` as JSON."""
+    from eiq_neutron_sdk import neutron_converter  # type: ignore[import-not-found]
+
+    target = neutron_converter.getNeutronTarget(device)
+    # Newer SDKs nest the NPU's figures under ``npu``; older ones keep them on the target.
+    info = getattr(target, "npu", None) or target
+    out: dict[str, Any] = {}
+    for attr, name in FIGURES.items():
+        value = getattr(info, attr, None)
+        if value is not None:
+            out[name] = bool(value) if name == "subsystem" else int(value)
+    return json.dumps(out, sort_keys=True).encode()
+
+
+def read_figures(device: str | None) -> dict[str, Any]:
+    """The SDK's figures for ``device``; {} when the SDK is not installed (no child is started)."""
+    if not device or importlib.util.find_spec(SDK_MODULE) is None:
+        return {}
+    from etforge.core.isolated import run_isolated
+
+    raw, _, _ = run_isolated(
+        f"{__name__}:query_in_child", b"", f"eIQ Neutron SDK query of target {device}", 120, device=device
+    )
+    figures = json.loads(raw.decode())
+    if "num_macs" in figures and figures["num_macs"] <= 0:
+        from etforge.core.errors import EtforgeError
+
+        raise EtforgeError(f"eIQ Neutron SDK reports {figures['num_macs']} MACs for {device}")
+    return figures

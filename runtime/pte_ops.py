@@ -1,0 +1,101 @@
+"""The host kernel for each operator a ``.pte`` names: its reference implementation in torch.
+
+An ExecuTorch program calls out variants (``aten::convolution.out``,
+``quantized_decomposed::quantize_per_tensor.out``, ``cortex_m::quantized_conv2d.out``). Where
+torch has a kernel for the out variant (ATen's own, ExecuTorch's quantized kernels loaded by
+``executorch.kernels.quantized``) it writes straight into the planned output tensor; the
+``cortex_m::`` out variants have no host kernel, so their functional reference
+implementation runs and its result is copied into the planned output — the same values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+import torch
+
+from etforge.core.errors import EtforgeError
+
+_KEYS = ("CPU", "CompositeExplicitAutograd", "CompositeImplicitAutograd")
+
+
+def _register_libraries() -> None:
+    """Out variants of the quantized ops and the ``cortex_m::`` ops' reference implementations.
+
+    ``executorch.backends.cortex_m.passes`` defines the ``cortex_m`` library in the order its
+    own modules need (importing ``cortex_m.ops.operators`` first fails on a circular import).
+    """
+    import executorch.backends.cortex_m.passes  # noqa: F401
+    import executorch.kernels.quantized  # noqa: F401
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One operator of the program: how to call it with the instruction's arguments."""
+
+    name: str  # "aten::convolution.out"
+    overload: torch._ops.OpOverload
+    #: The functional overload run instead when the out variant has no host kernel.
+    functional: torch._ops.OpOverload | None
+
+    @property
+    def schema(self) -> Any:
+        return self.overload._schema
+
+    def __call__(self, args: Sequence[Any]) -> Any:
+        """Call with every schema argument in order (out arguments are the planned tensors)."""
+        schema_args = self.schema.arguments
+        pos = [a for s, a in zip(schema_args, args, strict=True) if not s.kwarg_only]
+        kw = {s.name: a for s, a in zip(schema_args, args, strict=True) if s.kwarg_only}
+        if self.functional is None:
+            return self.overload(*pos, **kw)
+        outs = [a for s, a in zip(schema_args, args, strict=True) if s.is_out]
+        fpos = [a for s, a in zip(schema_args, args, strict=True) if not s.is_out and not s.kwarg_only]
+        fkw = {s.name: a for s, a in zip(schema_args, args, strict=True) if not s.is_out and s.kwarg_only}
+        result = self.functional(*fpos, **fkw)
+        results = list(result) if isinstance(result, (tuple, list)) else [result]
+        for out, value in zip(outs, results, strict=True):
+            if tuple(out.shape) != tuple(value.shape):
+                raise EtforgeError(
+                    f"{self.name}: the reference implementation returns shape {list(value.shape)}, "
+                    f"the program planned {list(out.shape)}"
+                )
+            out.copy_(value)
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+def _has_kernel(op: torch._ops.OpOverload) -> bool:
+    name = op._schema.name + (f".{op._schema.overload_name}" if op._schema.overload_name else "")
+    return any(torch._C._dispatch_has_kernel_for_dispatch_key(name, k) for k in _KEYS)
+
+
+def _functional_of(packet: Any, out: torch._ops.OpOverload) -> torch._ops.OpOverload | None:
+    """The overload taking the out variant's non-out arguments (``default`` for custom ops)."""
+    wanted = [(a.name, str(a.type)) for a in out._schema.arguments if not a.is_out]
+    for name in packet.overloads():
+        candidate = getattr(packet, name)
+        if [(a.name, str(a.type)) for a in candidate._schema.arguments] == wanted and _has_kernel(candidate):
+            return candidate
+    return None
+
+
+@cache
+def kernel(name: str, overload: str) -> Kernel:
+    """The kernel for operator ``name`` (``ns::op``; bare names are ATen) and ``overload``."""
+    _register_libraries()
+    ns, _, op = name.rpartition("::")
+    full = f"{ns or 'aten'}::{op}" + (f".{overload}" if overload else "")
+    try:
+        packet = getattr(getattr(torch.ops, ns or "aten"), op)
+        target = getattr(packet, overload or "default")
+    except (AttributeError, RuntimeError):
+        raise EtforgeError(f"operator {full}: no host implementation is registered in torch") from None
+    if _has_kernel(target):
+        return Kernel(full, target, None)
+    functional = _functional_of(packet, target)
+    if functional is None:
+        raise EtforgeError(f"operator {full}: neither it nor a functional variant has a host kernel")
+    return Kernel(full, target, functional)

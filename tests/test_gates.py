@@ -1,0 +1,233 @@
+"""verify's gates: each one fails on a deliberately broken converter, and none loosens itself.
+
+Broken converters are plugins registered the way a third-party one is (``extra_plugins``),
+overriding the built-in (``priority``); the program is compiled and compared as ``verify``
+does (``runtime.verify.compare``).
+"""
+
+from __future__ import annotations
+
+import inspect
+import types
+from typing import Any
+
+import pytest
+import torch
+
+from etforge.core.converter import OpConverter, elementwise
+from etforge.core.hookspecs import hookimpl
+from etforge.core.quant_rule import QuantRule
+
+
+def _plugin(name: str, *converters: Any, rules: tuple[QuantRule, ...] = ()) -> types.ModuleType:
+    module = types.ModuleType(name)
+    module.etforge_op_converters = hookimpl(lambda: list(converters))  # type: ignore[attr-defined]
+    if rules:
+        module.etforge_quantizer_rules = hookimpl(lambda: list(rules))  # type: ignore[attr-defined]
+    return module
+
+
+def _gelu_plugin(approximate: bool) -> types.ModuleType:
+    """A GELU converter: LiteRT GELU with ``approximate`` (tanh) or exact (erf) semantics."""
+    from etforge.core.litert import options
+
+    class Gelu(OpConverter):
+        ops = ("aten.gelu.default",)
+        priority = 10
+        litert_ops = ("GELU",)
+
+        def convert(self, node: Any, ctx: Any) -> None:
+            x = ctx.input(node.args[0])
+            gelu = options("GeluOptions", approximate=approximate)
+            ctx.emit("GELU", [x], [ctx.output(node, x.perm)], gelu)
+
+    rule = QuantRule(ops=("aten.gelu.default",), kind="io")
+    return _plugin(f"gelu_approximate_{approximate}", Gelu(), rules=(rule,))
+
+
+def _compare(
+    model: torch.nn.Module,
+    calib: list[tuple[torch.Tensor, ...]],
+    target: str,
+    *plugins: types.ModuleType,
+    samples: int = 8,
+    **kwargs: Any,
+) -> Any:
+    from etforge.core.compiler import compile_model
+    from etforge.core.plugin_manager import extra_plugins, registry
+    from etforge.core.report import build_report
+    from etforge.runtime.verify import compare
+
+    with extra_plugins(*plugins):
+        reg = registry()
+        result = compile_model(model.eval(), calib[0], target, calibration=calib, reg=reg)
+        report = build_report(result, reg, type(model).__name__)
+        assert all(n["placement"] == "npu" for n in report["nodes"]), report["nodes"]
+        return compare(
+            result.host_program,
+            result.float_program,
+            result.quantized_program,
+            report,
+            samples=samples,
+            **kwargs,
+        )
+
+
+class _ReluPlusInput(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x) + x
+
+
+class _GeluHead(torch.nn.Module):
+    """GELU, then a flatten (kept in channels-last order on imxrt700cm) and a classifier."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc = torch.nn.Linear(8 * 16 * 16, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.flatten(torch.nn.functional.gelu(x), 1))
+
+
+def _relu_calibration() -> list[tuple[torch.Tensor, ...]]:
+    g = torch.Generator().manual_seed(0)
+    return [(4 * torch.randn(1, 8, 6, 6, generator=g),) for _ in range(4)]
+
+
+def _gelu_calibration() -> list[tuple[torch.Tensor, ...]]:
+    # uniform over [-4, 4]: every int8 input code is as frequent as any other
+    g = torch.Generator().manual_seed(0)
+    return [(8 * torch.rand(1, 8, 16, 16, generator=g) - 4,) for _ in range(4)]
+
+
+@pytest.fixture(scope="module")
+def wrong_relu() -> Any:
+    """relu lowered to RELU_N1_TO_1 (clamps at 1): many steps off where x > 1."""
+    plugin = _plugin(
+        "wrong_relu", elementwise("aten.relu.default", "RELU_N1_TO_1", name="WrongRelu", priority=10)
+    )
+    return plugin
+
+
+@pytest.fixture(scope="module")
+def gelu_runs() -> dict[bool, Any]:
+    return {
+        approximate: _compare(_GeluHead(), _gelu_calibration(), "imxrt700cm", _gelu_plugin(approximate))
+        for approximate in (False, True)
+    }
+
+
+def _gelu_op(v: Any) -> dict[str, Any]:
+    return next(o for o in v.ops if o["node"].startswith("aten_gelu"))
+
+
+def test_per_op_gate_names_a_converter_many_steps_off(wrong_relu: Any) -> None:
+    v = _compare(_ReluPlusInput(), _relu_calibration(), "imxrt700", wrong_relu, samples=4)
+    assert not v.ok
+    failure = next(f for f in v.failures if f.startswith("NPU op") and "steps from the reference op" in f)
+    assert "aten_relu_default" in failure
+    # the end-to-end distance is reported; it is a gate only when asked for (fixed S, strict)
+    assert v.max_steps_vs_exact > 3
+    assert not [f for f in v.failures if f.startswith("max difference")]
+    asked = _compare(_ReluPlusInput(), _relu_calibration(), "imxrt700", wrong_relu, samples=4, max_steps=3)
+    assert [f for f in asked.failures if f.startswith("max difference") and f.endswith("> 3")]
+
+
+def test_off_by_one_gate_fails_the_approximate_gelu_swap(gelu_runs: dict[bool, Any]) -> None:
+    """tanh-approximate GELU for exact GELU: never more than one step off, so the max-steps
+    rule passes it; the share of values one step off is what gives it away."""
+    exact, approx = gelu_runs[False], gelu_runs[True]
+    right, wrong = _gelu_op(exact), _gelu_op(approx)
+    assert right["values"] == wrong["values"] == 8 * 8 * 16 * 16
+    assert right["max_steps"] <= 1 and wrong["max_steps"] == 1
+    # the correct converter: (almost) nothing one step off; the swap: ~0.8% of its values
+    assert right["off_by_one"] <= right["values"] // 1000
+    assert wrong["off_by_one"] > 10 * max(right["off_by_one"], 1)
+    assert wrong["off_by_one"] > 4 * wrong["values"] // 1000
+    assert exact.ok, exact.failures
+    assert not approx.ok
+    failure = next(f for f in approx.failures if "one step off" in f)
+    assert "aten_gelu_default" in failure and f"{wrong['off_by_one']:,} of {wrong['values']:,}" in failure
+    assert not [f for f in approx.failures if "steps from the reference op" in f]  # max-steps rule passes it
+
+
+def test_skipped_values_are_counted_and_reported(gelu_runs: dict[bool, Any]) -> None:
+    """The flatten before the classifier is kept in channels-last column order on imxrt700cm:
+    the per-op check cannot compare it, and says so with the count."""
+    v = gelu_runs[False]
+    flatten = [e for e in v.skipped if "view" in e["node"]]
+    assert flatten and flatten[0]["values"] == 8 * (8 * 16 * 16)  # samples x the flatten's values
+    assert "channels-last flatten" in flatten[0]["reason"]
+    assert v.skipped_values == sum(e["values"] for e in v.skipped) >= flatten[0]["values"]
+
+
+def test_top1_gate_fails_a_converter_that_subtracts() -> None:
+    """add lowered to SUB: relu(x) - x = relu(-x); the top class moves."""
+    sub = _plugin("add_as_sub", elementwise("aten.add.Tensor", "SUB", arity=2, name="AddAsSub", priority=10))
+    g = torch.Generator().manual_seed(0)
+    calib = [(torch.randn(1, 16, generator=g),) for _ in range(4)]
+    v = _compare(_ReluPlusInput(), calib, "imxrt700", sub)
+    assert not v.ok
+    assert [f for f in v.failures if f.startswith("top-1 agreement") and f"< {v.samples}/{v.samples}" in f]
+
+
+def _avg_for_max_pool() -> types.ModuleType:
+    """max_pool2d lowered to AVERAGE_POOL_2D (same window): plausible values, wrong ones."""
+    from etforge.plugins.ops import pool
+
+    class AvgForMaxPool(pool.MaxPool2d):
+        priority = 10
+
+        def convert(self, node: Any, ctx: Any) -> None:
+            kernel, stride, _, _ = pool._window(node)
+            out_node = next(iter(node.users)) if "with_indices" in str(node.target) else node
+            y = ctx.output(out_node, pool.NHWC)
+            if out_node is not node:
+                ctx.values[node] = y
+            pool._pool(ctx, "AVERAGE_POOL_2D", ctx.input(node.args[0], pool.NHWC), y, kernel, stride)
+
+    return _plugin("avg_for_max_pool", AvgForMaxPool())
+
+
+def test_accuracy_gate_fails_a_wrong_converter_on_real_data() -> None:
+    from etforge import zoo
+    from etforge.core.compiler import compile_model
+    from etforge.core.plugin_manager import extra_plugins, registry
+    from etforge.core.report import build_report
+    from etforge.runtime.accuracy import load_labeled
+    from etforge.runtime.verify import compare
+
+    model, example = zoo.build("digits_cnn")
+    with extra_plugins(_avg_for_max_pool()):
+        reg = registry()
+        result = compile_model(model, example, "imxrt700", calibration=zoo.calibration("digits_cnn"), reg=reg)
+        report = build_report(result, reg, "zoo:digits_cnn")
+        v = compare(
+            result.host_program,
+            result.float_program,
+            result.quantized_program,
+            report,
+            samples=2,
+            data=load_labeled("zoo:digits_cnn", report),
+        )
+    assert v.accuracy_drop > 1.0
+    assert [f for f in v.failures if f.startswith("accuracy on zoo:digits_cnn") and "> 1" in f]
+
+
+def test_gate_thresholds_are_fixed_constants(gelu_runs: dict[bool, Any]) -> None:
+    """No threshold is a function of the model: the old allowances derived from torch's own
+    float32 distance are gone, and what remains takes only sizes and the kernel choice."""
+    from etforge.runtime import verify
+
+    assert not hasattr(verify, "_steps_allowed") and not hasattr(verify, "_top1_required")
+    for name in ("OP_MAX_STEPS", "OFF_BY_ONE_FREE", "TOP1_MISSES_PER_32"):
+        assert type(getattr(verify, name)) is int
+    assert all(type(f) is float for f in verify.OFF_BY_ONE_MAX_FRACTION.values())
+    assert list(inspect.signature(verify.top1_required).parameters) == ["samples"]
+    assert list(inspect.signature(verify.off_by_one_allowed).parameters) == ["values", "kernels"]
+    # two different programs, the same samples: the same requirement
+    assert gelu_runs[False].top1_required == gelu_runs[True].top1_required == verify.top1_required(8) == 8
+    assert verify.top1_required(32) == 31 and verify.top1_required(64) == 62
+    assert verify.off_by_one_allowed(16_384, "default") == 16  # 0.1% of the values
+    assert verify.off_by_one_allowed(256, "default") == 8  # never fewer than 8
