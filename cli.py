@@ -775,6 +775,8 @@ def verify(
     table.add_row("max |ours - float|", f"{v.max_abs_vs_float:.4g}")
     table.add_row("whole model on the NPU", "yes" if v.whole_model_on_npu else "no")
     _table_console().print(table)
+    for note in v.notes:
+        console.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
     if not v.ok:
         for f in v.failures:
             err_console.print(f"[red]FAIL:[/] {f}")

@@ -10,7 +10,9 @@ the same program in float64 (its exact value) — the reference's own precision;
 "1-off": the NPU op with the largest share of values exactly one step off (the gate: 0.1% with
 the default kernels); "skipped": values the per-op check could not compare. For the trained
 zoo models (digits_*): top-1 accuracy of the float model and of the compiled program on the
-held-out test split, and the drop in points (the gate: 1.0).
+held-out test split, and the drop in points (the gate: 1.0). "pte=edge": samples on which the
+serialized ``model.pte``, run by the host interpreter at its planned offsets, computes exactly
+what the lowered Edge program computes (verify requires all).
 """
 
 from __future__ import annotations
@@ -24,7 +26,9 @@ from etforge.core.compiler import compile_model
 from etforge.core.plugin_manager import registry
 from etforge.core.report import build_report
 from etforge.runtime.accuracy import load_labeled
-from etforge.runtime.verify import compare
+from etforge.runtime.pte_agreement import compare_with_edge
+from etforge.runtime.pte_interpreter import PteInterpreter
+from etforge.runtime.verify import _inputs, compare
 from etforge.zoo import digits
 
 
@@ -41,7 +45,7 @@ def main() -> None:
         f"{'model':>18} {'target':>11} {'kernels':>9} {'max steps':>9} {'mean':>7} {'top-1 q':>8} "
         f"{'top-1 f':>8} {'all NPU':>7} {'op steps':>8} {'op values off':>14} {'cpu op':>6} "
         f"{'ref f32~f64':>11} {'ref top-1':>9} {'vs f64':>6} {'top-1 f64':>9} {'1-off':>7} {'skipped':>7} "
-        f"{'float acc':>9} {'int8 acc':>8} {'drop':>5} {'verify':>6}"
+        f"{'float acc':>9} {'int8 acc':>8} {'drop':>5} {'pte=edge':>8} {'verify':>6}"
     )
     for name in args.models.split(","):
         for target in args.targets.split(","):
@@ -50,6 +54,7 @@ def main() -> None:
             result = compile_model(model, example, target, calibration=calib, reg=reg)
             report = build_report(result, reg, name)
             for kernels in ("default", "reference") if result.partitions else ("default",):
+                edge_outputs: list = []
                 v = compare(
                     result.host_program,
                     result.float_program,
@@ -58,6 +63,14 @@ def main() -> None:
                     samples=args.samples,
                     kernels=kernels,
                     data=load_labeled(f"zoo:{name}", report) if name in digits.CONFIGS else None,
+                    edge_outputs=edge_outputs,
+                )
+                agreement = compare_with_edge(
+                    PteInterpreter(result.pte),
+                    result.host_program,
+                    _inputs(report, 0, args.samples),
+                    kernels,
+                    edge_outputs,
                 )
                 npu = [o for o in v.ops if o["partition"] != "cpu" and o["values"]]
                 one_off = max((o["off_by_one"] / o["values"] for o in npu), default=0.0)
@@ -76,7 +89,8 @@ def main() -> None:
                     f"{v.reference_spread_steps or 0:>11.1f} {v.reference_spread_top1 or 0:>5}/{args.samples:<3} "
                     f"{v.max_steps_vs_exact or 0:>6.1f} {v.top1_vs_exact or 0:>5}/{args.samples:<3} "
                     f"{one_off:>7.3%} {v.skipped_values:>7} {acc} "
-                    f"{'pass' if v.ok else 'FAIL':>6}",
+                    f"{agreement.agreed:>4}/{agreement.samples:<3} "
+                    f"{'pass' if v.ok and agreement.ok else 'FAIL':>6}",
                     flush=True,
                 )
 

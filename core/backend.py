@@ -53,6 +53,9 @@ class Lowering:
     registry: Registry
     token: str
     partitions: list[Lowered] = field(default_factory=list)
+    #: Every option of the compile, the build-only ones (a timeout) included: the compile
+    #: specs carry only those that determine the output.
+    options: dict[str, Any] = field(default_factory=dict)
 
     @property
     def spec(self) -> CompileSpec:
@@ -74,9 +77,9 @@ _TOKENS = itertools.count()
 
 
 @contextmanager
-def lowering(reg: Registry) -> Iterator[Lowering]:
+def lowering(reg: Registry, options: dict[str, Any] | None = None) -> Iterator[Lowering]:
     """A lowering with ``reg``: partitions converted inside the block land in ``.partitions``."""
-    low = Lowering(reg, f"{os.getpid()}.{next(_TOKENS)}")
+    low = Lowering(reg, f"{os.getpid()}.{next(_TOKENS)}", options=dict(options or {}))
     _ACTIVE[low.token] = low
     try:
         yield low
@@ -116,7 +119,7 @@ class EtforgeNpuBackend(BackendDetails):
         low = _lowering(specs)
         reg = low.registry if low is not None else registry()
         target = reg.target(specs["target"])
-        options = json.loads(specs.get("options", "{}"))
+        options = {**json.loads(specs.get("options", "{}")), **(low.options if low is not None else {})}
         name = str(specs.get(PARTITION_KEY, "etforge_0"))
         converted = convert_program(edge_program, target, reg.converters_for(target), name=name, reg=reg)
         result = compile_partition(converted.tflite, target, options, name, reg=reg)

@@ -285,7 +285,7 @@ def compile_key(
         front.calibration,
         model=model,
         target=target.name,
-        options=options,
+        options=target.output_options(options),
         flags=flags,
         plugins=plugin_fingerprints(reg),
         npu_compiler=status,

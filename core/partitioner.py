@@ -92,7 +92,10 @@ class EtforgePartitioner(Partitioner):
         self.backend_id = backend_id
         spec = [
             CompileSpec("target", target.name.encode()),
-            CompileSpec("options", json.dumps(self.options, sort_keys=True, default=list).encode()),
+            CompileSpec(
+                "options",
+                json.dumps(target.output_options(self.options), sort_keys=True, default=list).encode(),
+            ),
         ]
         if lowering is not None:  # how preprocess finds this lowering's registry and sink
             spec.append(lowering.spec)

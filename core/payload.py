@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,3 +46,25 @@ def unpack(blob: bytes) -> Blob:
     if len(data) != header["size"]:
         raise ValueError("truncated etforge delegate payload")
     return Blob(header["format"], header["partition"], bool(header["host_only"]), data, header)
+
+
+#: Device payloads the host cannot run, each answered by the LiteRT partition it was compiled
+#: from (scoped by :func:`host_stand_ins`; no process-wide state).
+_STAND_INS: ContextVar[dict[bytes, Blob] | None] = ContextVar("etforge_host_stand_ins", default=None)
+
+
+@contextmanager
+def host_stand_ins(stand_ins: dict[bytes, Blob]) -> Iterator[None]:
+    """Inside the block, a host run meets a device payload (NPU microcode, which runs on the
+    NPU only) as the LiteRT partition the NPU compiler compiled it from."""
+    token = _STAND_INS.set({**(_STAND_INS.get() or {}), **stand_ins})
+    try:
+        yield
+    finally:
+        _STAND_INS.reset(token)
+
+
+def unpack_for_host(raw: bytes) -> Blob:
+    """What the host runs for a delegate payload: its stand-in when it is device code."""
+    stand_in = (_STAND_INS.get() or {}).get(raw)
+    return stand_in if stand_in is not None else unpack(raw)

@@ -212,7 +212,7 @@ def lower(
     config = cpu.edge_compile_config() or edge_config()
     t0 = time.perf_counter()
     # The lowering hands preprocess this registry and collects the partitions it converts.
-    with backend.lowering(reg) as low:
+    with backend.lowering(reg, options) as low:
         partitioner = EtforgePartitioner(target, options, reg, lowering=low)
         if getattr(config, "preserve_ops", None):
             # A CPU backend that keeps ATen ops whole (CMSIS-NN's linear ...) needs to_edge's

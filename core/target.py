@@ -14,6 +14,9 @@ class OptionSpec:
     default: Any
     help: str
     choices: tuple[Any, ...] | None = None
+    #: False for options that only steer the build (a timeout): they stay out of the
+    #: ``.pte``'s compile specs and the build cache's key, so they never change the output.
+    affects_output: bool = True
 
     def parse(self, raw: str) -> Any:
         """Parse a CLI string to the option's type (that of its default)."""
@@ -141,6 +144,11 @@ class TargetSpec:
 
     def option_defaults(self) -> dict[str, Any]:
         return {o.name: o.default for o in self.options}
+
+    def output_options(self, options: dict[str, Any]) -> dict[str, Any]:
+        """The options that determine the output (see :attr:`OptionSpec.affects_output`)."""
+        build_only = {o.name for o in self.options if not o.affects_output}
+        return {k: v for k, v in options.items() if k not in build_only}
 
     def parse_options(self, pairs: dict[str, str]) -> dict[str, Any]:
         """Validate ``k=v`` options against this target; unknown names are errors."""

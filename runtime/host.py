@@ -27,7 +27,7 @@ def stored_inputs(blob: payload.Blob, args: Sequence[torch.Tensor]) -> list[Any]
 
 
 def _delegate_call(lowered: Any, args: Sequence[torch.Tensor], kernels: str) -> tuple[torch.Tensor, ...]:
-    blob = payload.unpack(bytes(lowered.processed_bytes))
+    blob = payload.unpack_for_host(bytes(lowered.processed_bytes))
     if not blob.format.startswith("litert"):
         raise RuntimeError(f"partition {blob.partition}: payload {blob.format!r} runs on the device only")
     outs = litert_run.run(blob.data, stored_inputs(blob, args), kernels)

@@ -355,7 +355,7 @@ class PteInterpreter:
             raise EtforgeError(f"{where}: its payload is not in the program")
         raw = bytes(self.program.backend_delegate_data[d.processed.index].data)
         try:
-            blob = payload.unpack(raw)
+            blob = payload.unpack_for_host(raw)
         except (ValueError, KeyError, UnicodeDecodeError, struct.error):
             raise EtforgeError(
                 f"{where}: the payload is not an etforge LiteRT partition (device code such as "

@@ -58,7 +58,7 @@ NOT_RECORDED = "no LiteRT tensor holds it in logical order: a channels-last flat
 
 def op_parity(lowered: Any, args: Sequence[torch.Tensor], kernels: str = "default") -> list[OpParity]:
     """Compare every int8 value of one delegate call with its reference op (teacher-forced)."""
-    blob = payload.unpack(bytes(lowered.processed_bytes))
+    blob = payload.unpack_for_host(bytes(lowered.processed_bytes))
     if not blob.format.startswith("litert"):
         return []
     values = json.loads(read_metadata(blob.data).get("etforge_int8_values", b"{}"))

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch.export import ExportedProgram
 
-from etforge.core import output
+from etforge.core import output, payload
 from etforge.core.errors import EtforgeError
 from etforge.core.graph_utils import node_op
 from etforge.core.plugin_manager import Registry, registry
@@ -94,6 +94,8 @@ class Verification:
     #: ``model.pte`` itself, run by the host interpreter, against the Edge-level run above.
     pte: Agreement | None = None
     failures: list[str] = field(default_factory=list)
+    #: What the user should know about how this was verified (not failures).
+    notes: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -186,8 +188,10 @@ def _per_op(found: list[OpParity]) -> tuple[list[dict[str, Any]], list[dict[str,
 
 def rebuild(
     out: Path, report: dict[str, Any], reg: Registry
-) -> tuple[ExportedProgram, ExportedProgram, ExportedProgram | None]:
-    """(lowered host program, float program, quantized program) from a compile's outputs."""
+) -> tuple[ExportedProgram, ExportedProgram, ExportedProgram | None, dict[bytes, Any]]:
+    """(lowered host program, float program, quantized program, host stand-ins) from a
+    compile's outputs; the stand-ins map each device payload (NPU microcode) to the LiteRT
+    partition it was compiled from, which is what the host can run."""
     from etforge.core.pipeline import lower
 
     float_ep = torch.export.load(str(out / output.FLOAT_PROGRAM))
@@ -202,7 +206,21 @@ def rebuild(
             raise EtforgeError(
                 f"{saved}: does not match the program rebuilt from {qpath.name}; recompile {out}"
             )
-    return edge.exported_program(), float_ep, qep
+    stand_ins = {
+        p.processed: payload.Blob(
+            payload.FORMAT_LITERT_HOST,
+            p.name,
+            True,
+            p.converted.tflite,
+            {
+                "input_dim_orders": [list(d) for d in p.converted.input_dim_orders],
+                "output_dim_orders": [list(d) for d in p.converted.output_dim_orders],
+            },
+        )
+        for p in parts
+        if not p.host_only
+    }
+    return edge.exported_program(), float_ep, qep, stand_ins
 
 
 def verify(
@@ -237,8 +255,43 @@ def verify(
         from etforge.runtime.accuracy import load_labeled
 
         labeled = load_labeled(data, report)  # bad data fails before the long rebuild
-    program, float_ep, qep = rebuild(out, report, registry())
+    program, float_ep, qep, stand_ins = rebuild(out, report, registry())
     edge_outputs: list[list[torch.Tensor]] = []
+    with payload.host_stand_ins(stand_ins):
+        result, agreement = _run_checks(
+            interp, program, float_ep, qep, report, samples, seed, max_steps, min_top1, kernels,
+            labeled, max_accuracy_drop, edge_outputs,
+        )  # fmt: skip
+    if stand_ins:
+        names = ", ".join(sorted(b.partition for b in stand_ins.values()))
+        result.notes.append(
+            f"NPU partitions {names} are device microcode, which runs on the NPU only: verified "
+            "the LiteRT partitions the NPU compiler compiled them from, in their place"
+        )
+    if not agreement.ok:
+        result.failures.insert(
+            0,
+            f"{pte_path} differs from the Edge program on {agreement.samples - agreement.agreed}/"
+            f"{agreement.samples} samples: {agreement.first_difference}",
+        )
+    return result
+
+
+def _run_checks(
+    interp: PteInterpreter,
+    program: ExportedProgram,
+    float_ep: ExportedProgram,
+    qep: ExportedProgram | None,
+    report: dict[str, Any],
+    samples: int,
+    seed: int,
+    max_steps: float | None,
+    min_top1: int | None,
+    kernels: str,
+    labeled: Any,
+    max_accuracy_drop: float,
+    edge_outputs: list[list[torch.Tensor]],
+) -> tuple[Verification, Agreement]:
     result = compare(
         program,
         float_ep,
@@ -255,13 +308,7 @@ def verify(
     )
     batches = _inputs(report, seed, samples)
     result.pte = agreement = compare_with_edge(interp, program, batches, kernels, edge_outputs)
-    if not agreement.ok:
-        result.failures.insert(
-            0,
-            f"{pte_path} differs from the Edge program on {agreement.samples - agreement.agreed}/"
-            f"{agreement.samples} samples: {agreement.first_difference}",
-        )
-    return result
+    return result, agreement
 
 
 def compare(

@@ -156,3 +156,20 @@ def test_cache_commands(tmp_path: Path, argv: tuple[str, ...]) -> None:
 def test_bad_prune_size_is_a_usage_error(tmp_path: Path) -> None:
     proc = run_cli("cache", "prune", "--max-size", "lots", env={"ETFORGE_CACHE_DIR": str(tmp_path)})
     assert proc.returncode == 2 and "lots" in proc.stderr
+
+
+def test_build_only_options_change_neither_the_pte_nor_the_key() -> None:
+    from etforge.core.compiler import compile_model
+    from etforge.core.plugin_manager import registry
+
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU()).eval()
+    x = (torch.randn(1, 8),)
+    target = registry().target("imxrt700")
+    assert not target.output_options({"npu_timeout": 5}) and target.output_options({"a": 1}) == {"a": 1}
+    ptes = [
+        compile_model(module, x, target, calibration=[x], options=opts).pte
+        for opts in ({}, {"npu_timeout": 5})
+    ]
+    assert ptes[0] == ptes[1]
+    assert b"npu_timeout" not in ptes[0]

@@ -245,3 +245,10 @@ def test_sdk_failure_fails_compile_and_writes_nothing(mode: str, tmp_path: Path)
     # no model.pte, no half-written output directory, no staging leftovers beside it
     assert not out.exists() or not any(out.iterdir())
     assert sorted(p.name for p in tmp_path.iterdir() if p not in (out, pidfile)) == []
+
+
+def test_verify_runs_the_litert_source_of_device_partitions_and_says_so(sdk_compiled: Path) -> None:
+    proc = _cli("verify", str(sdk_compiled), "--samples", "4", mode="v1")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "device microcode, which runs on the NPU only" in proc.stdout
+    assert "4/4 samples identical" in proc.stdout  # model.pte itself, its delegates stood in for

@@ -121,7 +121,10 @@ _NPU_OPTIONS = (
         "fetch_constants_to_sram", False, "Neutron: microcode that fetches weights from external memory."
     ),
     OptionSpec(
-        "npu_timeout", 3600, "Seconds the eIQ Neutron SDK may take per partition before it is killed."
+        "npu_timeout",
+        3600,
+        "Seconds the eIQ Neutron SDK may take per partition before it is killed.",
+        affects_output=False,
     ),
 )
 

@@ -1,0 +1,114 @@
+"""Benchmark: whole-process compile (imports included) against the bare ExecuTorch flow, and
+an unchanged model's recompile from the build cache.
+
+Run: .venv/bin/python bench/process.py [--model mobilenet_v2_96] [--target imxrt700]
+
+Each tool runs as its own process, one after another, single-threaded (OMP_NUM_THREADS=1),
+on the same zoo module with the same 10 calibration samples; wall time and peak RSS per
+process, and the ratios measured in this one run. The bare flow is what a user writes
+without a backend: export, PT2E with ExecuTorch's XNNPACK quantizer, a partitioner-free
+``to_edge_transform_and_lower``, ``to_executorch``. Goals (issue 17): etforge ≤ 0.5× the bare
+flow, peak RSS ≤ 400 MB, a cached recompile ≤ 2 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+BARE = r"""
+import sys, torch
+from etforge import zoo
+from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
+    XNNPACKQuantizer, get_symmetric_quantization_config)
+from executorch.exir import to_edge_transform_and_lower
+from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+name, calib, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+model, example = zoo.build(name)
+ep = torch.export.export(model, example, strict=False)
+q = XNNPACKQuantizer().set_global(get_symmetric_quantization_config())
+gm = prepare_pt2e(ep.module(check_guards=False), q)
+with torch.no_grad():
+    for batch in zoo.calibration(name, calib):
+        gm(*batch)
+gm = convert_pt2e(gm)
+edge = to_edge_transform_and_lower(torch.export.export(gm, example, strict=False))
+open(out, "wb").write(edge.to_executorch().buffer)
+"""
+
+MEASURE = r"""
+import resource, subprocess, sys, time
+start = time.perf_counter()
+rc = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE).returncode
+wall = time.perf_counter() - start
+print(rc, wall, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
+"""
+
+
+def measure(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """(wall seconds, peak RSS MB) of one child process."""
+    proc = subprocess.run(
+        [sys.executable, "-c", MEASURE, *argv], capture_output=True, text=True, env=env, check=True
+    )
+    rc, wall, rss_kb = proc.stdout.split()
+    if rc != "0":
+        raise SystemExit(f"{argv[:4]} failed: {proc.stderr[-2000:]}")
+    return float(wall), int(rss_kb) / 1024
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="mobilenet_v2_96")
+    parser.add_argument("--target", default="imxrt700")
+    parser.add_argument("--calibration", type=int, default=10)
+    args = parser.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="etforge-bench-"))
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "ETFORGE_CACHE_DIR": str(tmp / "cache"),
+        "ETFORGE_NO_CACHE": "0",
+    }
+    calib_file = tmp / "calib.pt"
+    subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys, torch; from etforge import zoo; "
+            "torch.save(zoo.calibration(sys.argv[1], int(sys.argv[2])), sys.argv[3])",
+            args.model,
+            str(args.calibration),
+            str(calib_file),
+        ],
+        check=True,
+        env=env,
+    )
+    etforge = [sys.executable, "-m", "etforge", "compile", f"zoo:{args.model}", "--target", args.target]
+    etforge += ["--calib", str(calib_file)]
+    rows = {}
+    rows["bare ExecuTorch flow"] = measure(
+        [sys.executable, "-c", BARE, args.model, str(args.calibration), str(tmp / "bare.pte")], env
+    )
+    rows["etforge compile (no cache)"] = measure([*etforge, "-o", str(tmp / "a"), "--no-cache"], env)
+    measure([*etforge, "-o", str(tmp / "b")], env)  # fills the cache
+    rows["etforge compile (cached)"] = measure([*etforge, "-o", str(tmp / "c")], env)
+    same = (tmp / "a" / "model.pte").read_bytes() == (tmp / "c" / "model.pte").read_bytes()
+    bare_wall = rows["bare ExecuTorch flow"][0]
+    print(f"{args.model} on {args.target}, {args.calibration} calibration samples, one run")
+    print(f"{'process':<30} {'wall s':>8} {'peak RSS MB':>12} {'vs bare':>8}")
+    for name, (wall, rss) in rows.items():
+        print(f"{name:<30} {wall:8.2f} {rss:12.0f} {wall / bare_wall:8.2f}")
+    print(f"cached model.pte byte-identical to the fresh compile: {same}")
+    report = json.loads((tmp / "a" / "report.json").read_text())
+    stages = report.get("stages") or report.get("stage_seconds") or {}
+    if stages:
+        print("fresh compile stages: " + ", ".join(f"{k} {v:.2f}" for k, v in stages.items()))
+
+
+if __name__ == "__main__":
+    main()
