@@ -8,18 +8,25 @@ as :class:`~etforge.core.errors.EtforgeError` lines.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import sys
 import warnings
+from collections.abc import Iterator
 
 #: Modules whose ``UserWarning``s are library chatter (the user's own modules keep theirs).
 THIRD_PARTY = r"(torch|torchao|executorch|ai_edge_litert|flatbuffers|tosa|numpy|copyreg|typing)(\.|$)"
+
+
+_STATE = {"quiet": False}
 
 
 def install(verbose: bool = False) -> None:
     """Quiet mode for this process (a no-op with ``verbose``)."""
     if verbose:
         return
+    _STATE["quiet"] = True
     # Library loggers (torchao's .so loader, torch's "W1123 ... _pytree.py" and its
     # fake-tensor tracebacks logged before an export error, ExecuTorch's "PassManager is
     # deprecated"): torch re-sets its loggers' levels at import, so disable globally.
@@ -31,3 +38,22 @@ def install(verbose: bool = False) -> None:
     warnings.filterwarnings("ignore", category=DeprecationWarning)
     # "No complete tensor found in the group!" (torch.export.save) and friends.
     warnings.filterwarnings("ignore", category=UserWarning, module=THIRD_PARTY)
+
+
+@contextlib.contextmanager
+def native_stderr() -> Iterator[None]:
+    """In quiet mode, what native code writes to stderr inside the block is dropped (LiteRT's
+    "INFO: Created TensorFlow Lite XNNPACK delegate for CPU."); Python exceptions still
+    propagate, so no error is hidden."""
+    if not _STATE["quiet"]:
+        yield
+        return
+    sys.stderr.flush()
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)

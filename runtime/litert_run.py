@@ -27,14 +27,16 @@ def interpreter(model: bytes, kernels: str, preserve_all_tensors: bool = False) 
     if kernels not in KERNELS:
         raise ValueError(f"unknown LiteRT kernels {kernels!r} (known: {', '.join(KERNELS)})")
     resolver = OpResolverType.AUTO if kernels == "default" else OpResolverType.BUILTIN_REF
-    with warnings.catch_warnings():  # preserving every tensor "is for debugging": it is, here
+    from etforge.core.quiet import native_stderr
+
+    with warnings.catch_warnings(), native_stderr():  # "preserving every tensor is for debugging": it is
         warnings.simplefilter("ignore", UserWarning)
         it = Interpreter(
             model_content=model,
             experimental_op_resolver_type=resolver,
             experimental_preserve_all_tensors=preserve_all_tensors,
         )
-    it.allocate_tensors()
+        it.allocate_tensors()
     return it
 
 

@@ -15,7 +15,7 @@ from support import run_cli
 
 #: What torch, torchao and ExecuTorch print on this stack when left alone.
 NOISE = re.compile(
-    r"Failed to load|Warning|warning|deprecated|No complete tensor|^[WEI]\d{4} |Traceback|pytree",
+    r"Failed to load|Warning|warning|deprecated|No complete tensor|^[WEI]\d{4} |Traceback|pytree|INFO: Created",
     re.MULTILINE,
 )
 SCREEN = (80, 24)  # columns, lines: one classic terminal
@@ -50,6 +50,10 @@ def test_compile_fits_one_screen_without_noise(tmp_path: Path) -> None:
         assert node["node"] not in proc.stdout
     table = run_cli("report", str(out), "--ops")
     assert table.returncode == 0 and all(n["node"] in table.stdout for n in report["nodes"])
+    checked = _run("verify", "out", "--samples", "2", "--min-top1", "0", cwd=tmp_path)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "verify passed" in checked.stdout
+    assert not NOISE.search(checked.stdout + checked.stderr), checked.stdout + checked.stderr
 
 
 def test_summary_is_bounded_for_any_report() -> None:
