@@ -130,7 +130,7 @@ def _build(report: dict[str, Any], out: str | None, width: int, most: int) -> li
         parts = ", ".join(f"{p['name']} {p['working_bytes']:,} B" for p in mem["npu_partitions"])
         lines += _fill(
             f"NPU working memory: {parts} (etforge's host estimate; the device figure comes from "
-            "the NPU compiler when the eIQ Neutron SDK is installed)",
+            "the NPU compiler, when it is installed)",
             width,
             "  ",
             most=most,
