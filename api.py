@@ -162,14 +162,23 @@ def compile(  # noqa: A001 (the natural name, as in torch.compile)
     calibration: Sequence[Sequence[torch.Tensor]] | None = None,
     options: dict[str, Any] | None = None,
     quantize: bool = True,
+    lowering: str = "early",
 ) -> Compiled:
-    """Compile like ``etforge compile``; ``calibration`` defaults to the example inputs."""
+    """Compile like ``etforge compile``; ``calibration`` defaults to the example inputs.
+
+    ``lowering="classic"`` delegates the way an ExecuTorch script does (``to_edge_transform_and_lower``
+    with :meth:`Target.partitioners`), byte for byte; the default delegates NPU partitions
+    before ``to_edge`` (faster; the same partitions, LiteRT tensors named after the ATen graph).
+    """
     from etforge.core.compiler import compile_model
+    from etforge.core.errors import EtforgeError
     from etforge.core.load import check_calibration, check_inputs, check_weights
     from etforge.core.options import resolve_options
     from etforge.core.plugin_manager import registry
     from etforge.core.report import build_report
 
+    if lowering not in ("early", "classic"):
+        raise EtforgeError(f"lowering must be 'early' or 'classic', not {lowering!r}")
     reg = registry()
     spec = reg.target(target)
     parsed = resolve_options(spec, options)  # the same checks as the CLI's --option
@@ -179,6 +188,13 @@ def compile(  # noqa: A001 (the natural name, as in torch.compile)
     check_inputs(example, f"{what}: example input")
     calib = check_calibration(list(calibration), example, "calibration") if calibration is not None else None
     result = compile_model(
-        model, example, spec, calibration=calib, options=parsed, quantize=quantize, reg=reg
+        model,
+        example,
+        spec,
+        calibration=calib,
+        options=parsed,
+        quantize=quantize,
+        reg=reg,
+        early=lowering == "early",
     )
     return Compiled(result, build_report(result, reg, what))

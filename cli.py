@@ -8,6 +8,7 @@ traceback. Third-party noise is silenced unless ``-v`` (``core.quiet``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -383,10 +384,66 @@ def _compile_into(
 ) -> tuple[Any, dict[str, Any], bool]:
     """The whole compile, written into ``staging`` (swapped in as OUT by the caller).
 
-    Returns (codegen result, report, restored from the cache). Only the front end (torch,
-    the model, ``torch.export``) runs before the cache is asked; ExecuTorch, torchao and
-    LiteRT are imported only when the build has to run.
+    Returns (codegen result, report, restored from the cache). The cache is asked twice:
+    first in direct mode (``core.direct_cache``: what the user typed and the files the model
+    read last time, before torch is imported), then with the full key after the front end
+    (torch, the model, ``torch.export``); ExecuTorch, torchao and LiteRT are imported only
+    when the build has to run.
     """
+    from etforge.core import output
+
+    flags = {"float": float_, "etrecord": etrecord, "budget": memory_budget}
+    direct = None
+    if use_cache:
+        from etforge.core.direct_cache import Session
+
+        direct = Session.open(
+            model=model, target=target, options=options, flags=flags, calib=calib, reg=reg, exclude=[staging]
+        )
+        if direct is not None and direct.restore(staging):
+            try:
+                return None, output.load_report(staging / output.REPORT), True
+            except EtforgeError:
+                direct.restore_failed(staging)  # never trusted: the normal path rebuilds
+    recording = direct.recorder.recording() if direct is not None else contextlib.nullcontext()
+    generated, report, cached, key = _build_into(
+        staging,
+        reg,
+        model,
+        target,
+        options,
+        calib,
+        float_,
+        etrecord,
+        memory_budget,
+        use_cache,
+        flags,
+        recording,
+    )
+    if direct is not None and key is not None:
+        direct.save(key)
+    return generated, report, cached
+
+
+def _build_into(
+    staging: Any,
+    reg: Registry,
+    model: str,
+    target: Any,
+    options: dict[str, Any],
+    calib: str | None,
+    float_: bool,
+    etrecord: bool,
+    memory_budget: int | None,
+    use_cache: bool,
+    flags: dict[str, Any],
+    recording: contextlib.AbstractContextManager[Any],
+) -> tuple[Any, dict[str, Any], bool, str | None]:
+    """The front end, the full-key cache lookup and, on a miss, the build; also returns the
+    full key when the cache holds the output (None when the cache is off or not updated).
+
+    ``recording`` spans what runs the user's code and reads the user's files (loading,
+    building, exporting the model, reading calibration data): direct mode's dependencies."""
     from etforge.core import output
 
     with _progress("import"):
@@ -394,53 +451,52 @@ def _compile_into(
 
         from etforge.core.front import front_end
         from etforge.core.load import load_calibration, load_model
-    with _progress("load"):
-        loaded = load_model(model)
-        calibration = loaded.calibration
-        if calib:
-            calibration = load_calibration(calib, loaded.example_inputs)
-    with _progress("export"):
-        front = front_end(
-            loaded.module, loaded.example_inputs, calibration, target, options, reg, loaded.program, model
-        )
+    with recording:
+        with _progress("load"):
+            loaded = load_model(model)
+            calibration = loaded.calibration
+            if calib:
+                calibration = load_calibration(calib, loaded.example_inputs)
+        with _progress("export"):
+            front = front_end(
+                loaded.module, loaded.example_inputs, calibration, target, options, reg, loaded.program, model
+            )
     key = None
     if use_cache:
         from etforge.core import cache
 
-        key = cache.compile_key(
-            front,
-            reg,
-            model,
-            target,
-            options,
-            {"float": float_, "etrecord": etrecord, "budget": memory_budget},
-        )
+        key = cache.compile_key(front, reg, model, target, options, flags)
         if cache.BuildCache().restore(key, staging):
-            return None, output.load_report(staging / output.REPORT), True
+            return None, output.load_report(staging / output.REPORT), True, key
     with _progress("import executorch"):
         from etforge.core.compiler import compile_model
+        from etforge.core.program_writer import ProgramWriter
         from etforge.core.report import build_report
-    result = compile_model(
-        loaded.module,
-        loaded.example_inputs,
-        target,
-        calibration=calibration,
-        options=options,
-        quantize=not float_,
-        program=loaded.program,
-        reg=reg,
-        progress=_progress,
-        what=model,
-        front=front,
-    )
-    result.notes[:0] = loaded.notes  # e.g. a dynamic batch fixed to the example's size
-    from etforge.core.memory import check_budget, memory_stats
-    from etforge.core.npu_memory import plan_result
+    # float.pt2 / quantized.pt2 are written by a child process while this one lowers.
+    with ProgramWriter(staging, (output.FLOAT_PROGRAM, output.QUANTIZED_PROGRAM)) as writer:
+        result = compile_model(
+            loaded.module,
+            loaded.example_inputs,
+            target,
+            calibration=calibration,
+            options=options,
+            quantize=not float_,
+            program=loaded.program,
+            reg=reg,
+            progress=_progress,
+            what=model,
+            front=front,
+            on_programs=writer.start,
+        )
+        result.notes[:0] = loaded.notes  # e.g. a dynamic batch fixed to the example's size
+        from etforge.core.memory import check_budget, memory_stats
+        from etforge.core.npu_memory import plan_result
 
-    check_budget(memory_stats(result.executorch), memory_budget, plan_result(result))
-    with _progress("write"):
-        report = build_report(result, reg, model)
-        output.write_outputs(staging, result, report)
+        check_budget(memory_stats(result.executorch), memory_budget, plan_result(result))
+        with _progress("write"):
+            writer.finish()
+            report = build_report(result, reg, model)
+            output.write_outputs(staging, result, report, programs=False)
     if etrecord:
         with _progress("etrecord"):
             output.write_etrecord(staging, result)
@@ -455,7 +511,8 @@ def _compile_into(
             cache.BuildCache().store(key, staging)
         except OSError as exc:  # a full or read-only cache never fails the compile
             _say("warning", f"build cache not updated: {exc}")
-    return generated, report, False
+            key = None
+    return generated, report, False, key
 
 
 def _compile_many(

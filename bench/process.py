@@ -26,6 +26,7 @@ import sys, torch
 from etforge import zoo
 from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
     XNNPACKQuantizer, get_symmetric_quantization_config)
+import executorch.kernels.quantized  # out variants of the q/dq ops to_executorch needs
 from executorch.exir import to_edge_transform_and_lower
 from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 name, calib, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
@@ -61,6 +62,55 @@ def measure(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
     return float(wall), int(rss_kb) / 1024
 
 
+def bench_env(tmp: Path) -> dict[str, str]:
+    return {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "ETFORGE_CACHE_DIR": str(tmp / "cache"),
+        "ETFORGE_NO_CACHE": "0",
+    }
+
+
+def calibration_file(model: str, count: int, tmp: Path, env: dict[str, str]) -> Path:
+    """The zoo's calibration samples in a file, so both tools calibrate on the same tensors."""
+    path = tmp / f"{model}-calib.pt"
+    if not path.exists():
+        code = (
+            "import sys, torch; from etforge import zoo; "
+            "torch.save(zoo.calibration(sys.argv[1], int(sys.argv[2])), sys.argv[3])"
+        )
+        subprocess.run([sys.executable, "-c", code, model, str(count), str(path)], check=True, env=env)
+    return path
+
+
+def bare_process(model: str, count: int, tmp: Path, env: dict[str, str]) -> tuple[float, float]:
+    """(wall s, peak RSS MB) of the bare ExecuTorch flow as its own process."""
+    return measure([sys.executable, "-c", BARE, model, str(count), str(tmp / f"{model}-bare.pte")], env)
+
+
+def etforge_argv(model: str, target: str, calib: Path) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "etforge",
+        "compile",
+        f"zoo:{model}",
+        "--target",
+        target,
+        "--calib",
+        str(calib),
+    ]
+
+
+def etforge_process(
+    model: str, target: str, count: int, tmp: Path, env: dict[str, str]
+) -> tuple[float, float]:
+    """(wall s, peak RSS MB) of ``etforge compile --no-cache`` as its own process."""
+    out = tmp / f"{model}-{target}"
+    argv = etforge_argv(model, target, calibration_file(model, count, tmp, env))
+    return measure([*argv, "-o", str(out), "--no-cache"], env)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="mobilenet_v2_96")
@@ -68,32 +118,10 @@ def main() -> None:
     parser.add_argument("--calibration", type=int, default=10)
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="etforge-bench-"))
-    env = {
-        **os.environ,
-        "OMP_NUM_THREADS": "1",
-        "ETFORGE_CACHE_DIR": str(tmp / "cache"),
-        "ETFORGE_NO_CACHE": "0",
-    }
-    calib_file = tmp / "calib.pt"
-    subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "import sys, torch; from etforge import zoo; "
-            "torch.save(zoo.calibration(sys.argv[1], int(sys.argv[2])), sys.argv[3])",
-            args.model,
-            str(args.calibration),
-            str(calib_file),
-        ],
-        check=True,
-        env=env,
-    )
-    etforge = [sys.executable, "-m", "etforge", "compile", f"zoo:{args.model}", "--target", args.target]
-    etforge += ["--calib", str(calib_file)]
+    env = bench_env(tmp)
+    etforge = etforge_argv(args.model, args.target, calibration_file(args.model, args.calibration, tmp, env))
     rows = {}
-    rows["bare ExecuTorch flow"] = measure(
-        [sys.executable, "-c", BARE, args.model, str(args.calibration), str(tmp / "bare.pte")], env
-    )
+    rows["bare ExecuTorch flow"] = bare_process(args.model, args.calibration, tmp, env)
     rows["etforge compile (no cache)"] = measure([*etforge, "-o", str(tmp / "a"), "--no-cache"], env)
     measure([*etforge, "-o", str(tmp / "b")], env)  # fills the cache
     rows["etforge compile (cached)"] = measure([*etforge, "-o", str(tmp / "c")], env)

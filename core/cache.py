@@ -6,12 +6,14 @@ its options and flags, the versions of etforge's own sources, of every plugin di
 and of the stack (torch, executorch, torchao, LiteRT), and the NPU compiler's availability.
 An entry is a directory of files plus a manifest of their SHA-256; a restore re-hashes every
 file, and an entry that does not match (truncated, edited, half-written) is deleted and
-rebuilt, never trusted.
+rebuilt, never trusted. Direct mode (:mod:`etforge.core.direct_cache`) asks first, with a key
+that needs no torch; what it finds is restored through the same checked :meth:`BuildCache.restore`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -70,22 +72,55 @@ def _uint8() -> Any:
     return torch.uint8
 
 
-def _package_sources() -> str:
-    """SHA-256 of etforge's own Python sources and templates: a changed converter is a new build."""
-    root = Path(__file__).resolve().parent.parent
+#: Top-level directories of the source tree that are not the product (and never shipped).
+_NOT_PRODUCT = frozenset({"tests", "bench", "build", "dist", ".venv", ".git"})
+#: What :func:`package_sources` hashes: etforge's code and its templates.
+_SOURCE_SUFFIXES = frozenset({".py", ".j2"})
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@functools.lru_cache(maxsize=1)
+def package_sources() -> str:
+    """SHA-256 of etforge's own Python sources and templates: a changed converter is a new build.
+
+    Walks the tree with pruning (a checkout holds ``.venv``: walking it would cost seconds
+    on every cache lookup)."""
     h = hashlib.sha256()
-    for path in sorted(p for p in root.rglob("*") if p.suffix in {".py", ".j2"} and _is_product(p, root)):
-        h.update(str(path.relative_to(root)).encode() + b"\0")
+    for path in sorted(_source_files(ROOT)):
+        h.update(str(path.relative_to(ROOT)).encode() + b"\0")
         h.update(path.read_bytes())
     return h.hexdigest()
 
 
-def _is_product(path: Path, root: Path) -> bool:
-    parts = path.relative_to(root).parts
-    return not parts or parts[0] not in {"tests", "bench", "build", "dist", ".venv", ".git"}
+def _source_files(root: Path) -> list[Path]:
+    found = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        here = Path(dirpath)
+        if here == root:
+            dirnames[:] = [d for d in dirnames if d not in _NOT_PRODUCT and not d.startswith(".")]
+        dirnames[:] = [d for d in dirnames if d != "__pycache__" and not d.endswith(".egg-info")]
+        found += [here / f for f in filenames if Path(f).suffix in _SOURCE_SUFFIXES]
+    return found
 
 
-def _stack_versions() -> dict[str, str]:
+def is_etforge_source(path: str) -> bool:
+    """Whether ``path`` (absolute, resolved) is one of the files :func:`package_sources` hashes."""
+    try:
+        rel = Path(path).relative_to(ROOT)
+    except ValueError:
+        return False
+    parts = rel.parts
+    return (
+        len(parts) > 0
+        and Path(path).suffix in _SOURCE_SUFFIXES
+        and (len(parts) == 1 or (parts[0] not in _NOT_PRODUCT and not parts[0].startswith(".")))
+        and "__pycache__" not in parts
+        and not any(p.endswith(".egg-info") for p in parts[:-1])
+    )
+
+
+def stack_versions() -> dict[str, str]:
+    """The stack's distribution versions, read from their metadata (nothing is imported)."""
     import importlib.metadata as md
 
     versions = {}
@@ -116,9 +151,9 @@ def build_key(
     fp.add("target", target)
     fp.add("options", json.dumps(options, sort_keys=True, default=str))
     fp.add("flags", json.dumps(flags, sort_keys=True, default=str))
-    fp.add("etforge", _package_sources())
+    fp.add("etforge", package_sources())
     fp.add("plugins", json.dumps(sorted(set(plugins))))
-    fp.add("stack", json.dumps(_stack_versions(), sort_keys=True))
+    fp.add("stack", json.dumps(stack_versions(), sort_keys=True))
     fp.add("npu_compiler", npu_compiler)
     fp.add("graph", program.graph_module.print_readable(print_output=False, include_stride=True))
     fp.add("signature", str(program.graph_signature))
@@ -181,6 +216,9 @@ class BuildCache:
         ):
             self.discard(key)  # corrupt: never trusted, rebuilt by the caller
             return False
+        for rel in manifest.get("dirs") or []:  # empty ones too: the output as it was written
+            if isinstance(rel, str) and not Path(rel).is_absolute() and ".." not in Path(rel).parts:
+                (dest / rel).mkdir(parents=True, exist_ok=True)
         for rel in sorted(listed):
             target = dest / rel
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -198,7 +236,16 @@ class BuildCache:
             digests = {
                 str(p.relative_to(staging / "files")): _sha256_file(p) for p in _files(staging / "files")
             }
-            manifest = {"format": CACHE_FORMAT, "key": key, "created": time.time(), "files": digests}
+            dirs = sorted(
+                str(d.relative_to(staging / "files")) for d in (staging / "files").rglob("*") if d.is_dir()
+            )
+            manifest = {
+                "format": CACHE_FORMAT,
+                "key": key,
+                "created": time.time(),
+                "files": digests,
+                "dirs": dirs,
+            }
             (staging / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
             entry = self._entry(key)
             entry.parent.mkdir(parents=True, exist_ok=True)
@@ -235,6 +282,9 @@ class BuildCache:
                 removed.append(e)
         for leftover in self.root.glob(".store-*"):  # a store killed midway
             shutil.rmtree(leftover, ignore_errors=True)
+        from etforge.core.direct_cache import DirectCache
+
+        DirectCache(self).prune()  # direct-mode manifests of removed entries
         return removed
 
 
@@ -260,14 +310,49 @@ def enabled() -> bool:
 
 def plugin_fingerprints(reg: Any) -> list[tuple[str, str]]:
     """Each plugin's distribution, version, entry point and module source: an edited plugin
-    (an editable install, a development checkout) is a new build even at the same version."""
+    (an editable install, a development checkout) is a new build even at the same version.
+
+    The module is found without importing it (a direct-mode lookup imports nothing heavy)."""
     found = []
     for p in reg.plugins:
-        module = sys.modules.get(p.entry_point.split(":", 1)[0])
-        path = getattr(module, "__file__", None)
+        path = module_origin(p.entry_point.split(":", 1)[0])
         source = hashlib.sha256(Path(path).read_bytes()).hexdigest() if path and Path(path).is_file() else ""
         found.append((f"{p.distribution} {p.version} {p.name}={p.entry_point}", source))
     return found
+
+
+def module_origin(name: str) -> str | None:
+    """The file module ``name`` is (or would be) loaded from, without importing it or its parents."""
+    import importlib.machinery
+
+    module = sys.modules.get(name)
+    if module is not None:
+        return getattr(module, "__file__", None)
+    search: list[str] | None = None
+    spec = None
+    parts = name.split(".")
+    for i in range(len(parts)):
+        here = ".".join(parts[: i + 1])
+        loaded = sys.modules.get(here)
+        if loaded is not None and i < len(parts) - 1:
+            search = list(getattr(loaded, "__path__", []) or [])
+            continue
+        try:
+            spec = importlib.machinery.PathFinder.find_spec(here, search)
+        except (ImportError, ValueError):
+            return None
+        if spec is None:
+            return None
+        search = list(spec.submodule_search_locations or [])
+    return spec.origin if spec is not None and spec.has_location else None
+
+
+def npu_compiler_status(reg: Any, target: Any) -> str:
+    """Whether the target's NPU compiler can run here (its plugin checks with ``find_spec``)."""
+    npu = getattr(target, "npu", None)
+    compiler_name = getattr(npu, "compiler", None) if npu is not None else None
+    compiler = reg.npu_compilers.get(compiler_name) if compiler_name else None
+    return repr(compiler.available()) if compiler is not None else f"no compiler ({compiler_name})"
 
 
 def compile_key(
@@ -275,10 +360,6 @@ def compile_key(
 ) -> str:
     """The key of one ``etforge compile``: its front end (exported program, example and
     calibration tensors) and everything else the output depends on."""
-    npu = getattr(target, "npu", None)
-    compiler_name = getattr(npu, "compiler", None) if npu is not None else None
-    compiler = reg.npu_compilers.get(compiler_name) if compiler_name else None
-    status = repr(compiler.available()) if compiler is not None else f"no compiler ({compiler_name})"
     return build_key(
         front.program,
         front.example,
@@ -288,5 +369,5 @@ def compile_key(
         options=target.output_options(options),
         flags=flags,
         plugins=plugin_fingerprints(reg),
-        npu_compiler=status,
+        npu_compiler=npu_compiler_status(reg, target),
     )

@@ -78,9 +78,13 @@ def compile_model(
     progress: Progress | None = None,
     what: str = "the model",
     front: Front | None = None,
+    on_programs: Callable[[ExportedProgram, ExportedProgram | None], None] | None = None,
+    early: bool = True,
 ) -> CompileResult:
     """Compile ``module`` (or the exported ``program``); ``front`` is an already exported
-    front end (the CLI exports first, to look the build up in the cache)."""
+    front end (the CLI exports first, to look the build up in the cache). ``on_programs``
+    gets the float and quantized programs as soon as they are final (again on a rebuild),
+    so they can be written while the rest compiles."""
     reg = reg or registry()
     tgt = reg.target(target) if isinstance(target, str) else target
     opts = {**tgt.option_defaults(), **(options or {})}
@@ -113,8 +117,10 @@ def compile_model(
         if quantize:
             with stage("quantize"):
                 q = pipeline.quantize(ep, tgt, calib, reg, opts)
+        if on_programs is not None:
+            on_programs(ep, q)
         with stage("lower"):
-            return (q, *pipeline.lower(q if q is not None else ep, tgt, opts, reg))
+            return (q, *pipeline.lower(q if q is not None else ep, tgt, opts, reg, early=early))
 
     # Every CPU op needs a kernel the device links: ops without one are decomposed (and the
     # program rebuilt) or refused here, before anything is serialized or written.

@@ -247,8 +247,10 @@ def replacing(out: Path) -> Iterator[Path]:
     commit(staging, out)
 
 
-def write_outputs(out: Path, result: CompileResult, report: dict[str, Any]) -> None:
-    """Partitions, programs, report and ``model.pte`` into ``out`` (a fresh staging directory)."""
+def write_outputs(out: Path, result: CompileResult, report: dict[str, Any], programs: bool = True) -> None:
+    """Partitions, programs, report and ``model.pte`` into ``out`` (a fresh staging directory).
+
+    ``programs=False``: a :class:`~etforge.core.program_writer.ProgramWriter` wrote them."""
     import torch
 
     parts = out / PARTITIONS
@@ -262,7 +264,7 @@ def write_outputs(out: Path, result: CompileResult, report: dict[str, Any]) -> N
         (FLOAT_PROGRAM, result.float_program),
         (QUANTIZED_PROGRAM, result.quantized_program),
     ):
-        if program is not None:
+        if program is not None and programs:
             torch.export.save(program, str(out / name))
     (out / REPORT).write_text(json.dumps(report, indent=2, sort_keys=False) + "\n")
     (out / PTE).write_bytes(result.pte)

@@ -201,9 +201,13 @@ def lower(
     target: TargetSpec,
     options: dict[str, Any] | None = None,
     reg: Registry | None = None,
+    early: bool = True,
 ) -> tuple[EdgeProgramManager, EtforgePartitioner, list[Partition], dict[str, float]]:
-    """NPU delegation in ExecuTorch's single pass, then the CPU backend's lowering.
+    """NPU delegation, then the CPU backend's lowering.
 
+    With ``early`` (the default), NPU partitions are delegated on the quantized ATen program and
+    only the rest goes through ``to_edge`` (``core/early.py``); the classic path, ExecuTorch's
+    single pass over everything, is the fallback and the reference (``early=False``).
     Returns the Edge program, the partitioner (its decisions), the partitions and stage times.
     """
     reg = reg or registry()
@@ -211,30 +215,21 @@ def lower(
     cpu = reg.cpu_backend(target)
     config = cpu.edge_compile_config() or edge_config()
     t0 = time.perf_counter()
+    path = "classic"
+    originals: dict[bytes, ExportedProgram] = {}
     # The lowering hands preprocess this registry and collects the partitions it converts.
     with backend.lowering(reg, options) as low:
         partitioner = EtforgePartitioner(target, options, reg, lowering=low)
-        if getattr(config, "preserve_ops", None):
-            # A CPU backend that keeps ATen ops whole (CMSIS-NN's linear ...) needs to_edge's
-            # preserve_ops, which to_edge_transform_and_lower ignores once a partitioner is
-            # given: decompose once with both sets preserved, then delegate.
-            keep = list(config.preserve_ops) + [_aten_op(n) for n in partitioner.preserved_op_names()]
-            config = dataclasses.replace(
-                config, preserve_ops=list(dict.fromkeys(k for k in keep if k is not None))
-            )
-            edge = to_edge(ep, compile_config=config).to_backend(partitioner)
+        early_result = None
+        if early and target.npu is not None:
+            early_result = _lower_early(ep, target, options, reg, partitioner, config)
+        if early_result is not None:
+            edge, originals = early_result
+            path = "early"
         else:
-            try:
-                edge = to_edge_transform_and_lower(ep, partitioner=[partitioner], compile_config=config)
-            except RuntimeError as exc:
-                if "was not decomposed or delegated" not in str(exc):
-                    raise
-                # A kept-whole node ended up off the NPU (a partition-level refusal such as
-                # min_partition_ops): redo with everything decomposed; converters of the
-                # decomposed forms (addmm, permute ...) take what the NPU can run.
-                low.partitions.clear()
-                partitioner.preserve = False
-                edge = to_edge_transform_and_lower(ep, partitioner=[partitioner], compile_config=config)
+            low.partitions.clear()
+            partitioner = EtforgePartitioner(target, options, reg, lowering=low)
+            edge = _lower_classic(ep, partitioner, config, low)
         lowered = low.in_tag_order()
     backend.strip_lowering_specs(edge.exported_program())
     t1 = time.perf_counter()
@@ -243,8 +238,96 @@ def lower(
     cpu_ep = cpu.lower(edge.exported_program(), target, options)
     if drop_dead_constants(cpu_ep) or cpu_ep is not edge.exported_program():
         edge = EdgeProgramManager({"forward": cpu_ep}, compile_config=config)
+    if originals:
+        from etforge.core.early import restore_delegates
+
+        restore_delegates(edge.exported_program(), originals)
     t2 = time.perf_counter()
-    return edge, partitioner, parts, {"to_edge_transform_and_lower": t1 - t0, "cpu_lowering": t2 - t1}
+    return edge, partitioner, parts, {f"delegate ({path})": t1 - t0, "cpu_lowering": t2 - t1}
+
+
+def _lower_classic(
+    ep: ExportedProgram, partitioner: EtforgePartitioner, config: EdgeCompileConfig, low: backend.Lowering
+) -> EdgeProgramManager:
+    """ExecuTorch's own flow: decompose and run the Edge passes on everything, then delegate."""
+    if getattr(config, "preserve_ops", None):
+        # A CPU backend that keeps ATen ops whole (CMSIS-NN's linear ...) needs to_edge's
+        # preserve_ops, which to_edge_transform_and_lower ignores once a partitioner is
+        # given: decompose once with both sets preserved, then delegate.
+        config = dataclasses.replace(config, preserve_ops=_kept_whole(config, partitioner))
+        return to_edge(ep, compile_config=config).to_backend(partitioner)
+    try:
+        return to_edge_transform_and_lower(ep, partitioner=[partitioner], compile_config=config)
+    except RuntimeError as exc:
+        if "was not decomposed or delegated" not in str(exc):
+            raise
+        # A kept-whole node ended up off the NPU (a partition-level refusal such as
+        # min_partition_ops): redo with everything decomposed; converters of the
+        # decomposed forms (addmm, permute ...) take what the NPU can run.
+        low.partitions.clear()
+        partitioner.preserve = False
+        return to_edge_transform_and_lower(ep, partitioner=[partitioner], compile_config=config)
+
+
+def _kept_whole(config: EdgeCompileConfig, partitioner: EtforgePartitioner) -> list[Any]:
+    keep = list(config.preserve_ops) + [_aten_op(n) for n in partitioner.preserved_op_names()]
+    return list(dict.fromkeys(k for k in keep if k is not None))
+
+
+def _lower_early(
+    ep: ExportedProgram,
+    target: TargetSpec,
+    options: dict[str, Any],
+    reg: Registry,
+    partitioner: EtforgePartitioner,
+    config: EdgeCompileConfig,
+) -> tuple[EdgeProgramManager, dict[bytes, ExportedProgram]] | None:
+    """Delegate on the quantized ATen program, then ``to_edge`` the rest (``core/early.py``).
+
+    ``None`` when the early path cannot be exact for this program: the caller lowers classically.
+    """
+    from executorch.exir.backend.backend_api import to_backend
+    from executorch.exir.tracer import _default_decomposition_table
+
+    from etforge.core import early
+
+    cpu_keep = set(getattr(config, "preserve_ops", None) or [])
+    if cpu_keep:
+        keep = set(_kept_whole(config, partitioner))
+    else:
+        keep = set(partitioner.ops_to_not_decompose(ep)[0])
+    full = _default_decomposition_table()
+    work = clone_program(ep)
+    try:
+        early.prepare(work, keep, {k: v for k, v in full.items() if k not in keep})
+        handles = early.handles_by_ancestor(work.graph_module)
+        delegated = to_backend(work, partitioner)
+        # Ops kept whole for the NPU that it did not take are decomposed, as to_edge would.
+        early.decompose(delegated, cpu_keep, {k: v for k, v in full.items() if k not in cpu_keep})
+    except early.NotExact:
+        return None
+    originals = early.stub_delegates(delegated)
+    edge = _to_edge_decomposed(delegated, config)
+    early.renumber(edge.exported_program().graph_module, handles)
+    # The remainder's Edge form must leave the NPU nothing: else the classic path would
+    # have delegated more, and it is the reference.
+    probe = EtforgePartitioner(target, options, reg)
+    if probe.partition(clone_program(edge.exported_program())).partition_tags:
+        return None
+    return edge, originals
+
+
+def _to_edge_decomposed(ep: ExportedProgram, config: EdgeCompileConfig) -> EdgeProgramManager:
+    """``to_edge`` of a program whose nodes ``early.prepare`` already decomposed with its table.
+
+    ``to_edge`` would run ``run_decompositions`` again, which re-traces the program and, on
+    every call, collects the composite ops of every namespace (seconds on a small model) to
+    change nothing here; the Edge passes themselves run as ``to_edge`` runs them."""
+    from executorch.exir.program._program import _generate_edge_program
+
+    preserve = list(getattr(config, "preserve_ops", None) or [])
+    program = _generate_edge_program(config, ep, preserve_ops=preserve)
+    return EdgeProgramManager({"forward": program}, None, config)
 
 
 def drop_dead_constants(ep: ExportedProgram) -> int:
@@ -302,12 +385,20 @@ def clone_program(ep: ExportedProgram) -> ExportedProgram:
     """A structural copy (new graph, shared tensors): ``to_executorch`` rewrites graphs in place,
     and the lowered Edge program stays runnable on the host for ``verify``."""
     graph = torch.fx.Graph()
-    graph.output(graph.graph_copy(ep.graph_module.graph, {}))
+    copies: dict[torch.fx.Node, torch.fx.Node] = {}
+    graph.output(graph.graph_copy(ep.graph_module.graph, copies))
     gm = torch.fx.GraphModule(ep.graph_module, graph)
+    signature = copy.deepcopy(ep.graph_signature)
+    renamed = {old.name: new.name for old, new in copies.items() if old.name != new.name}
+    if renamed:  # the copy avoids Python builtins as names ("input" -> "input_1")
+        for spec in (*signature.input_specs, *signature.output_specs):
+            name = getattr(spec.arg, "name", None)
+            if name in renamed:
+                spec.arg = dataclasses.replace(spec.arg, name=renamed[name])
     return ExportedProgram(
         root=gm,
         graph=gm.graph,
-        graph_signature=copy.deepcopy(ep.graph_signature),
+        graph_signature=signature,
         state_dict=ep.state_dict,
         range_constraints=ep.range_constraints,
         module_call_graph=copy.deepcopy(ep.module_call_graph),

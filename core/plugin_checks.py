@@ -9,7 +9,6 @@ here imports torch, and the LiteRT builtin names are read from the schema's sour
 from __future__ import annotations
 
 import difflib
-import importlib.util
 import re
 from functools import lru_cache
 from typing import Any
@@ -47,9 +46,11 @@ def litert_builtins() -> frozenset[str]:
     Read from ``ai_edge_litert/schema_py_generated.py``'s source (about 20 ms) rather than
     imported (about 250 ms, numpy through flatbuffers), so that describing commands stay fast.
     """
-    spec = importlib.util.find_spec("ai_edge_litert.schema_py_generated")
-    if spec is not None and spec.origin:
-        with open(spec.origin, encoding="utf-8") as f:
+    from etforge.core.cache import module_origin  # find_spec would import ai_edge_litert itself
+
+    origin = module_origin("ai_edge_litert.schema_py_generated")
+    if origin:
+        with open(origin, encoding="utf-8") as f:
             src = f.read()
         m = re.search(r"^class BuiltinOperator\(object\):\n((?:    \w+ = -?\d+\n)+)", src, re.M)
         if m:

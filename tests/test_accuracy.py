@@ -157,15 +157,25 @@ def test_label_out_of_range_for_the_model_is_named() -> None:
         )
 
 
+def _in_process(*args: str) -> Any:
+    """The CLI in this process (it has paid for importing torch); -v leaves its logging alone."""
+    from click.testing import CliRunner
+
+    from etforge.cli import main
+
+    return CliRunner().invoke(main, ["-v", *args])
+
+
 def test_cli_zoo_data_then_verify_with_data(tmp_path: Path) -> None:
     data = tmp_path / "digits.npz"
-    proc = run_cli("zoo-data", "digits_mlp", str(data))
-    assert proc.returncode == 0, proc.stderr
+    result = _in_process("zoo-data", "digits_mlp", str(data))
+    assert result.exit_code == 0, result.output
     with np.load(data) as archive:
         assert archive["x"].shape == (360, 64) and archive["y"].dtype == np.int64
     out = tmp_path / "out"
-    proc = run_cli("compile", "zoo:digits_mlp", "--target", "imxrt700", "-o", str(out))
-    assert proc.returncode == 0, proc.stderr
+    result = _in_process("compile", "zoo:digits_mlp", "--target", "imxrt700", "-o", str(out))
+    assert result.exit_code == 0, result.output
+    # verify in a fresh process: it rebuilds everything from OUT and the data file alone
     proc = run_cli("verify", str(out), "--samples", "4", "--data", str(data), "--json")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     v = json.loads(proc.stdout[proc.stdout.index("{") :])
@@ -175,7 +185,7 @@ def test_cli_zoo_data_then_verify_with_data(tmp_path: Path) -> None:
     # labels the model cannot output: one line, exit 1
     bad = tmp_path / "bad.npz"
     np.savez(bad, x=np.zeros((2, 64), np.float32), y=np.array([0, 12]))
-    proc = run_cli("verify", str(out), "--samples", "4", "--data", str(bad))
-    assert proc.returncode == 1
-    assert "label 12 at sample 1 is out of range for the model's 10 outputs" in proc.stderr
-    assert "Traceback" not in proc.stderr
+    result = _in_process("verify", str(out), "--samples", "4", "--data", str(bad))
+    assert result.exit_code == 1, result.output
+    assert "label 12 at sample 1 is out of range for the model's 10 outputs" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -49,7 +49,7 @@ def _user_script(target_name: str) -> bytes:
 @pytest.mark.parametrize("target_name", ["imxrt700", "imxrt700cm"])
 def test_user_script_gives_the_same_pte_as_etforge_compile(target_name: str) -> None:
     model, example, calib = _model()
-    compiled = etforge.compile(model, example, target=target_name, calibration=calib)
+    compiled = etforge.compile(model, example, target=target_name, calibration=calib, lowering="classic")
     assert compiled.partitions and compiled.report["macs"]["npu_share"] == 1.0
     assert _user_script(target_name) == compiled.pte
 

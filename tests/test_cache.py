@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -59,6 +63,7 @@ def test_store_restore_is_byte_identical_and_corruption_is_never_trusted(tmp_pat
     (src / "sub").mkdir(parents=True)
     (src / "model.pte").write_bytes(bytes(range(256)) * 10)
     (src / "sub" / "a.c").write_text("int a;\n")
+    (src / "partitions").mkdir()  # empty (a CPU-only target's): restored as well
     cache = BuildCache(tmp_path / "cache")
     cache.store("ab" * 32, src)
     dest = tmp_path / "dest"
@@ -66,6 +71,7 @@ def test_store_restore_is_byte_identical_and_corruption_is_never_trusted(tmp_pat
     assert cache.restore("ab" * 32, dest)
     assert (dest / "model.pte").read_bytes() == (src / "model.pte").read_bytes()
     assert (dest / "sub" / "a.c").read_text() == "int a;\n"
+    assert sorted(p.name for p in dest.iterdir()) == ["model.pte", "partitions", "sub"]
     assert not cache.restore("cd" * 32, tmp_path / "nowhere")  # a miss
 
     entry = next(cache.root.glob("*/" + "ab" * 32))
@@ -173,3 +179,233 @@ def test_build_only_options_change_neither_the_pte_nor_the_key() -> None:
     ]
     assert ptes[0] == ptes[1]
     assert b"npu_timeout" not in ptes[0]
+
+
+# --- direct mode: a recompile answered before torch is imported -------------------------------
+
+#: A tiny model that reads its weights with torch.load; SEED sets its calibration data.
+DIRECT_MODEL = """
+from pathlib import Path
+
+import torch
+
+SEED = 0
+
+
+class Net(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+        self.fc = torch.nn.Linear(4 * 4 * 4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.relu(self.conv(x)).flatten(1))
+
+
+def build():
+    net = Net()
+    net.load_state_dict(torch.load(Path(__file__).with_name("weights.pt"), weights_only=True))
+    g = torch.Generator().manual_seed(SEED)
+    calib = [(torch.randn(1, 3, 4, 4, generator=g),) for _ in range(4)]
+    return net.eval(), (torch.randn(1, 3, 4, 4, generator=g),), calib
+"""
+
+#: Loaded first by the interpreter (PYTHONPATH): writes which heavy stacks the process imported.
+PROBE = """
+import atexit, os, sys
+
+def _report() -> None:
+    where = os.environ.get("ETFORGE_TEST_MODULES_OUT")
+    if where:
+        heavy = ("torch", "executorch", "torchao", "ai_edge_litert")
+        with open(where, "w") as f:
+            f.write(",".join(m for m in heavy if m in sys.modules))
+
+atexit.register(_report)
+"""
+
+#: Longer than direct mode's allowance for coarse file times (50 ms): a file written this
+#: long before a recording started is not taken as changed during it.
+SETTLE = 0.2
+
+
+def _weights(path: Path, value: float) -> None:
+    torch.manual_seed(0)
+    conv, fc = torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.Linear(4 * 4 * 4, 3)
+    state = {f"conv.{k}": v for k, v in conv.state_dict().items()}
+    state |= {f"fc.{k}": v for k, v in fc.state_dict().items()}
+    state["conv.weight"] = state["conv.weight"] * value
+    torch.save(state, path)
+
+
+class _Direct:
+    """Runs ``etforge compile`` on the tiny model, noting which stacks each process imported."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.probe = tmp / "probe"
+        self.probe.mkdir()
+        (self.probe / "sitecustomize.py").write_text(PROBE)
+        self.model = tmp / "net.py"
+        self.model.write_text(DIRECT_MODEL)
+        _weights(tmp / "weights.pt", 1.0)
+        self.runs = 0
+
+    def compile(self) -> tuple[subprocess.CompletedProcess[str], dict[str, bytes], list[str]]:
+        self.runs += 1
+        out, modules = self.tmp / f"out{self.runs}", self.tmp / f"modules{self.runs}"
+        env = {
+            "ETFORGE_NO_CACHE": "0",
+            "ETFORGE_CACHE_DIR": str(self.tmp / "cache"),
+            "ETFORGE_TEST_MODULES_OUT": str(modules),
+        }
+        spec = f"{self.model}:build"
+        proc = run_cli(
+            "compile", spec, "--target", "imxrt700cm", "-o", str(out), env=env, pythonpath=self.probe
+        )
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        imported = [m for m in modules.read_text().split(",") if m]
+        return proc, _files(out), imported
+
+
+def _direct_manifests(cache_dir: Path) -> list[Path]:
+    return sorted(cache_dir.glob("v*/direct/*/*.json"))
+
+
+def test_direct_mode_recompiles_without_importing_torch(tmp_path: Path) -> None:
+    d = _Direct(tmp_path)
+    first, built, imported = d.compile()
+    assert "from the build cache" not in first.stdout and "torch" in imported  # it did import torch
+    assert "model.pte" in built and any(k.endswith(".tflite") for k in built)
+    assert any(k.startswith("codegen/") and k.endswith((".c", ".cpp", ".h")) for k in built)
+
+    hit, again, imported = d.compile()
+    assert "from the build cache" in hit.stdout
+    assert imported == [], f"the cache hit imported {imported}"
+    assert again == built  # byte for byte: .pte, .tflite, generated C, report
+    assert "on imxrt700cm" in hit.stdout  # the summary, read from the restored report.json
+
+    # Touched, same bytes: still answered directly.
+    for f in (d.model, tmp_path / "weights.pt"):
+        os.utime(f, (f.stat().st_atime + 100, f.stat().st_mtime + 100))  # even into the future
+    hit, again, imported = d.compile()
+    assert "from the build cache" in hit.stdout and imported == [] and again == built
+
+    # A corrupt manifest is ignored (the full key answers, after torch), then rewritten.
+    (manifest,) = _direct_manifests(tmp_path / "cache")
+    manifest.write_text(manifest.read_text().replace('"sha256"', '"sha257"', 1))
+    slow, again, imported = d.compile()
+    assert "from the build cache" in slow.stdout and "torch" in imported and again == built
+    hit, again, imported = d.compile()
+    assert "from the build cache" in hit.stdout and imported == [] and again == built
+
+    # Other weights read through torch.load: a miss, and other bytes.
+    _weights(tmp_path / "weights.pt", 0.5)
+    miss, reweighted, imported = d.compile()
+    assert "from the build cache" not in miss.stdout and "torch" in imported
+    assert reweighted["model.pte"] != built["model.pte"]
+
+    # An edited model file (same size, other calibration data): a miss, and other bytes.
+    _weights(tmp_path / "weights.pt", 1.0)
+    d.model.write_text(DIRECT_MODEL.replace("SEED = 0", "SEED = 7"))
+    miss, edited, imported = d.compile()
+    assert "from the build cache" not in miss.stdout and "torch" in imported
+    assert edited["model.pte"] != built["model.pte"]
+
+
+#: Records in a child process: an audit hook stays for the life of its process, and the test
+#: process should not pay for it in every later test.
+RECORD = """
+import json, os, sys
+from pathlib import Path
+from etforge.core.direct_cache import Recorder
+
+tmp = Path(sys.argv[1])
+data, low, gone = tmp / "data.bin", tmp / "low.bin", tmp / "gone.bin"
+sys.path.insert(0, str(tmp))
+rec = Recorder(exclude=[tmp / "private"])
+with rec.recording():
+    data.read_bytes()  # builtin open
+    os.close(os.open(low, os.O_RDONLY))  # os.open
+    (tmp / "out.bin").write_bytes(b"written")  # written by the build: not an input
+    (tmp / "out.bin").read_bytes()
+    gone.read_bytes()
+    gone.unlink()  # a temporary
+    (tmp / "private").mkdir()
+    (tmp / "private" / "p.bin").write_bytes(b"p")
+    (tmp / "private" / "p.bin").read_bytes()
+    Path(json.__file__).read_bytes()  # the interpreter's own files
+    json.__loader__.get_data(json.__file__)  # (io.open_code, as imports read)
+    import pkg_direct_probe  # a module the model imports
+first = rec.dependencies()
+with rec.recording():
+    data.read_bytes()
+    os.utime(data)  # changed while the build ran
+print(json.dumps({"first": first, "changed": rec.dependencies()}))
+"""
+
+
+def test_recorder_keeps_what_the_build_read_and_nothing_else(tmp_path: Path) -> None:
+    (tmp_path / "data.bin").write_bytes(b"abc")
+    (tmp_path / "low.bin").write_bytes(b"x")
+    (tmp_path / "gone.bin").write_bytes(b"temporary")
+    (tmp_path / "pkg_direct_probe.py").write_text("VALUE = 1\n")
+    time.sleep(SETTLE)  # older than the recording: not "changed while the build ran"
+    proc = subprocess.run(
+        [sys.executable, "-c", RECORD, str(tmp_path)], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout)
+    wanted = (tmp_path / "data.bin", tmp_path / "low.bin", tmp_path / "pkg_direct_probe.py")
+    assert sorted(got["first"]) == sorted(str(p.resolve()) for p in wanted)
+    assert (
+        got["first"][str((tmp_path / "data.bin").resolve())]["sha256"] == hashlib.sha256(b"abc").hexdigest()
+    )
+    assert got["changed"] is None  # its hash may not be what the build read
+
+
+def test_direct_manifest_trusts_only_unchanged_files_and_intact_manifests(tmp_path: Path) -> None:
+    from etforge.core.direct_cache import DirectCache, file_facts
+
+    dep = tmp_path / "dep.txt"
+    dep.write_text("one")
+    time.sleep(SETTLE)  # as a recording requires: a later write cannot share its ctime
+    files = {str(dep): file_facts(str(dep))}
+    direct = DirectCache(BuildCache(tmp_path / "cache"))
+    front, build = "ab" * 32, "cd" * 32
+    direct.save(front, build, files, {"torch": torch.__version__.split("+")[0] + "-other"})
+    assert direct.lookup(front) is None  # another version of a distribution the model imported
+    direct.save(front, build, files, {})
+    assert direct.lookup(front) == build
+    assert direct.lookup("ef" * 32) is None  # no manifest
+
+    os.utime(dep, (1, 2))  # touched, same bytes
+    assert direct.lookup(front) == build
+    dep.write_text("two")  # same size, other bytes
+    assert direct.lookup(front) is None
+    dep.write_text("one")
+    assert direct.lookup(front) == build
+    dep.write_text("three")
+    assert direct.lookup(front) is None
+
+    dep.write_text("one")
+    (manifest,) = _direct_manifests(tmp_path / "cache")
+    data = json.loads(manifest.read_text())
+    data["body"]["build_key"] = "00" * 32  # a flipped byte: the checksum no longer matches
+    manifest.write_text(json.dumps(data))
+    assert direct.lookup(front) is None  # a corrupt manifest is never trusted
+    manifest.write_text("{")
+    assert direct.lookup(front) is None
+    dep.unlink()
+    direct.save(front, build, files, {})
+    assert direct.lookup(front) is None  # a dependency that is gone
+
+    # Pruning keeps the manifests of the builds it keeps, and only those.
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "f").write_bytes(b"x")
+    direct.build_cache.store(build, src)
+    direct.build_cache.prune(max_bytes=1 << 20)
+    assert len(_direct_manifests(tmp_path / "cache")) == 1
+    direct.build_cache.prune(max_bytes=0)
+    assert _direct_manifests(tmp_path / "cache") == []

@@ -219,19 +219,32 @@ def test_malformed_sdk_output_is_refused() -> None:
 
 
 @pytest.mark.parametrize("mode", ["raise", "abort", "hang"])
-def test_sdk_failure_fails_compile_and_writes_nothing(mode: str, tmp_path: Path) -> None:
+def test_sdk_failure_fails_compile_and_writes_nothing(
+    mode: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``etforge compile`` in this process; the double, like the SDK, runs in its child process."""
+    from click.testing import CliRunner
+
+    from etforge.cli import main
+    from etforge.core import target as target_mod
+
     out = tmp_path / "out"
     pidfile = tmp_path / "sdk.pid"
+    env = {"PYTHONPATH": os.environ.get("PYTHONPATH", ""), PIDFILE_ENV: str(pidfile)}
+    for key, value in _with_double(env, mode).items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.syspath_prepend(str(DOUBLE))  # find_spec sees the SDK; the child imports it
+    monkeypatch.setattr(target_mod, "_PROBED", {})  # the double's figures stay in this test
     args = ["compile", MODEL, "--target", "imxrt700", "-o", str(out)]
     timeout = 15
     if mode == "hang":
         args += ["--option", f"npu_timeout={timeout}"]
     start = time.monotonic()
-    proc = _cli(*args, mode=mode, extra_env={PIDFILE_ENV: str(pidfile)})
+    result = CliRunner().invoke(main, ["-v", *args])  # -v: leave this process's logging alone
     elapsed = time.monotonic() - start
-    err = " ".join(proc.stderr.split())  # the console wraps long lines
-    assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert "eIQ Neutron SDK on partition etforge_0" in err and "Traceback" not in proc.stderr
+    err = " ".join(result.stderr.split())  # the console wraps long lines
+    assert result.exit_code == 1, result.output
+    assert "eIQ Neutron SDK on partition etforge_0" in err and "Traceback" not in result.stderr
     if mode == "raise":
         assert f"RuntimeError: {SDK_ERROR}" in err
     elif mode == "abort":

@@ -4,7 +4,7 @@ Not the zoo's models: each family exercises a pattern the zoo does not (squeeze-
 gates, channel shuffle, ceil-mode pooling, transposed convolutions, projection shortcuts,
 1-D temporal convolutions, dilation, attention with LayerNorm and GELU, BatchNorm1d,
 several inputs and outputs). Tiny on purpose: ``tests/test_architectures.py`` compiles and
-verifies each on every RT700 target. BatchNorm statistics are set from seeded data (as the
+verifies each on one RT700 target, ``bench/architectures.py`` on every one. BatchNorm statistics are set from seeded data (as the
 zoo does, see ``zoo.models``) so activations keep a healthy range after int8 quantization.
 """
 
