@@ -33,6 +33,7 @@ class NotExact(Exception):
 
 def prepare(ep: ExportedProgram, keep: set[Any], table: dict[Any, Callable[..., Any]]) -> None:
     """Give ``ep``'s graph (a private copy) the node forms ``to_edge`` would, in place."""
+    _provenance(ep.graph_module)
     decompose(ep, keep, table, recompile=False)
     _scalars_to_tensors(ep.graph_module)
     _graph_only_passes(ep.graph_module)
@@ -55,9 +56,22 @@ def decompose(
         if node.op == "call_function" and _needs_decomposition(node.target, keep, table):
             _decompose(gm, node, table, memo)
     _views_to_copies(gm)
+    _sync_outputs(ep)
     if recompile:
         gm.graph.eliminate_dead_code()
         gm.recompile()
+
+
+def _sync_outputs(ep: ExportedProgram) -> None:
+    """Output specs name the nodes they return: a decomposed output node has a new name."""
+    import dataclasses
+
+    (out,) = (n for n in ep.graph_module.graph.nodes if n.op == "output")
+    values = pytree.tree_leaves(out.args[0])
+    for spec, value in zip(ep.graph_signature.output_specs, values, strict=False):
+        name = getattr(spec.arg, "name", None)
+        if isinstance(value, Node) and name is not None and name != value.name:
+            spec.arg = dataclasses.replace(spec.arg, name=value.name)
 
 
 def _needs_decomposition(target: Any, keep: set[Any], table: dict[Any, Any]) -> bool:
@@ -216,6 +230,16 @@ def _graph_only_passes(gm: GraphModule) -> None:
     for p in (RemoveNoopPass(), RemoveToCopyPass(), FoldRedundantDequantizeQuantizePass()):
         p.call(gm)
     gm.graph.eliminate_dead_code()
+
+
+def _provenance(gm: GraphModule) -> None:
+    """A node straight from ``torch.export`` has no ``from_node``; ``to_edge``'s re-trace makes
+    it its own origin, which debug handles (one per origin) are numbered by."""
+    from torch.fx.traceback import NodeSource, NodeSourceAction
+
+    for node in gm.graph.nodes:
+        if node.op not in ("placeholder", "output") and not node.meta.get("from_node"):
+            node.meta["from_node"] = [NodeSource(node, "etforge.early", NodeSourceAction.CREATE)]
 
 
 def _debug_handles(gm: GraphModule) -> None:
