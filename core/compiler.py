@@ -120,10 +120,7 @@ def compile_model(
         if on_programs is not None:
             on_programs(ep, q)
         with stage("lower"):
-            # Early delegation is proven on quantized programs (what the NPU runs); a float
-            # program (--float, the litert target) lowers the classic way.
-            program = q if q is not None else ep
-            return (q, *pipeline.lower(program, tgt, opts, reg, early=early and q is not None))
+            return (q, *pipeline.lower(q if q is not None else ep, tgt, opts, reg, early=early))
 
     # Every CPU op needs a kernel the device links: ops without one are decomposed (and the
     # program rebuilt) or refused here, before anything is serialized or written.

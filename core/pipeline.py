@@ -221,7 +221,9 @@ def lower(
     with backend.lowering(reg, options) as low:
         partitioner = EtforgePartitioner(target, options, reg, lowering=low)
         early_result = None
-        if early and target.npu is not None:
+        # Early delegation is proven on quantized programs (what the NPU runs); a float program
+        # (--float, the litert target) lowers the classic way, here and when verify rebuilds it.
+        if early and target.npu is not None and _quantized(ep):
             early_result = _lower_early(ep, target, options, reg, partitioner, config)
         if early_result is not None:
             edge, originals = early_result
@@ -244,6 +246,12 @@ def lower(
         restore_delegates(edge.exported_program(), originals)
     t2 = time.perf_counter()
     return edge, partitioner, parts, {f"delegate ({path})": t1 - t0, "cpu_lowering": t2 - t1}
+
+
+def _quantized(ep: ExportedProgram) -> bool:
+    from etforge.core.graph_utils import is_quantize
+
+    return any(is_quantize(n) for n in ep.graph_module.graph.nodes)
 
 
 def _lower_classic(
