@@ -263,13 +263,11 @@ def _scalars_to_tensors(gm: GraphModule) -> None:
         kwargs = dict(node.kwargs)
         changed = False
         for i, arg in enumerate(schema):
-            present = i < len(args) if not arg.kwarg_only else arg.name in kwargs
-            if arg.kwarg_only or i >= len(args):
-                present = arg.name in kwargs
-                value = kwargs.get(arg.name)
-            else:
-                value = args[i]
-            if not present or not isinstance(arg.type, torch.TensorType):
+            positional = not arg.kwarg_only and i < len(args)
+            if not positional and arg.name not in kwargs:
+                continue
+            value = args[i] if positional else kwargs[arg.name]
+            if not isinstance(arg.type, torch.TensorType):
                 continue
             if isinstance(value, (bool, int, float)):
                 name = f"_etforge_scalar_constant{count}"
@@ -278,10 +276,10 @@ def _scalars_to_tensors(gm: GraphModule) -> None:
                 with gm.graph.inserting_before(node):
                     const = gm.graph.get_attr(name)
                 const.meta = {k: v for k, v in node.meta.items() if k != "val"}
-                if arg.kwarg_only or i >= len(args):
-                    kwargs[arg.name] = const
-                else:
+                if positional:
                     args[i] = const
+                else:
+                    kwargs[arg.name] = const
                 changed = True
         if changed:
             node.args, node.kwargs = tuple(args), kwargs
