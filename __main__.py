@@ -1,3 +1,3 @@
-from etforge.cli import main
+from etforge.cli import run
 
-main()
+run()

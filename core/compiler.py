@@ -84,7 +84,8 @@ def compile_model(
     """Compile ``module`` (or the exported ``program``); ``front`` is an already exported
     front end (the CLI exports first, to look the build up in the cache). ``on_programs``
     gets the float and quantized programs as soon as they are final (again on a rebuild),
-    so they can be written while the rest compiles."""
+    so they can be written while the rest compiles: the float program alone before
+    quantization, then both (a program passed again is the same object)."""
     reg = reg or registry()
     tgt = reg.target(target) if isinstance(target, str) else target
     opts = {**tgt.option_defaults(), **(options or {})}
@@ -114,6 +115,8 @@ def compile_model(
 
     def build(ep: ExportedProgram) -> tuple[Any, ...]:
         q = None
+        if on_programs is not None:
+            on_programs(ep, None)  # final already: written while quantization runs
         if quantize:
             with stage("quantize"):
                 q = pipeline.quantize(ep, tgt, calib, reg, opts)
@@ -133,7 +136,8 @@ def compile_model(
         et = pipeline.serialize(
             EdgeProgramManager(
                 {"forward": pipeline.clone_program(host_program)}, compile_config=edge.compile_config
-            )
+            ),
+            host_program,
         )
         pte = et.buffer
         boundaries.check_delegate_dim_orders(pte, _delegate_layouts(host_program, parts))

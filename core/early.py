@@ -6,12 +6,12 @@ needs it, exactly what ``to_edge`` would give it: the Edge decomposition table a
 node alone (memoized per signature), view ops as their ``*_copy`` forms, ExecuTorch's
 graph-only no-op passes, debug handles. Our partitioner then delegates on that graph, and
 ``to_edge`` runs on what is left (Q/DQ, CPU ops, delegate calls), with each delegate's
-fake-tensor rule served by a shape-only stub while it does.
+fake-tensor rule served by a shape-only stub while it does (``core/delegate_stubs.py``).
 
 The classic path stays the reference: where this one cannot be exact (a decomposition
 that creates constants, a node without provenance), or where the NPU would take a node of
 the remainder's Edge form, :func:`lower_early` returns ``None`` and the caller lowers the
-classic way. ``bench/early.py`` compares the two on the zoo and the architecture suite.
+classic way. ``tests/test_early.py`` compares the two.
 """
 
 from __future__ import annotations
@@ -319,42 +319,3 @@ def renumber(gm: GraphModule, handles: dict[str, int]) -> None:
             top += 1
             fresh[anc] = top
         n.meta["debug_handle"] = handles.get(anc, fresh.get(anc))
-
-
-class _ShapeStub(torch.nn.Module):
-    """Stands in for a delegate's program while ``to_edge`` propagates shapes through it."""
-
-    def __init__(self, outs: list[tuple[tuple[int, ...], tuple[int, ...], torch.dtype]]) -> None:
-        super().__init__()
-        self.outs = outs
-
-    def forward(self, *xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return tuple(torch.empty_strided(s, st, dtype=d) for s, st, d in self.outs)
-
-
-def stub_delegates(ep: ExportedProgram) -> dict[bytes, ExportedProgram]:
-    """Swap each delegate's original program for a shape-only stub; returns the originals.
-
-    Every Edge pass re-runs a delegate's fake-tensor rule, which traces its whole original
-    program; the host run of the Edge program (verify) needs the real one afterwards."""
-    from executorch.exir.delegate import executorch_call_delegate
-
-    originals: dict[bytes, ExportedProgram] = {}
-    for n in ep.graph_module.graph.nodes:
-        if n.op != "call_function" or n.target is not executorch_call_delegate:
-            continue
-        lm = getattr(ep.graph_module, str(n.args[0].target))
-        outs = [(tuple(v.shape), tuple(v.stride()), v.dtype) for v in n.meta["val"]]
-        ins = [a.meta["val"] for a in n.args[1:]]
-        example = tuple(torch.empty_strided(tuple(v.shape), tuple(v.stride()), dtype=v.dtype) for v in ins)
-        originals[bytes(lm.processed_bytes)] = lm._original_exported_program
-        lm._original_exported_program = torch.export.export(_ShapeStub(outs), example, strict=False)
-    return originals
-
-
-def restore_delegates(ep: ExportedProgram, originals: dict[bytes, ExportedProgram]) -> None:
-    """Put back the programs :func:`stub_delegates` took (passes may have copied the modules)."""
-    for m in ep.graph_module.modules():
-        processed = getattr(m, "processed_bytes", None)
-        if processed is not None and bytes(processed) in originals:
-            m._original_exported_program = originals[bytes(processed)]

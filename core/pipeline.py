@@ -23,7 +23,7 @@ from executorch.exir import (
 )
 from torch.export import ExportedProgram
 
-from etforge.core import backend
+from etforge.core import backend, delegate_stubs
 from etforge.core.errors import EtforgeError
 from etforge.core.front import export  # noqa: F401  (pipeline.export: the stage functions in one place)
 from etforge.core.litert_convert import Converted
@@ -216,7 +216,6 @@ def lower(
     config = cpu.edge_compile_config() or edge_config()
     t0 = time.perf_counter()
     path = "classic"
-    originals: dict[bytes, ExportedProgram] = {}
     # The lowering hands preprocess this registry and collects the partitions it converts.
     with backend.lowering(reg, options) as low:
         partitioner = EtforgePartitioner(target, options, reg, lowering=low)
@@ -226,7 +225,7 @@ def lower(
         if early and target.npu is not None and _quantized(ep):
             early_result = _lower_early(ep, target, options, reg, partitioner, config)
         if early_result is not None:
-            edge, originals = early_result
+            edge = early_result
             path = "early"
         else:
             low.partitions.clear()
@@ -237,13 +236,12 @@ def lower(
     t1 = time.perf_counter()
     parts = [Partition(x.name, x.converted, x.payload, x.processed) for x in lowered]
     _set_runtime_backend_ids(edge.exported_program(), parts)
-    cpu_ep = cpu.lower(edge.exported_program(), target, options)
-    if drop_dead_constants(cpu_ep) or cpu_ep is not edge.exported_program():
+    host = edge.exported_program()
+    with delegate_stubs.shape_only(host):
+        cpu_ep = cpu.lower(host, target, options)
+        delegate_stubs.restore(cpu_ep)
+    if drop_dead_constants(cpu_ep) or cpu_ep is not host:
         edge = EdgeProgramManager({"forward": cpu_ep}, compile_config=config)
-    if originals:
-        from etforge.core.early import restore_delegates
-
-        restore_delegates(edge.exported_program(), originals)
     t2 = time.perf_counter()
     return edge, partitioner, parts, {f"delegate ({path})": t1 - t0, "cpu_lowering": t2 - t1}
 
@@ -289,10 +287,12 @@ def _lower_early(
     reg: Registry,
     partitioner: EtforgePartitioner,
     config: EdgeCompileConfig,
-) -> tuple[EdgeProgramManager, dict[bytes, ExportedProgram]] | None:
+) -> EdgeProgramManager | None:
     """Delegate on the quantized ATen program, then ``to_edge`` the rest (``core/early.py``).
 
     ``None`` when the early path cannot be exact for this program: the caller lowers classically.
+    The delegates keep their shape stubs (``core/delegate_stubs.py``) for the CPU lowering;
+    the caller restores them.
     """
     from executorch.exir.backend.backend_api import to_backend
     from executorch.exir.tracer import _default_decomposition_table
@@ -304,8 +304,10 @@ def _lower_early(
         keep = set(_kept_whole(config, partitioner))
     else:
         keep = set(partitioner.ops_to_not_decompose(ep)[0])
-    full = _default_decomposition_table()
     work = clone_program(ep)
+    full = _decomposition_dict(
+        _default_decomposition_table(), {n.target for n in work.graph_module.graph.nodes}
+    )
     try:
         early.prepare(work, keep, {k: v for k, v in full.items() if k not in keep})
         handles = early.handles_by_ancestor(work.graph_module)
@@ -314,15 +316,43 @@ def _lower_early(
         early.decompose(delegated, cpu_keep, {k: v for k, v in full.items() if k not in cpu_keep})
     except early.NotExact:
         return None
-    originals = early.stub_delegates(delegated)
+    delegate_stubs.stub(delegated)
     edge = _to_edge_decomposed(delegated, config)
     early.renumber(edge.exported_program().graph_module, handles)
     # The remainder's Edge form must leave the NPU nothing: else the classic path would
     # have delegated more, and it is the reference.
     probe = EtforgePartitioner(target, options, reg)
     if probe.partition(clone_program(edge.exported_program())).partition_tags:
+        delegate_stubs.restore(edge.exported_program())
         return None
-    return edge, originals
+    return edge
+
+
+def _decomposition_dict(table: Any, ops: set[Any]) -> dict[Any, Any]:
+    """``table`` (torch's ``CustomDecompTable``) as a dict, for the ops a graph can reach.
+
+    Reading the table materializes it: it collects the composite ops of every namespace
+    (about 0.3 s on every call). Its ATen part is already there; of the other namespaces only
+    the graph's own ops can matter, since dispatch decomposes any composite op a decomposition
+    emits. Without the private fields, the table is read whole."""
+    raw, deleted = getattr(table, "decomp_table", None), getattr(table, "deleted_custom_ops", None)
+    try:
+        from torch._export.utils import _get_decomp_for_cia, _is_preservable_cia_op
+    except ImportError:
+        raw = None
+    if not isinstance(raw, dict) or not isinstance(deleted, set):
+        return dict(table.items())
+    out = dict(raw)
+    for op in ops:
+        if (
+            isinstance(op, torch._ops.OpOverload)
+            and op.namespace != "aten"
+            and op not in out
+            and op not in deleted
+            and _is_preservable_cia_op(op)
+        ):
+            out[op] = _get_decomp_for_cia(op)
+    return out
 
 
 def _to_edge_decomposed(ep: ExportedProgram, config: EdgeCompileConfig) -> EdgeProgramManager:
@@ -416,10 +446,18 @@ def clone_program(ep: ExportedProgram) -> ExportedProgram:
     )
 
 
-def serialize(edge: EdgeProgramManager) -> ExecutorchProgramManager:
+def serialize(edge: EdgeProgramManager, *sharing: ExportedProgram) -> ExecutorchProgramManager:
+    """``to_executorch``, its passes seeing the delegates through shape stubs.
+
+    ``sharing``: programs that hold the same lowered modules (the host program ``edge`` was
+    cloned from); their delegates get their originals back too, error or not."""
     import executorch.kernels.quantized  # noqa: F401  (out variants of quantized_decomposed ops)
     from executorch.exir import ExecutorchBackendConfig
 
     from etforge.core.memory_plan import planning_pass
 
-    return edge.to_executorch(ExecutorchBackendConfig(memory_planning_pass=planning_pass()))
+    program = edge.exported_program()
+    with delegate_stubs.shape_only(program, *sharing):
+        et = edge.to_executorch(ExecutorchBackendConfig(memory_planning_pass=planning_pass()))
+        delegate_stubs.restore(et.exported_program())
+    return et

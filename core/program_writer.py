@@ -1,11 +1,13 @@
-"""``float.pt2`` and ``quantized.pt2`` written by a forked child while the parent lowers.
+"""``float.pt2`` and ``quantized.pt2`` written by forked children while the parent compiles.
 
-``torch.export.save`` spends seconds serializing (and deep-copying) a model's graph, and the
-programs are final as soon as quantization ends: a ``fork`` writes them on the second core
-while the parent lowers and serializes, and the parent waits for it before the output is
-swapped in. Where ``fork`` is missing (not POSIX) the parent writes them itself, at the end.
-A failed or killed child fails the compile naming the file; a rebuild (the kernel check
-decomposes and compiles again) cancels the child and starts one on the new programs.
+``torch.export.save`` spends seconds serializing (and deep-copying) a model's graph, and each
+program is final long before the compile ends: the float program once the graph rewrites are
+done, the quantized one when quantization is. A ``fork`` per file writes each on the second
+core as soon as it is final (the float program while the parent quantizes, the quantized one
+while it lowers), and the parent waits for them before the output is swapped in. Where
+``fork`` is missing (not POSIX) the parent writes them itself, at the end. A failed or killed
+child fails the compile naming the files; a rebuild (the kernel check decomposes and
+compiles again) cancels the children of programs that changed and starts new ones.
 """
 
 from __future__ import annotations
@@ -29,72 +31,83 @@ class ProgramWriter:
     def __init__(self, out: Path, names: tuple[str, str]) -> None:
         self.out = Path(out)
         self.names = names
-        self._pid: int | None = None
-        self._pending: tuple[ExportedProgram | None, ExportedProgram | None] | None = None
+        #: file name -> (child pid, the program it writes)
+        self._jobs: dict[str, tuple[int, ExportedProgram]] = {}
+        self._pending: dict[str, ExportedProgram] = {}
 
     def start(self, float_program: ExportedProgram | None, quantized: ExportedProgram | None) -> None:
-        self.cancel()
-        programs = (float_program, quantized)
-        if not hasattr(os, "fork"):
-            self._pending = programs
-            return
-        pid = os.fork()
-        if pid == 0:  # the child: write, report, leave without running the parent's cleanup
-            code = 0
-            try:
-                import torch
-
-                torch.set_num_threads(1)  # the parent's thread pool does not survive a fork
-                self._write(programs)
-            except BaseException:
-                code = 1
+        """Write these programs (``None``: no such file); a program already being written goes on."""
+        for name, program in zip(self.names, (float_program, quantized), strict=True):
+            job = self._jobs.get(name)
+            current = job[1] if job is not None else self._pending.get(name)
+            if program is not None and current is program:
+                continue
+            self._cancel(name)
+            if program is None:
+                continue
+            if not hasattr(os, "fork"):
+                self._pending[name] = program
+                continue
+            pid = os.fork()
+            if pid == 0:  # the child: write, report, leave without running the parent's cleanup
+                code = 0
                 try:
-                    (self.out / _ERROR).write_text(traceback.format_exc())
-                except OSError:
-                    pass
-            finally:
-                os._exit(code)
-        self._pid = pid
+                    import torch
 
-    def _write(self, programs: tuple[ExportedProgram | None, ExportedProgram | None]) -> None:
-        import torch
-
-        for name, program in zip(self.names, programs, strict=True):
-            if program is not None:
-                torch.export.save(program, str(self.out / name))
+                    torch.set_num_threads(1)  # the parent's thread pool does not survive a fork
+                    torch.export.save(program, str(self.out / name))
+                except BaseException:
+                    code = 1
+                    try:
+                        (self.out / f"{_ERROR}-{name}").write_text(traceback.format_exc())
+                    except OSError:
+                        pass
+                finally:
+                    os._exit(code)
+            self._jobs[name] = (pid, program)
 
     def finish(self) -> None:
-        """Wait for the child (or write now); a failure is an error naming the files."""
-        if self._pending is not None:
-            programs, self._pending = self._pending, None
-            self._write(programs)
-            return
-        if self._pid is None:
-            return
-        pid, self._pid = self._pid, None
-        _, status = os.waitpid(pid, 0)
-        if os.waitstatus_to_exitcode(status) != 0:
-            detail = ""
-            err = self.out / _ERROR
+        """Wait for the children (or write now); a failure is an error naming the files."""
+        import torch
+
+        for name, program in list(self._pending.items()):
+            torch.export.save(program, str(self.out / name))
+        self._pending.clear()
+        failed: list[str] = []
+        detail = ""
+        for name in self.names:
+            job = self._jobs.pop(name, None)
+            if job is None:
+                continue
+            _, status = os.waitpid(job[0], 0)
+            if os.waitstatus_to_exitcode(status) == 0:
+                continue
+            failed.append(name)
+            err = self.out / f"{_ERROR}-{name}"
             if err.exists():
-                detail = err.read_text().strip().splitlines()[-1]
+                detail = detail or err.read_text().strip().splitlines()[-1]
                 err.unlink()
             else:
-                detail = f"the writer process ended with status {os.waitstatus_to_exitcode(status)}"
-            raise EtforgeError(f"could not write {' and '.join(self.names)} into {self.out}: {detail}")
+                detail = detail or f"the writer process ended with status {os.waitstatus_to_exitcode(status)}"
+        if failed:
+            raise EtforgeError(f"could not write {' and '.join(failed)} into {self.out}: {detail}")
 
-    def cancel(self) -> None:
-        self._pending = None
-        if self._pid is None:
+    def _cancel(self, name: str) -> None:
+        self._pending.pop(name, None)
+        job = self._jobs.pop(name, None)
+        if job is None:
             return
-        pid, self._pid = self._pid, None
         try:
-            os.kill(pid, signal.SIGKILL)
+            os.kill(job[0], signal.SIGKILL)
         except ProcessLookupError:
             pass
-        os.waitpid(pid, 0)
-        for name in (*self.names, _ERROR):
-            (self.out / name).unlink(missing_ok=True)
+        os.waitpid(job[0], 0)
+        for path in (self.out / name, self.out / f"{_ERROR}-{name}"):
+            path.unlink(missing_ok=True)
+
+    def cancel(self) -> None:
+        for name in self.names:
+            self._cancel(name)
 
     def __enter__(self) -> ProgramWriter:
         return self

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 from support import run_cli
 
@@ -56,3 +57,27 @@ def test_usage_errors_exit_2() -> None:
     assert run_cli("ops").returncode == 2  # missing --target
     assert run_cli("no-such-command").returncode == 2
     assert run_cli("--help").returncode == 0
+
+
+def test_the_command_exits_with_mains_code_output_flushed_and_atexit_run(tmp_path: Path) -> None:
+    """``etforge.cli.run`` skips interpreter teardown (``os._exit``), nothing else."""
+    marker = tmp_path / "atexit-ran"
+    code = (
+        "import atexit, pathlib, sys\n"
+        f"atexit.register(pathlib.Path({str(marker)!r}).write_text, 'yes')\n"
+        "from etforge.cli import run\n"
+        "sys.argv = ['etforge', *sys.argv[1:]]\n"
+        "run()\n"
+    )
+    ok = subprocess.run([sys.executable, "-c", code, "targets", "--json"], capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+    assert any(t["name"] == "imxrt700" for t in json.loads(ok.stdout))  # whole, flushed
+    assert marker.read_text() == "yes"
+    marker.unlink()
+    bad = subprocess.run(
+        [sys.executable, "-c", code, "report", str(tmp_path / "nothing")], capture_output=True, text=True
+    )
+    assert bad.returncode == 1 and "error:" in bad.stderr
+    assert marker.read_text() == "yes"
+    usage = subprocess.run([sys.executable, "-c", code, "compile"], capture_output=True, text=True)
+    assert usage.returncode == 2

@@ -145,3 +145,37 @@ def test_debug_handles_are_the_classic_paths() -> None:
     maps, cpu = handles(True)
     assert maps and all(maps) and all(h is not None for _, h in cpu)
     assert (maps, cpu) == handles(False)
+
+
+_LIB = torch.library.Library("etforge_cia_test", "DEF")
+_LIB.define("twice(Tensor x) -> Tensor")
+_LIB.impl("twice", lambda x: x * 2, "CompositeImplicitAutograd")
+
+
+def _same(a: object, b: object) -> bool:
+    """One decomposition (each table wraps composite ops in its own ``partial``)."""
+    import functools
+
+    if isinstance(a, functools.partial) and isinstance(b, functools.partial):
+        return a.func.__qualname__ == b.func.__qualname__ and a.keywords == b.keywords
+    return a is b
+
+
+def test_decomposition_dict_reads_the_table_without_materializing_it() -> None:
+    """The graph's ops get the entries the materialized table has; no namespace walk."""
+    from executorch.exir.tracer import _default_decomposition_table
+
+    twice = torch.ops.etforge_cia_test.twice.default
+    aten = torch.ops.aten
+    ops = {aten.linear.default, aten.dropout.default, aten.conv2d.default, aten.add.Tensor, twice}
+    table = _default_decomposition_table()
+    ours = pipeline._decomposition_dict(table, ops)
+    assert not table.has_materialized
+    full = dict(_default_decomposition_table().items())
+    assert twice in full and twice in ours
+    x = torch.arange(4.0)
+    assert torch.equal(ours[twice](x), full[twice](x))
+    for op in ops - {twice}:
+        assert (op in ours) == (op in full), op
+        assert _same(ours.get(op), full.get(op)), op
+    assert {k for k in full if k.namespace == "aten"} == {k for k in ours if k.namespace == "aten"}

@@ -45,7 +45,7 @@ def test_wheel_metadata_registers_builtin_plugins(wheel: Path) -> None:
     section = eps.split("[etforge]")[1].split("[")[0]
     registered = {line.split("=")[0].strip() for line in section.splitlines() if "=" in line}
     assert registered == BUILTIN_ENTRY_POINTS
-    assert "etforge = etforge.cli:main" in eps
+    assert "etforge = etforge.cli:run" in eps
     assert "etforge/codegen/templates/" in "".join(names) or not list(
         (REPO / "codegen" / "templates").glob("*.j2")
     )

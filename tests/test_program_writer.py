@@ -56,3 +56,16 @@ def test_leaving_on_an_error_kills_the_child_and_removes_its_files(tmp_path: Pat
         writer.start(_program(3), _program(3))
         raise RuntimeError("lowering failed")
     assert not any(tmp_path.iterdir())
+
+
+def test_the_float_program_starts_before_quantization_and_is_not_restarted(tmp_path: Path) -> None:
+    a, b = _program(3), _program(5)
+    with ProgramWriter(tmp_path, NAMES) as writer:
+        writer.start(a, None)  # the float program is final before quantization
+        (first,) = [pid for pid, _ in writer._jobs.values()]
+        writer.start(a, b)  # quantization done: the same float program, a new quantized one
+        assert writer._jobs[NAMES[0]][0] == first and len(writer._jobs) == 2
+        writer.finish()
+    for name, ep in zip(NAMES, (a, b), strict=True):
+        x = torch.randn(2, 4)
+        assert torch.equal(torch.export.load(str(tmp_path / name)).module()(x), ep.module()(x))

@@ -83,3 +83,29 @@ def test_qat_uses_the_same_rules_and_lowers_exactly() -> None:
     out_dq = next(n for n in edge.exported_program().graph.nodes if n.op == "output").args[0][0]
     scale = float(out_dq.args[1])
     assert float((out - ref).abs().max()) <= scale * 1.001
+
+
+def test_eval_dropout_shares_its_input_qparams_so_the_npu_never_requantizes() -> None:
+    """Eval dropout is an identity (a clone in Edge); the op after it must not observe the
+    same values again, which left a requantizing QUANTIZE on the NPU (MobileNetV2 on imxrt700)."""
+    from etforge.core.compiler import compile_model
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3),
+        torch.nn.ReLU(),
+        torch.nn.AdaptiveAvgPool2d(1),
+        torch.nn.Flatten(),
+        torch.nn.Dropout(0.2),
+        torch.nn.Linear(8, 4),
+    ).eval()
+    g = torch.Generator().manual_seed(1)
+    calib = [(torch.randn(1, 3, 8, 8, generator=g),) for _ in range(4)]
+    for target in ("imxrt700", "imxrt700cm"):
+        result = compile_model(model, calib[0], target, calibration=calib)
+        (part,) = result.partitions
+        assert "QUANTIZE" not in part.converted.operators, (target, part.converted.operators)
+        q = result.quantized_program.graph_module.graph
+        drop = next(n for n in q.nodes if node_op(n) == "aten.dropout.default")
+        src, (dst,) = drop.args[0], list(drop.users)
+        assert (src.args[1], src.args[2]) == (dst.args[1], dst.args[2])  # one scale, one zero point

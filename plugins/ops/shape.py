@@ -358,6 +358,12 @@ def etforge_quantizer_rules() -> list[QuantRule]:
                 "aten.constant_pad_nd.default",
                 "aten.pad.default",
                 "aten._unsafe_view.default",
+                # identities in eval (to_edge makes them clones): without a rule, the next
+                # op would observe the same values again and requantize them on the NPU
+                "aten.dropout.default",
+                "aten.feature_dropout.default",
+                "aten.alpha_dropout.default",
+                "aten.feature_alpha_dropout.default",
             ),
             kind="shared",
             inputs=(0,),

@@ -125,10 +125,15 @@ class CortexMBackend(CpuBackend):
 
 
 def copy_program(ep: ExportedProgram) -> ExportedProgram:
-    """A copy the pass manager may change in place (a failed attempt must not leak)."""
+    """A copy the pass manager may change in place (a failed attempt must not leak).
+
+    Lowered (delegate) modules are shared, not copied: no pass changes them, and a copy
+    would rebuild each delegate's whole original program (and drop the shape stub the
+    pipeline gave it for these passes)."""
     import copy
 
-    return copy.deepcopy(ep)
+    lowered = {id(m): m for m in ep.graph_module.modules() if hasattr(m, "processed_bytes")}
+    return copy.deepcopy(ep, lowered)
 
 
 def lowering_error(exc: BaseException, ep: ExportedProgram, target: TargetSpec) -> Exception:
