@@ -44,11 +44,10 @@ class StubProgram:
         return getattr(self.__dict__["original"], name)
 
 
-def stub(ep: ExportedProgram) -> int:
-    """Give each delegate call of ``ep`` a shape stub; returns how many it stubbed."""
+def stub(ep: ExportedProgram) -> None:
+    """Give each delegate call of ``ep`` a shape stub (a stubbed one keeps its stub)."""
     from executorch.exir.delegate import executorch_call_delegate
 
-    count = 0
     for n in ep.graph_module.graph.nodes:
         if n.op != "call_function" or n.target is not executorch_call_delegate:
             continue
@@ -57,8 +56,6 @@ def stub(ep: ExportedProgram) -> int:
             continue
         outs = [(tuple(v.shape), tuple(v.stride()), v.dtype) for v in n.meta["val"]]
         lm._original_exported_program = StubProgram(lm._original_exported_program, _ShapeStub(outs))
-        count += 1
-    return count
 
 
 def restore(*programs: ExportedProgram) -> None:

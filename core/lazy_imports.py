@@ -72,7 +72,7 @@ def defer_inductor_post_grad() -> bool:
     """Defer Inductor's post-grad passes; True when the stand-in is in place."""
     if POST_GRAD in sys.modules:
         return isinstance(sys.modules[POST_GRAD], _Deferred)
-    parent_name = POST_GRAD.rpartition(".")[0]
+    parent_name, _, child = POST_GRAD.rpartition(".")
     try:
         if importlib.util.find_spec(POST_GRAD) is None:
             return False
@@ -82,5 +82,5 @@ def defer_inductor_post_grad() -> bool:
     stand_in = _Deferred(POST_GRAD)
     stand_in.decompose_auto_functionalized = _decompose_auto_functionalized  # type: ignore[attr-defined]
     sys.modules[POST_GRAD] = stand_in
-    setattr(parent, POST_GRAD.rpartition(".")[2], stand_in)
+    setattr(parent, child, stand_in)
     return True
