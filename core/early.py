@@ -130,6 +130,10 @@ def _decompose(gm: GraphModule, node: Node, table: dict[Any, Any], memo: dict[An
         return  # already in its Edge form
     if any(n.op != "call_function" for n in inner):
         raise NotExact(f"decomposing {node.name} ({node.target}) creates constants")
+    if any(isinstance(n.target, torch._ops.OpOverload) and n.target._schema.is_mutable for n in inner):
+        # e.g. a channels-last adaptive_avg_pool2d restores its strides with as_strided_:
+        # to_edge functionalizes that away, a node-by-node decomposition cannot.
+        raise NotExact(f"decomposing {node.name} ({node.target}) mutates a tensor")
     inputs = [a for a in pytree.tree_leaves((node.args, node.kwargs)) if isinstance(a, Node)]
     env: dict[Node, Any] = {}
     placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]

@@ -179,3 +179,25 @@ def test_decomposition_dict_reads_the_table_without_materializing_it() -> None:
         assert (op in ours) == (op in full), op
         assert _same(ours.get(op), full.get(op)), op
     assert {k for k in full if k.namespace == "aten"} == {k for k in ours if k.namespace == "aten"}
+
+
+def test_a_decomposition_that_mutates_falls_back_to_the_classic_path() -> None:
+    """A channels-last adaptive average pool decomposes to mean + ``as_strided_``: to_edge
+    functionalizes that, a node-by-node decomposition cannot, so the early path steps aside
+    (before, the program failed ExecuTorch's functional-IR check)."""
+    from etforge.core.compiler import compile_model
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, padding=1),
+        torch.nn.ReLU(),
+        torch.nn.AdaptiveAvgPool2d(1),
+        torch.nn.Flatten(),
+        torch.nn.Linear(8, 4),
+    ).eval()
+    model = model.to(memory_format=torch.channels_last)
+    g = torch.Generator().manual_seed(1)
+    calib = [(torch.randn(1, 3, 8, 8, generator=g).to(memory_format=torch.channels_last),) for _ in range(3)]
+    early = compile_model(model, calib[0], "litert", calibration=calib)
+    classic = compile_model(model, calib[0], "litert", calibration=calib, early=False)
+    assert early.pte == classic.pte
