@@ -186,14 +186,29 @@ def quantize(
     reg: Registry | None = None,
     options: dict[str, Any] | None = None,
 ) -> ExportedProgram:
-    """PT2E post-training quantization with the target's composed quantizer; re-exported."""
+    """PT2E post-training quantization with the target's composed quantizer.
+
+    The converted graph becomes an ``ExportedProgram`` directly (``core/program_from_graph``:
+    the program a re-export gives, without re-tracing); what that cannot take is re-exported.
+    """
+    from executorch.exir.passes.remove_unused_parameters_pass import remove_unused_parameters_pass
+
+    from etforge.core.program_from_graph import Unsupported, program_from_graph
+
     example = tuple(ep.example_inputs[0])
     gm = prepare(ep.module(check_guards=False), quantizer_for(target, options, reg))
     with torch.no_grad():
         for batch in calibration:
             gm(*batch)
     gm = convert(gm)
-    return torch.export.export(gm, example, strict=False)
+    try:
+        quantized = program_from_graph(gm, ep, example)
+    except Unsupported:
+        quantized = torch.export.export(gm, example, strict=False)
+    # The float weights PT2E folded into int8 constants stay in the graph module's state,
+    # unused; to_edge would drop them (its first pass), here they leave before anything
+    # copies or writes the program.
+    return remove_unused_parameters_pass(quantized)
 
 
 def lower(

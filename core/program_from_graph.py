@@ -1,0 +1,228 @@
+"""The quantized ``ExportedProgram`` built from PT2E's converted graph, without re-tracing it.
+
+``convert_pt2e`` returns an unlifted ``GraphModule`` that is already an ATen graph; the usual
+next step, ``torch.export.export`` of it, traces every node again through FakeTensor,
+proxy and functionalization modes (about half of the quantize stage) only to lift its
+parameters and buffers into placeholders and to recompute the nodes' fake values. Here both
+are done directly, with ``torch.export``'s own conventions, so the program is the one the
+re-export gives: parameters, then buffers, then user inputs; placeholders named ``p_``/``b_``
+plus the attribute path; call nodes named after their operator; every value from one
+FakeTensorMode. Anything outside that shape (submodule calls, higher-order ops, attributes
+that are neither parameters nor buffers, non-tensor outputs) raises :class:`Unsupported`, and
+the caller re-exports.
+"""
+
+from __future__ import annotations
+
+import copy
+import operator
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch.export import ExportedProgram
+from torch.export.graph_signature import (
+    ExportGraphSignature,
+    InputKind,
+    InputSpec,
+    OutputKind,
+    OutputSpec,
+    TensorArgument,
+)
+from torch.fx import Graph, GraphModule, Node
+
+#: Meta the re-export does not carry over (values are recomputed; annotations are PT2E's).
+_DROPPED_META = frozenset({"val", "tensor_meta", "quantization_annotation"})
+
+
+class Unsupported(Exception):
+    """The graph has something this direct construction does not handle."""
+
+
+def _placeholder_name(prefix: str, fqn: str) -> str:
+    return prefix + fqn.replace(".", "_")
+
+
+def _non_persistent(gm: GraphModule) -> set[str]:
+    out: set[str] = set()
+    for prefix, module in gm.named_modules():
+        for name in module._non_persistent_buffers_set:
+            out.add(f"{prefix}.{name}" if prefix else name)
+    return out
+
+
+def program_from_graph(
+    gm: GraphModule, reference: ExportedProgram, example: Sequence[torch.Tensor]
+) -> ExportedProgram:
+    """``gm`` (PT2E-converted, from ``reference.module()``) as an ``ExportedProgram``."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+    from torch.fx.passes.shape_prop import _extract_tensor_metadata
+
+    _check_plain(gm, reference, example)
+    params = dict(gm.named_parameters())
+    buffers = dict(gm.named_buffers())
+    non_persistent = _non_persistent(gm)
+    lifted = {**params, **buffers}
+    by_id = {id(t): fqn for fqn, t in lifted.items()}
+
+    graph = Graph()
+    env: dict[Node, Node] = {}
+    specs: list[InputSpec] = []
+    holders: dict[str, Node] = {}
+    for fqn in params:
+        holders[fqn] = graph.placeholder(_placeholder_name("p_", fqn))
+        specs.append(InputSpec(InputKind.PARAMETER, TensorArgument(holders[fqn].name), fqn))
+    for fqn in buffers:
+        holders[fqn] = graph.placeholder(_placeholder_name("b_", fqn))
+        specs.append(
+            InputSpec(
+                InputKind.BUFFER, TensorArgument(holders[fqn].name), fqn, persistent=fqn not in non_persistent
+            )
+        )
+    for node in gm.graph.find_nodes(op="placeholder"):
+        env[node] = graph.placeholder(node.name)
+        env[node].meta = {k: v for k, v in node.meta.items() if k not in _DROPPED_META}
+        specs.append(InputSpec(InputKind.USER_INPUT, TensorArgument(env[node].name), None))
+    outputs: list[OutputSpec] = []
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            continue
+        if node.op == "get_attr":
+            value = _attr(gm, str(node.target))
+            fqn = by_id.get(id(value))
+            if fqn is None:
+                raise Unsupported(f"attribute {node.target!r} is neither a parameter nor a buffer")
+            env[node] = holders[fqn]
+        elif node.op == "call_function" and node.target is operator.getitem:
+            env[node] = graph.create_node(
+                "call_function", operator.getitem, torch.fx.map_arg(node.args, env.__getitem__)
+            )
+            env[node].meta = {k: v for k, v in node.meta.items() if k not in _DROPPED_META}
+        elif node.op == "call_function":
+            if not isinstance(node.target, torch._ops.OpOverload) or node.target._schema.is_mutable:
+                raise Unsupported(f"{node.name} calls {node.target!r}, not a functional operator")
+            args, kwargs = as_dispatched(
+                node.target,
+                torch.fx.map_arg(node.args, env.__getitem__),
+                torch.fx.map_arg(node.kwargs, env.__getitem__),
+            )
+            new = graph.create_node(
+                "call_function",
+                node.target,
+                args,
+                kwargs,
+                name=graph._target_to_str(node.target.overloadpacket.__name__),
+            )
+            new.meta = {k: v for k, v in node.meta.items() if k not in _DROPPED_META}
+            new.meta["original_aten"] = node.target  # a re-trace records the op it traced
+            env[node] = new
+        elif node.op == "output":
+            results = torch.fx.map_arg(node.args[0], env.__getitem__)
+            flat = results if isinstance(results, (list, tuple)) else (results,)
+            if not all(isinstance(r, Node) for r in flat):
+                raise Unsupported("an output is not a tensor of the graph")
+            graph.output(tuple(flat))
+            outputs = [OutputSpec(OutputKind.USER_OUTPUT, TensorArgument(r.name), None) for r in flat]
+        else:
+            raise Unsupported(f"{node.name} is a {node.op} node")
+
+    module = GraphModule(torch.nn.Module(), graph)
+    mode = FakeTensorMode(allow_non_fake_inputs=False)
+    holder_values = [lifted[fqn] for fqn in holders]
+    fakes = [mode.from_tensor(t, static_shapes=True) for t in (*holder_values, *example)]
+    FakeTensorProp(module, mode).propagate_dont_convert_inputs(*fakes)
+    for holder, fake in zip(graph.find_nodes(op="placeholder"), fakes, strict=True):
+        holder.meta["val"] = fake  # not the detached snapshot: a parameter keeps requires_grad
+    graph.output_node().meta.pop("val", None)  # as torch.export leaves it
+    for node in graph.nodes:
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            node.meta["tensor_meta"] = _extract_tensor_metadata(val)
+
+    state_dict = {fqn: lifted[fqn] for fqn in holders if fqn not in non_persistent}
+    constants = {fqn: lifted[fqn] for fqn in holders if fqn in non_persistent}
+    return ExportedProgram(
+        root=module,
+        graph=graph,
+        graph_signature=ExportGraphSignature(input_specs=specs, output_specs=outputs),
+        state_dict=state_dict,
+        range_constraints={},
+        module_call_graph=copy.deepcopy(reference.module_call_graph[:1]),
+        example_inputs=(tuple(example), {}),
+        constants=constants,
+    )
+
+
+def _as_type(value: Any, kind: Any) -> Any:
+    """``value`` as the dispatcher hands it on for a schema argument of type ``kind``."""
+    if isinstance(kind, torch.OptionalType):
+        return value if value is None else _as_type(value, kind.getElementType())
+    if isinstance(kind, torch.BoolType) and type(value) is int:
+        return bool(value)
+    if isinstance(kind, torch.FloatType) and type(value) in (int, bool):
+        return float(value)
+    if isinstance(kind, torch.ListType) and isinstance(value, (list, tuple)):
+        return [_as_type(v, kind.getElementType()) for v in value]
+    return value
+
+
+def _is_default(arg: Any, value: Any) -> bool:
+    if not arg.has_default_value() or isinstance(value, Node):
+        return False
+    default = arg.default_value
+    return type(value) is type(default) and value == default
+
+
+def as_dispatched(
+    op: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``op``'s arguments as a re-trace records them: converted to the schema's types, the
+    positional ones positional, trailing defaults and kwarg-only defaults left out (what the
+    dispatcher's boxing gives ``__torch_dispatch__``)."""
+    schema = op._schema.arguments
+    values: list[tuple[Any, Any]] = []
+    for i, arg in enumerate(schema):
+        if i < len(args) and not arg.kwarg_only:
+            values.append((arg, _as_type(args[i], arg.type)))
+        elif arg.name in kwargs:
+            values.append((arg, _as_type(kwargs[arg.name], arg.type)))
+        elif arg.has_default_value():
+            values.append((arg, arg.default_value))
+        else:
+            raise Unsupported(f"{op} called without its argument {arg.name!r}")
+    unknown = set(kwargs) - {a.name for a in schema}
+    if unknown or len(args) > sum(not a.kwarg_only for a in schema):
+        raise Unsupported(f"{op} called with arguments its schema does not have")
+    positional = [(a, v) for a, v in values if not a.kwarg_only]
+    while positional and _is_default(*positional[-1]):
+        positional.pop()
+    kw = {a.name: v for a, v in values if a.kwarg_only and not _is_default(a, v)}
+    return tuple(v for _, v in positional), kw
+
+
+def _check_plain(gm: GraphModule, reference: ExportedProgram, example: Sequence[torch.Tensor]) -> None:
+    """What the construction assumes: tensor inputs and outputs only, no mutated or
+    constant inputs, every parameter and buffer a distinct tensor."""
+    sig = reference.graph_signature
+    if any(
+        s.kind not in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.USER_INPUT) for s in sig.input_specs
+    ):
+        raise Unsupported("the program has constant or custom-object inputs")
+    if any(s.kind is not OutputKind.USER_OUTPUT for s in sig.output_specs):
+        raise Unsupported("the program mutates its inputs or buffers")
+    if not all(isinstance(e, torch.Tensor) for e in example):
+        raise Unsupported("an example input is not a tensor")
+    if len(gm.graph.find_nodes(op="placeholder")) != len(example):
+        raise Unsupported("the graph's inputs are not the example's")
+    tensors = [t for _, t in gm.named_parameters(remove_duplicate=False)]
+    tensors += [t for _, t in gm.named_buffers(remove_duplicate=False)]
+    if len({id(t) for t in tensors}) != len(tensors):
+        raise Unsupported("a tensor is held under two names")
+
+
+def _attr(gm: GraphModule, target: str) -> object:
+    value: object = gm
+    for part in target.split("."):
+        value = getattr(value, part)
+    return value
