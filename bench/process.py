@@ -9,6 +9,12 @@ process, and the ratios measured in this one run. The bare flow is what a user w
 without a backend: export, PT2E with ExecuTorch's XNNPACK quantizer, a partitioner-free
 ``to_edge_transform_and_lower``, ``to_executorch``. Goals (issue 17): etforge ≤ 0.5× the bare
 flow, peak RSS ≤ 400 MB, a cached recompile ≤ 2 s.
+
+``--litert-torch PYTHON`` adds a peer: litert-torch's PT2E int8 flow (its ``PT2EQuantizer``,
+``litert_torch.convert``, a ``.tflite``) on the same module and calibration tensors, run by
+PYTHON, an environment with ``litert-torch`` and etforge's zoo (``pip install litert-torch``
+then ``pip install --no-deps pluggy -e .``; litert-torch pins its own stack, so it gets its
+own venv). Every row is then also given against that peer.
 """
 
 from __future__ import annotations
@@ -40,6 +46,24 @@ with torch.no_grad():
 gm = convert_pt2e(gm)
 edge = to_edge_transform_and_lower(torch.export.export(gm, example, strict=False))
 open(out, "wb").write(edge.to_executorch().buffer)
+"""
+
+LITERT_TORCH = r"""
+import sys, torch
+from etforge.zoo import models
+import litert_torch
+from litert_torch.quantize.pt2e_quantizer import PT2EQuantizer, get_symmetric_quantization_config
+from litert_torch.quantize.quant_config import QuantConfig
+from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+name, calib, out = sys.argv[1], sys.argv[2], sys.argv[3]
+model, example = models.build(name)
+quantizer = PT2EQuantizer().set_global(get_symmetric_quantization_config(is_per_channel=True))
+gm = prepare_pt2e(torch.export.export(model, example, strict=False).module(), quantizer)
+with torch.no_grad():
+    for batch in torch.load(calib):
+        gm(*batch)
+gm = convert_pt2e(gm, fold_quantize=False)
+litert_torch.convert(gm, example, quant_config=QuantConfig(pt2e_quantizer=quantizer)).export(out)
 """
 
 MEASURE = r"""
@@ -88,6 +112,13 @@ def bare_process(model: str, count: int, tmp: Path, env: dict[str, str]) -> tupl
     return measure([sys.executable, "-c", BARE, model, str(count), str(tmp / f"{model}-bare.pte")], env)
 
 
+def litert_torch_process(
+    python: str, model: str, calib: Path, tmp: Path, env: dict[str, str]
+) -> tuple[float, float]:
+    """(wall s, peak RSS MB) of litert-torch's PT2E int8 flow as its own process."""
+    return measure([python, "-c", LITERT_TORCH, model, str(calib), str(tmp / f"{model}.tflite")], env)
+
+
 def etforge_argv(model: str, target: str, calib: Path) -> list[str]:
     return [
         sys.executable,
@@ -123,31 +154,41 @@ def main() -> None:
         help="runs of each process, alternating bare and etforge (ABBA...); the fastest is kept, "
         "so a machine whose speed drifts during the run skews the ratio less",
     )
+    parser.add_argument(
+        "--litert-torch",
+        metavar="PYTHON",
+        help="also run litert-torch's PT2E int8 flow with this Python (see the module docstring)",
+    )
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="etforge-bench-"))
     env = bench_env(tmp)
-    etforge = etforge_argv(args.model, args.target, calibration_file(args.model, args.calibration, tmp, env))
-    bare_runs: list[tuple[float, float]] = []
-    fresh_runs: list[tuple[float, float]] = []
+    calib = calibration_file(args.model, args.calibration, tmp, env)
+    etforge = etforge_argv(args.model, args.target, calib)
+    tools = {
+        "bare ExecuTorch flow": lambda: bare_process(args.model, args.calibration, tmp, env),
+        "etforge compile (no cache)": lambda: measure([*etforge, "-o", str(tmp / "a"), "--no-cache"], env),
+    }
+    if args.litert_torch:
+        tools["litert-torch (PT2E int8)"] = lambda: litert_torch_process(
+            args.litert_torch, args.model, calib, tmp, env
+        )
+    runs: dict[str, list[tuple[float, float]]] = {name: [] for name in tools}
     for i in range(max(1, args.repeat)):
-        order = [bare_runs, fresh_runs] if i % 2 == 0 else [fresh_runs, bare_runs]
-        for runs in order:
-            if runs is bare_runs:
-                runs.append(bare_process(args.model, args.calibration, tmp, env))
-            else:
-                runs.append(measure([*etforge, "-o", str(tmp / "a"), "--no-cache"], env))
-    rows = {}
-    rows["bare ExecuTorch flow"] = min(bare_runs)
-    rows["etforge compile (no cache)"] = min(fresh_runs)
+        for name in tools if i % 2 == 0 else reversed(tools):  # ABBA: drift hits every tool alike
+            runs[name].append(tools[name]())
+    rows = {name: min(r) for name, r in runs.items()}
     measure([*etforge, "-o", str(tmp / "b")], env)  # fills the cache
     rows["etforge compile (cached)"] = measure([*etforge, "-o", str(tmp / "c")], env)
     same = (tmp / "a" / "model.pte").read_bytes() == (tmp / "c" / "model.pte").read_bytes()
     bare_wall = rows["bare ExecuTorch flow"][0]
     runs = "one run" if args.repeat <= 1 else f"fastest of {args.repeat} alternating runs"
     print(f"{args.model} on {args.target}, {args.calibration} calibration samples, {runs}")
-    print(f"{'process':<30} {'wall s':>8} {'peak RSS MB':>12} {'vs bare':>8}")
+    peer = rows.get("litert-torch (PT2E int8)")
+    head = f"{'process':<30} {'wall s':>8} {'peak RSS MB':>12} {'vs bare':>8}"
+    print(head + (f" {'vs litert-torch':>16}" if peer else ""))
     for name, (wall, rss) in rows.items():
-        print(f"{name:<30} {wall:8.2f} {rss:12.0f} {wall / bare_wall:8.2f}")
+        line = f"{name:<30} {wall:8.2f} {rss:12.0f} {wall / bare_wall:8.2f}"
+        print(line + (f" {wall / peer[0]:16.2f}" if peer else ""))
     print(f"cached model.pte byte-identical to the fresh compile: {same}")
     report = json.loads((tmp / "a" / "report.json").read_text())
     stages = report.get("stages") or report.get("stage_seconds") or {}
