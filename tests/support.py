@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -38,3 +39,20 @@ def run_cli(
     return subprocess.run(
         [python, "-m", "etforge", *args], capture_output=True, text=True, env=env, timeout=600
     )
+
+
+def conv_head(calibration: int = 4) -> tuple[Any, list[tuple[Any, ...]]]:
+    """A seeded conv -> ReLU -> global average pool -> linear head (eval) and seeded
+    1x3x8x8 calibration batches: the smallest model that makes an NPU partition."""
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, padding=1),
+        torch.nn.ReLU(),
+        torch.nn.AdaptiveAvgPool2d(1),
+        torch.nn.Flatten(),
+        torch.nn.Linear(8, 4),
+    ).eval()
+    g = torch.Generator().manual_seed(1)
+    return model, [(torch.randn(1, 3, 8, 8, generator=g),) for _ in range(calibration)]

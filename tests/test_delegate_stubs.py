@@ -17,18 +17,11 @@ from etforge.core.compiler import compile_model
 from etforge.core.memory_plan import planning_pass
 from etforge.core.plugin_manager import registry
 
+from support import conv_head
+
 
 def _compiled(target: str) -> object:
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(
-        torch.nn.Conv2d(3, 8, 3, padding=1),
-        torch.nn.ReLU(),
-        torch.nn.AdaptiveAvgPool2d(1),
-        torch.nn.Flatten(),
-        torch.nn.Linear(8, 4),
-    ).eval()
-    g = torch.Generator().manual_seed(1)
-    calib = [(torch.randn(1, 3, 8, 8, generator=g),) for _ in range(4)]
+    model, calib = conv_head()
     return compile_model(model, calib[0], target, calibration=calib)
 
 

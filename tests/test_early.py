@@ -187,17 +187,11 @@ def test_a_decomposition_that_mutates_falls_back_to_the_classic_path() -> None:
     (before, the program failed ExecuTorch's functional-IR check)."""
     from etforge.core.compiler import compile_model
 
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(
-        torch.nn.Conv2d(3, 8, 3, padding=1),
-        torch.nn.ReLU(),
-        torch.nn.AdaptiveAvgPool2d(1),
-        torch.nn.Flatten(),
-        torch.nn.Linear(8, 4),
-    ).eval()
+    from support import conv_head
+
+    model, batches = conv_head(calibration=3)
     model = model.to(memory_format=torch.channels_last)
-    g = torch.Generator().manual_seed(1)
-    calib = [(torch.randn(1, 3, 8, 8, generator=g).to(memory_format=torch.channels_last),) for _ in range(3)]
+    calib = [tuple(t.to(memory_format=torch.channels_last) for t in batch) for batch in batches]
     early = compile_model(model, calib[0], "litert", calibration=calib)
     classic = compile_model(model, calib[0], "litert", calibration=calib, early=False)
     assert early.pte == classic.pte
