@@ -39,6 +39,10 @@ class Unsupported(Exception):
     """The graph has something this direct construction does not handle."""
 
 
+def _kept_meta(node: Node) -> dict[str, Any]:
+    return {k: v for k, v in node.meta.items() if k not in _DROPPED_META}
+
+
 def _placeholder_name(prefix: str, fqn: str) -> str:
     return prefix + fqn.replace(".", "_")
 
@@ -82,7 +86,7 @@ def program_from_graph(
         )
     for node in gm.graph.find_nodes(op="placeholder"):
         env[node] = graph.placeholder(node.name)
-        env[node].meta = {k: v for k, v in node.meta.items() if k not in _DROPPED_META}
+        env[node].meta = _kept_meta(node)
         specs.append(InputSpec(InputKind.USER_INPUT, TensorArgument(env[node].name), None))
     outputs: list[OutputSpec] = []
     for node in gm.graph.nodes:
@@ -98,7 +102,7 @@ def program_from_graph(
             env[node] = graph.create_node(
                 "call_function", operator.getitem, torch.fx.map_arg(node.args, env.__getitem__)
             )
-            env[node].meta = {k: v for k, v in node.meta.items() if k not in _DROPPED_META}
+            env[node].meta = _kept_meta(node)
         elif node.op == "call_function":
             if not isinstance(node.target, torch._ops.OpOverload) or node.target._schema.is_mutable:
                 raise Unsupported(f"{node.name} calls {node.target!r}, not a functional operator")
@@ -114,7 +118,7 @@ def program_from_graph(
                 kwargs,
                 name=graph._target_to_str(node.target.overloadpacket.__name__),
             )
-            new.meta = {k: v for k, v in node.meta.items() if k not in _DROPPED_META}
+            new.meta = _kept_meta(node)
             new.meta["original_aten"] = node.target  # a re-trace records the op it traced
             env[node] = new
         elif node.op == "output":
