@@ -6,6 +6,7 @@ answers never pays for importing ExecuTorch, torchao or LiteRT.
 
 from __future__ import annotations
 
+import copy
 import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -122,6 +123,10 @@ def export(
         ) from None
 
 
+def _has_float64(module: torch.nn.Module) -> bool:
+    return any(t.dtype == torch.float64 for t in (*module.parameters(), *module.buffers()))
+
+
 def front_end(
     module: torch.nn.Module | None,
     example: tuple[torch.Tensor, ...],
@@ -131,8 +136,14 @@ def front_end(
     reg: Registry,
     program: ExportedProgram | None = None,
     what: str = "the model",
+    owned: bool = False,
 ) -> Front:
-    """float32, the target's layout, then ``torch.export`` (a given program is taken as is)."""
+    """float32, the target's layout, then ``torch.export`` (a given program is taken as is).
+
+    Both conversions change a module in place (``nn.Module.to``), so a caller's module is
+    copied first: compiling must not leave it channels-last or float32, or the next compile
+    of the same module would see another program. ``owned``: the caller built the module for
+    this compile alone (the command does), no copy is needed."""
     notes: list[str] = []
     calib = list(calibration) if calibration is not None else None
     if program is not None:
@@ -141,6 +152,8 @@ def front_end(
             notes += nchw_program_note(program, target)
         return Front(program, tuple(example), calib, notes)
     assert module is not None
+    if not owned and (reg.cpu_backend(target).channels_last or _has_float64(module)):
+        module = copy.deepcopy(module)
     module, example, calib, cast = as_float32(module, example, calib)
     notes += [cast] if cast else []
     module, example, calib = adapt_layout(module, example, calib, target, options, reg)

@@ -139,3 +139,13 @@ def test_readme_script_works_for_every_target_in_a_fresh_process() -> None:
     for name, proc in procs.items():
         _, err = proc.communicate(timeout=900)
         assert proc.returncode == 0, f"{name}: {err[-2000:]}"
+
+
+def test_compiling_leaves_the_callers_module_as_it_was() -> None:
+    """Cortex-M targets compile channels-last inside; the caller's module must not come back
+    converted, or compiling it next for another target would give another program."""
+    model, example, calib = _model()
+    fresh = etforge.compile(model, example, target="imxrt700", calibration=calib).pte
+    etforge.compile(model, example, target="imxrt700cm", calibration=calib)
+    assert all(p.is_contiguous() for p in model.parameters())
+    assert etforge.compile(model, example, target="imxrt700", calibration=calib).pte == fresh
