@@ -97,6 +97,9 @@ def run() -> None:
     """
     import atexit
 
+    from etforge.core import process_memory
+
+    process_memory.tune_collector()
     try:
         main()
         code: int = 0
@@ -484,7 +487,15 @@ def _build_into(
                 calibration = load_calibration(calib, loaded.example_inputs)
         with _progress("export"):
             front = front_end(
-                loaded.module, loaded.example_inputs, calibration, target, options, reg, loaded.program, model
+                loaded.module,
+                loaded.example_inputs,
+                calibration,
+                target,
+                options,
+                reg,
+                loaded.program,
+                model,
+                owned=True,  # loaded for this compile alone: converted in place, not copied
             )
     key = None
     if use_cache:
@@ -604,32 +615,13 @@ def _progress(stage: str) -> Any:
         with console.status(f"{stage} ..."):
             yield
         console.print(f"[green]✓[/] {stage:<10} {time.perf_counter() - start:6.2f} s")
-        _release_memory()
+        from etforge.core import process_memory
+
+        if stage.startswith("import") or stage == "export":  # export imports torch._dynamo
+            process_memory.settle()
+        process_memory.release()
 
     return run()
-
-
-def _release_memory() -> None:
-    """Give back what a finished stage no longer needs: the source lines ``torch.export``
-    read for its stack traces (``linecache``, about 5 MB resident) and the free holes its
-    temporaries left in the heap (glibc ``malloc_trim``; nothing elsewhere). Between stages
-    this lowers the command's peak RSS by about 20 MB on MobileNetV2-96, for a millisecond."""
-    import ctypes
-    import linecache
-
-    linecache.clearcache()
-
-    global _malloc_trim
-    if _malloc_trim is None:
-        try:
-            _malloc_trim = ctypes.CDLL(None).malloc_trim  # the C library the process already runs
-        except (OSError, AttributeError):
-            _malloc_trim = False
-    if _malloc_trim:
-        _malloc_trim(0)
-
-
-_malloc_trim: Any = None
 
 
 def _print_summary(report: dict[str, Any], out: Any = None, generated: Any = None) -> None:
