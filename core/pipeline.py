@@ -89,6 +89,10 @@ def rewrite(
             ) from None
         if changed:
             applied.append(rw.name)
+    # The graph module's node cycles would keep every real activation alive until the
+    # collector's next full pass; the re-export below computes its own values.
+    for node in gm.graph.nodes:
+        node.meta.pop("val", None)
     if not applied:
         return ep, []
     try:
