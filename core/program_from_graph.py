@@ -206,13 +206,10 @@ def as_dispatched(
 
 
 def _check_plain(gm: GraphModule, reference: ExportedProgram, example: Sequence[torch.Tensor]) -> None:
-    """What the construction assumes: tensor inputs and outputs only, no mutated or
-    constant inputs, every parameter and buffer a distinct tensor."""
+    """What the construction assumes: tensor inputs and outputs only, no mutated inputs,
+    every parameter and buffer a distinct tensor. (A constant of the float program is fine
+    when PT2E folded it; one left as a plain attribute is refused at its ``get_attr``.)"""
     sig = reference.graph_signature
-    if any(
-        s.kind not in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.USER_INPUT) for s in sig.input_specs
-    ):
-        raise Unsupported("the program has constant or custom-object inputs")
     if any(s.kind is not OutputKind.USER_OUTPUT for s in sig.output_specs):
         raise Unsupported("the program mutates its inputs or buffers")
     if not all(isinstance(e, torch.Tensor) for e in example):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from executorch.exir.passes.remove_unused_parameters_pass import remove_unused_parameters_pass
 from torch import nn
 
 from etforge.core import pipeline, program_from_graph
@@ -147,6 +148,19 @@ def test_arguments_the_schema_lacks_are_refused() -> None:
         as_dispatched(torch.ops.aten.avg_pool2d.default, ("x",), {})
 
 
+class _Counting(nn.Module):
+    """Counts its calls in a buffer: the program mutates its state."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.register_buffer("calls", torch.zeros(1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls.add_(1)
+        return self.fc(x)
+
+
 class _WithConstant(nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -157,18 +171,41 @@ class _WithConstant(nn.Module):
         return self.fc(x) + self.offset
 
 
-def test_a_program_outside_its_shape_is_refused_and_quantize_reexports() -> None:
-    model = _WithConstant().eval()
-    example = (torch.randn(1, 4),)
-    ep = torch.export.export(model, example, strict=False)
+def _quantized_both_ways(
+    model: nn.Module,
+) -> tuple[object, torch.export.ExportedProgram, tuple[torch.Tensor]]:
+    example = (torch.randn(1, 4, generator=torch.Generator().manual_seed(2)),)
+    ep = torch.export.export(model.eval(), example, strict=False)
     reg = registry()
     gm = pipeline.prepare(
         ep.module(check_guards=False), pipeline.quantizer_for(reg.target("imxrt700"), None, reg)
     )
     gm(*example)
     gm = pipeline.convert(gm)
-    with pytest.raises(Unsupported, match="constant"):
-        program_from_graph.program_from_graph(gm, ep, example)
+    try:
+        direct: object = program_from_graph.program_from_graph(gm, ep, example)
+    except Unsupported as exc:
+        direct = exc
+    return direct, torch.export.export(gm, example, strict=False), example
+
+
+def test_a_graph_outside_its_shape_is_refused_and_quantize_reexports() -> None:
+    torch.manual_seed(0)
+    refused, reexported, example = _quantized_both_ways(_Counting())
+    assert isinstance(refused, Unsupported)  # the in-place add_ on the buffer
+    reg = registry()
+    torch.manual_seed(0)
+    ep = torch.export.export(_Counting().eval(), example, strict=False)
     quantized = pipeline.quantize(ep, reg.target("imxrt700"), [example], reg)
-    with torch.no_grad():
-        assert torch.equal(quantized.module()(*example), gm(*example))
+    expected = remove_unused_parameters_pass(reexported)  # quantize drops the folded float weights
+    assert quantized.graph_module.code == expected.graph_module.code
+
+
+def test_a_float_constant_pt2e_folded_is_no_obstacle() -> None:
+    """The float program lifts ``offset`` as a constant; PT2E folds it, so the converted
+    graph holds parameters and buffers only and the direct construction applies."""
+    torch.manual_seed(0)
+    direct, reexported, example = _quantized_both_ways(_WithConstant())
+    assert isinstance(direct, torch.export.ExportedProgram)
+    assert direct.graph_module.code == reexported.graph_module.code
+    assert str(direct.graph_signature) == str(reexported.graph_signature)
