@@ -153,7 +153,13 @@ def front_end(
         return Front(program, tuple(example), calib, notes)
     assert module is not None
     if not owned and (reg.cpu_backend(target).channels_last or _has_float64(module)):
-        module = copy.deepcopy(module)
+        try:
+            module = copy.deepcopy(module)
+        except Exception as exc:  # a lock, a file, a native handle: convert in place, and say so
+            notes.append(
+                f"{what} could not be copied ({type(exc).__name__}: {exc}); its parameters were "
+                "converted in place (channels-last / float32)"
+            )
     module, example, calib, cast = as_float32(module, example, calib)
     notes += [cast] if cast else []
     module, example, calib = adapt_layout(module, example, calib, target, options, reg)

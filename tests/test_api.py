@@ -149,3 +149,12 @@ def test_compiling_leaves_the_callers_module_as_it_was() -> None:
     etforge.compile(model, example, target="imxrt700cm", calibration=calib)
     assert all(p.is_contiguous() for p in model.parameters())
     assert etforge.compile(model, example, target="imxrt700", calibration=calib).pte == fresh
+
+
+def test_a_module_that_cannot_be_copied_is_converted_in_place_with_a_note() -> None:
+    import threading
+
+    model, example, calib = _model()
+    model.lock = threading.Lock()  # deepcopy refuses a lock
+    compiled = etforge.compile(model, example, target="imxrt700cm", calibration=calib)
+    assert any("could not be copied" in n and "in place" in n for n in compiled.result.notes)
