@@ -16,7 +16,7 @@ import torch
 from torch.export import ExportedProgram
 
 from etforge.core.errors import EtforgeError
-from etforge.core.load import as_float32, refuse_float64
+from etforge.core.load import as_float32, has_float64, refuse_float64
 from etforge.core.plugin_manager import Registry, registry
 from etforge.core.target import TargetSpec
 
@@ -123,10 +123,6 @@ def export(
         ) from None
 
 
-def _has_float64(module: torch.nn.Module) -> bool:
-    return any(t.dtype == torch.float64 for t in (*module.parameters(), *module.buffers()))
-
-
 def front_end(
     module: torch.nn.Module | None,
     example: tuple[torch.Tensor, ...],
@@ -152,7 +148,9 @@ def front_end(
             notes += nchw_program_note(program, target)
         return Front(program, tuple(example), calib, notes)
     assert module is not None
-    if not owned and (reg.cpu_backend(target).channels_last or _has_float64(module)):
+    if not owned and (
+        reg.cpu_backend(target).channels_last or has_float64([*module.parameters(), *module.buffers()])
+    ):
         try:
             module = copy.deepcopy(module)
         except Exception as exc:  # a lock, a file, a native handle: convert in place, and say so

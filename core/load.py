@@ -259,6 +259,10 @@ def _first_line(exc: BaseException) -> str:
     return first_line(exc)
 
 
+def has_float64(tensors: Sequence[Any]) -> bool:
+    return any(isinstance(t, torch.Tensor) and t.dtype == torch.float64 for t in tensors)
+
+
 def as_float32(
     module: torch.nn.Module,
     example: tuple[torch.Tensor, ...],
@@ -273,8 +277,7 @@ def as_float32(
     def f32(t: torch.Tensor) -> torch.Tensor:
         return t.float() if t.dtype == torch.float64 else t
 
-    tensors = [*module.parameters(), *module.buffers(), *example]
-    if not any(isinstance(t, torch.Tensor) and t.dtype == torch.float64 for t in tensors):
+    if not has_float64([*module.parameters(), *module.buffers(), *example]):
         return module, example, list(calibration) if calibration is not None else None, None
     calib = [tuple(f32(t) for t in batch) for batch in calibration] if calibration is not None else None
     note = "the model is float64: compiled as float32 (parameters, buffers and inputs cast)"
