@@ -68,7 +68,6 @@ def program_from_graph(
     buffers = dict(gm.named_buffers())
     non_persistent = _non_persistent(gm)
     lifted = {**params, **buffers}
-    by_id = {id(t): fqn for fqn, t in lifted.items()}
 
     graph = Graph()
     env: dict[Node, Node] = {}
@@ -93,11 +92,10 @@ def program_from_graph(
         if node.op == "placeholder":
             continue
         if node.op == "get_attr":
-            value = _attr(gm, str(node.target))
-            fqn = by_id.get(id(value))
-            if fqn is None:
+            # A get_attr names its attribute's path: the fqn, every tensor having one (_check_plain).
+            if str(node.target) not in holders:
                 raise Unsupported(f"attribute {node.target!r} is neither a parameter nor a buffer")
-            env[node] = holders[fqn]
+            env[node] = holders[str(node.target)]
         elif node.op == "call_function" and node.target is operator.getitem:
             env[node] = graph.create_node(
                 "call_function", operator.getitem, torch.fx.map_arg(node.args, env.__getitem__)
@@ -220,10 +218,3 @@ def _check_plain(gm: GraphModule, reference: ExportedProgram, example: Sequence[
     tensors += [t for _, t in gm.named_buffers(remove_duplicate=False)]
     if len({id(t) for t in tensors}) != len(tensors):
         raise Unsupported("a tensor is held under two names")
-
-
-def _attr(gm: GraphModule, target: str) -> object:
-    value: object = gm
-    for part in target.split("."):
-        value = getattr(value, part)
-    return value
