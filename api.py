@@ -33,7 +33,11 @@ class Target:
         from etforge.core.pipeline import quantizer_for
         from etforge.core.plugin_manager import registry
 
-        return quantizer_for(self.spec, self._options(), registry())
+        reg = registry()
+        inner = quantizer_for(self.spec, self._options(), reg)
+        if not [r for r in reg.rewrites_for(self.spec) if r.stage == "export"]:
+            return inner
+        return _rewriting_quantizer(inner, self.spec, reg)
 
     def adapt(
         self,
@@ -52,9 +56,7 @@ class Target:
 
     def partitioners(self) -> list[Any]:
         """Partitioners for ``to_edge_transform_and_lower(..., partitioner=...)``."""
-        from etforge.core.partitioner import EtforgePartitioner
-
-        return [EtforgePartitioner(self.spec, self._options())]
+        return [_script_partitioner(self.spec, self._options())]
 
     def compile_config(self) -> Any:
         """The ``EdgeCompileConfig`` the target's CPU backend needs."""
@@ -64,23 +66,132 @@ class Target:
         return registry().cpu_backend(self.spec).edge_compile_config() or edge_config()
 
     def lower_cpu(self, edge: Any) -> Any:
-        """Rewrite what the NPU left into the CPU backend's kernels (CMSIS-NN on imxrt700cm)."""
-        from executorch.exir import EdgeProgramManager
+        """Rewrite what the NPU left into the CPU backend's kernels (CMSIS-NN on imxrt700cm).
 
+        The same steps as ``etforge.compile``'s lowering after delegation; the result's
+        ``to_executorch()`` plans memory as ``etforge.compile`` does (its best-fit planner),
+        so the script's ``.pte`` is byte for byte ``etforge.compile(..., lowering="classic")``'s.
+        """
+        from etforge.core import delegate_stubs, pipeline
         from etforge.core.plugin_manager import registry
 
         ep = edge.exported_program()
-        lowered = registry().cpu_backend(self.spec).lower(ep, self.spec, self._options())
-        return (
-            edge
-            if lowered is ep
-            else EdgeProgramManager({"forward": lowered}, compile_config=self.compile_config())
-        )
+        with delegate_stubs.shape_only(ep):
+            lowered = registry().cpu_backend(self.spec).lower(ep, self.spec, self._options())
+            delegate_stubs.restore(lowered)
+        pipeline.drop_dead_constants(lowered)
+        self._check_kernels(lowered)
+        return _script_edge({"forward": lowered}, self.compile_config())
+
+    def _check_kernels(self, lowered: Any) -> None:
+        """A CPU op the device's kernel libraries lack is refused, not left in the script's program.
+
+        ``etforge.compile`` decomposes such an op in the float program and quantizes again; a
+        script's float program is its own, so it is told which op and how to get that.
+        """
+        from etforge.core import kernel_check
+        from etforge.core.errors import EtforgeError
+        from etforge.core.plugin_manager import registry
+
+        libraries = kernel_check.libraries_for(registry().cpu_backend(self.spec))
+        missing = kernel_check.missing_kernels(lowered, libraries)
+        if missing:
+            ops = sorted({m.op for m in missing})
+            raise EtforgeError(
+                f"{self.name}: no kernel for {', '.join(ops)} in the device's kernel libraries; "
+                "etforge.compile decomposes such ops in the float program and quantizes again "
+                "(use it, or replace the op in the model)"
+            )
 
     def _options(self) -> dict[str, Any]:
         from etforge.core.options import resolve_options
 
         return resolve_options(self.spec, self.options)
+
+
+def _script_edge(programs: dict[str, Any], compile_config: Any) -> Any:
+    """An ``EdgeProgramManager`` whose ``to_executorch()`` defaults to etforge's memory planning
+    (defined here: ``import etforge`` does not import ExecuTorch)."""
+    from executorch.exir import EdgeProgramManager, ExecutorchBackendConfig
+
+    from etforge.core.memory_plan import planning_pass
+
+    class ScriptEdge(EdgeProgramManager):
+        def to_executorch(self, config: Any = None) -> Any:
+            _register_out_variants()
+            if config is None:
+                config = ExecutorchBackendConfig(memory_planning_pass=planning_pass())
+            return super().to_executorch(config)
+
+    return ScriptEdge(programs, compile_config=compile_config)
+
+
+def _rewriting_quantizer(inner: Any, spec: Any, reg: Any) -> Any:
+    """``inner``, after the target's graph rewrites (``etforge_rewrites``) on the float graph.
+
+    ``etforge.compile`` rewrites the exported float program before quantizing; a script hands
+    ``prepare_pt2e`` the exported module, so the rewrites run in the quantizer's
+    ``transform_for_annotation``, the one hook PT2E calls on the float graph first: the
+    same rewrites, re-exported the same way (``pipeline.rewrite``).
+    """
+    from torchao.quantization.pt2e.quantizer import Quantizer
+
+    from etforge.core.pipeline import rewrite
+
+    class RewritingQuantizer(Quantizer):  # type: ignore[misc]
+        def transform_for_annotation(self, model: torch.fx.GraphModule) -> torch.fx.GraphModule:
+            example = tuple(_example_like(n.meta["val"]) for n in model.graph.find_nodes(op="placeholder"))
+            ep, applied = rewrite(torch.export.export(model, example, strict=False), spec, reg)
+            if applied:
+                model = ep.module(check_guards=False)
+            return inner.transform_for_annotation(model)
+
+        def annotate(self, model: torch.fx.GraphModule) -> torch.fx.GraphModule:
+            return inner.annotate(model)
+
+        def validate(self, model: torch.fx.GraphModule) -> None:
+            return inner.validate(model)
+
+        def prepare_obs_or_fq_callback(self, model: Any, edge_or_node_to_obs_or_fq: Any) -> None:
+            return inner.prepare_obs_or_fq_callback(model, edge_or_node_to_obs_or_fq)
+
+    return RewritingQuantizer()
+
+
+def _example_like(val: Any) -> Any:
+    """A real tensor of ``val``'s shape, dtype and strides (a channels-last input stays so)."""
+    if not isinstance(val, torch.Tensor):
+        return val
+    return torch.empty_strided(tuple(val.shape), tuple(val.stride()), dtype=val.dtype).zero_()
+
+
+def _script_partitioner(spec: Any, options: dict[str, Any]) -> Any:
+    """The NPU partitioner, plus what ``etforge.compile``'s lowering does around it.
+
+    ``to_edge_transform_and_lower`` ignores ``compile_config.preserve_ops`` once a
+    partitioner is given, so a CPU backend's kept-whole ops (CMSIS-NN's ``linear``) would
+    decompose to ``addmm`` and stay float; ``etforge.compile`` keeps them (``to_edge`` with
+    them preserved). This partitioner asks ExecuTorch to keep the same set whole: the CPU
+    backend's and the converters' (``pipeline._kept_whole``), so the script's program is
+    the same, byte for byte. The check ExecuTorch runs after delegation (on the Edge
+    program) is asked for nothing: the kept ops left there are ``lower_cpu``'s to rewrite.
+    """
+    from etforge.core.partitioner import EtforgePartitioner
+    from etforge.core.pipeline import _kept_whole
+    from etforge.core.plugin_manager import registry
+
+    config = registry().cpu_backend(spec).edge_compile_config()
+
+    class ScriptPartitioner(EtforgePartitioner):
+        def ops_to_not_decompose(self, ep: Any) -> tuple[list[Any], Any]:
+            ours = super().ops_to_not_decompose(ep)
+            if not getattr(config, "preserve_ops", None):
+                return ours
+            if ep.dialect == "EDGE":
+                return [], None
+            return _kept_whole(config, self), None
+
+    return ScriptPartitioner(spec, options)
 
 
 def target(name: str = "imxrt700cm", **options: Any) -> Target:
