@@ -23,15 +23,99 @@ from rich.table import Table
 from etforge.core.errors import EtforgeError, first_line, strip_ansi
 from etforge.core.plugin_manager import Registry, load_plugins, use_as_default
 
-console = Console(highlight=False)
-err_console = Console(stderr=True, highlight=False)
+#: The reader of stdout went away (``etforge compile ... | head -1``).
+_PIPE = {"broken": False}
+#: Exit code after a broken pipe: 128 + SIGPIPE, what a shell reports for a process the
+#: signal stopped (``yes | head -1``); the command itself ran to its end.
+BROKEN_PIPE_EXIT = 141
+
+
+class _Console(Console):
+    """A console that survives its reader going away: output stops, the command goes on.
+
+    Rich's default exits at once (code 1), which killed a compile mid-way, its output
+    discarded, when ``| head`` closed the pipe; here the rest is dropped and the command
+    finishes (``EtforgeGroup`` reports the broken pipe in one line at the end).
+    """
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        _PIPE["broken"] = True
+        with contextlib.suppress(OSError, ValueError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self.file.fileno())
+            os.close(devnull)
+
+
+console = _Console(highlight=False)
+err_console = _Console(stderr=True, highlight=False)
+#: ``--quiet`` / ``--json``: no progress lines, no summary (only errors and the final line).
+_OUTPUT = {"quiet": False}
 #: ``--debug`` seen (the environment variable works before the options are parsed, too).
 _DEBUG = {"on": os.environ.get("ETFORGE_DEBUG", "") not in ("", "0")}
 
 
-def _table_console() -> Console:
-    """Tables on a terminal fit it; piped, they never wrap or cut a name (``| grep`` finds it)."""
-    return console if console.is_terminal else Console(highlight=False, width=100_000)
+#: Columns of piped output when ``$COLUMNS`` does not say (a terminal's own width wins).
+PIPED_WIDTH = 100
+
+
+def _fit_width() -> None:
+    """Piped, rich would assume 80 columns; the output is 100 wide unless ``$COLUMNS`` says."""
+    if not console.is_terminal and not os.environ.get("COLUMNS", "").isdigit():
+        console.width = PIPED_WIDTH
+
+
+def _print_table(table: Table) -> None:
+    """A table as wide as the output; one too wide for it becomes records.
+
+    On a terminal rich fits the table to it. Piped, a table that fits ``console.width`` is
+    printed as is; a wider one (long op names, constraints, reasons) is printed one record
+    per row — the first cell on its own line, then ``column: value`` lines wrapped at the
+    width only between words — so every name stays whole for ``grep`` and no line is
+    hundreds of columns wide.
+    """
+    import io
+
+    if console.is_terminal:
+        console.print(table)
+        return
+    probe = Console(highlight=False, width=100_000, file=io.StringIO())
+    probe.print(table)
+    if max((len(ln.rstrip()) for ln in probe.file.getvalue().splitlines()), default=0) <= console.width:
+        console.print(table)
+        return
+    console.print(table_records(table, console.width), markup=False, highlight=False, soft_wrap=True)
+
+
+def table_records(table: Table, width: int) -> str:
+    """``table`` as plain-text records at most ``width`` columns wide (bar a single longer word)."""
+    import textwrap
+
+    from rich.text import Text
+
+    def plain(cell: Any) -> str:
+        return cell.plain if isinstance(cell, Text) else Text.from_markup(str(cell)).plain
+
+    headers = [plain(c.header) for c in table.columns]
+    columns = [[plain(cell) for cell in c.cells] for c in table.columns]
+    lines = [plain(table.title)] if table.title else []
+    for row in zip(*columns, strict=True):
+        lines.append(row[0])
+        for header, value in zip(headers[1:], row[1:], strict=True):
+            parts = [v for v in value.split("\n") if v.strip()]
+            if not parts:
+                continue
+            first = f"    {header}: {parts[0]}" if len(parts) == 1 else f"    {header}:"
+            rest = [] if len(parts) == 1 else [f"      {v}" for v in parts]
+            for text in [first, *rest]:
+                lines += textwrap.wrap(
+                    text,
+                    width=width,
+                    subsequent_indent="        ",
+                    break_long_words=False,
+                    break_on_hyphens=False,
+                ) or [text]
+    return "\n".join(lines)
 
 
 class Ctx:
@@ -83,8 +167,14 @@ class EtforgeGroup(click.Group):
             _fail("interrupted", 130)
         except EtforgeError as exc:
             _fail(str(exc))
+        except BrokenPipeError:  # click.echo (--json) to a closed pipe, after the work is done
+            console.on_broken_pipe()
         except Exception as exc:  # a bug (ours or a plugin's): still one line, the traceback on request
             _fail(f"unexpected {type(exc).__name__}: {first_line(exc)} (run with --debug for the traceback)")
+        if _PIPE["broken"]:
+            _say("warning", "stdout was closed early (broken pipe): the rest of the output was dropped; "
+                 "the command itself ran to its end")  # fmt: skip
+            sys.exit(BROKEN_PIPE_EXIT)
         sys.exit(rv if isinstance(rv, int) else 0)
 
 
@@ -128,7 +218,26 @@ def main(ctx: click.Context, strict: bool, debug: bool, verbose: bool) -> None:
 
     _DEBUG["on"] = _DEBUG["on"] or debug
     quiet.install(verbose)  # before any command imports torch
+    _fit_width()
     ctx.obj = Ctx(strict)
+
+
+def _target(reg: Registry, name: str, hint: str = "--target") -> Any:
+    """The target named on the command line; an unknown name is a usage error (exit 2)."""
+    try:
+        return reg.target(name)
+    except EtforgeError as exc:
+        raise click.BadParameter(str(exc), param_hint=hint) from None
+
+
+def _resolved(target: Any, raw: dict[str, str]) -> dict[str, Any]:
+    """``--option`` pairs checked against the target; an unknown name or bad value exits 2."""
+    from etforge.core.options import resolve_options
+
+    try:
+        return resolve_options(target, raw)
+    except EtforgeError as exc:
+        raise click.BadParameter(str(exc), param_hint="--option") from None
 
 
 @main.command()
@@ -168,7 +277,7 @@ def plugins(obj: Ctx, as_json: bool) -> None:
     for p in reg.plugins:
         provides = "[red]FAILED[/]: " + (p.error or "") if p.error else _provides_text(p.provides)
         table.add_row(p.name, p.distribution, p.version, provides)
-    _table_console().print(table)
+    _print_table(table)
     conflicts = reg.conflicts()
     if conflicts:
         ct = Table(title="converter conflicts (first is asked first)")
@@ -181,7 +290,7 @@ def plugins(obj: Ctx, as_json: bool) -> None:
                 " > ".join(f"{conv} ({plug}, prio {pr})" for plug, conv, pr in c.order),
                 c.note,
             )
-        _table_console().print(ct)
+        _print_table(ct)
     rule_conflicts = reg.rule_conflicts()
     if rule_conflicts:
         rt = Table(title="quantizer-rule conflicts (first annotates the op)")
@@ -190,7 +299,7 @@ def plugins(obj: Ctx, as_json: bool) -> None:
         for r in rule_conflicts:
             order = " > ".join(f"{kind} ({plug}, prio {pr})" for plug, kind, pr in r.order)
             rt.add_row(r.op, r.scheme, order, r.note)
-        _table_console().print(rt)
+        _print_table(rt)
     for warning in reg.coverage_warnings():
         err_console.print(f"warning: {warning}", soft_wrap=True, markup=False)
 
@@ -236,7 +345,7 @@ def targets(obj: Ctx, as_json: bool) -> None:
             comp = f"{t.npu.compiler}: " + ((c.available()[1]) if c else "[red]no such compiler plugin[/]")
         npu = "-" if t.npu is None else _npu_text(t.npu)
         table.add_row(name, npu, f"{t.cpu_fallback} ({t.cpu})", comp, t.description)
-    _table_console().print(table)
+    _print_table(table)
     for name, t in sorted(reg.targets.items()):
         for fig, info in (t.npu.figures() if t.npu is not None else {}).items():
             if info["assumption"]:
@@ -261,7 +370,7 @@ def _npu_text(npu: Any) -> str:
 def ops(obj: Ctx, target_name: str, as_json: bool) -> None:
     """The NPU support matrix of a target: op, converter, plugin, dtypes, constraints."""
     reg = obj.registry
-    target = reg.target(target_name)
+    target = _target(reg, target_name)
     rows = []
     for op, cands in sorted(reg.converters_for(target).items()):
         for rank, conv in enumerate(cands):
@@ -282,7 +391,7 @@ def ops(obj: Ctx, target_name: str, as_json: bool) -> None:
     for r in rows:
         name = r["name"] if r["rank"] == 0 else f"{r['name']} (fallback {r['rank']})"
         table.add_row(r["op"], name, r["plugin"], ",".join(r["dtypes"]), "\n".join(r["constraints"]))
-    _table_console().print(table)
+    _print_table(table)
 
 
 def _parse_options(pairs: tuple[str, ...]) -> dict[str, str]:
@@ -326,6 +435,8 @@ def _parse_options(pairs: tuple[str, ...]) -> dict[str, str]:
     help="Fail if the planned arena, or the arena beside an NPU partition's working memory, is larger.",
 )
 @click.option("--no-cache", is_flag=True, help="Compile afresh; neither read nor fill the build cache.")
+@click.option("--quiet", "-q", is_flag=True, help="Print only errors, warnings and the final line.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON (nothing else on stdout).")
 @click.option(
     "--manifest",
     type=click.Path(dir_okay=False),
@@ -353,6 +464,8 @@ def compile_cmd(
     etrecord: bool,
     memory_budget: int | None,
     no_cache: bool,
+    quiet: bool,
+    as_json: bool,
     manifest: str | None,
     jobs: int | None,
     ray_address: str | None,
@@ -363,9 +476,10 @@ def compile_cmd(
     """
     from pathlib import Path
 
+    _OUTPUT["quiet"] = quiet or as_json
     if manifest or len(models) > 1 or ray_address:
-        if etrecord or memory_budget:
-            raise click.UsageError("--etrecord and --memory-budget go with a single model")
+        if etrecord or memory_budget or as_json:
+            raise click.UsageError("--etrecord, --memory-budget and --json go with a single model")
         _compile_many(
             obj, models, manifest, target_name, Path(out_dir), calib, float_, raw_options, jobs, ray_address
         )
@@ -376,12 +490,11 @@ def compile_cmd(
         raise click.UsageError("--jobs goes with several models or --manifest")
     model = models[0]
     from etforge.core import cache, output
-    from etforge.core.options import resolve_options
 
     out = Path(out_dir)
     reg = obj.registry
-    target = reg.target(target_name)
-    options = resolve_options(target, _parse_options(raw_options))
+    target = _target(reg, target_name)
+    options = _resolved(target, _parse_options(raw_options))
     staging = output.prepare(out)  # OUT must be replaceable before anything is compiled
     output.kill_point("staging")
     use_cache = cache.enabled() and not no_cache
@@ -393,6 +506,18 @@ def compile_cmd(
     except BaseException:
         output.discard(staging)  # OUT keeps the previous complete output, if any
         raise
+    if as_json:
+        from etforge.core.summary import summary_data
+
+        click.echo(json.dumps({**summary_data(report, str(out)), "cached": cached}, indent=2))
+        _missing_kernels(generated)
+        return
+    if quiet:
+        from etforge.core.summary import final_line
+
+        console.print(escape(final_line(report, str(out))), soft_wrap=True)
+        _missing_kernels(generated)
+        return
     if cached:
         console.print("[green]✓[/] restored from the build cache (nothing changed since it was built)")
     _print_summary(report, out, generated)
@@ -570,7 +695,6 @@ def _compile_many(
     from pathlib import Path
 
     from etforge.core import batch, cache
-    from etforge.core.options import resolve_options
 
     if manifest:
         if models:
@@ -578,14 +702,18 @@ def _compile_many(
         plan = batch.load_manifest(Path(manifest), out)
     else:
         opts = _parse_options(raw_options)
-        resolve_options(obj.registry.target(target_name), opts)  # a bad option fails before any job runs
+        _resolved(_target(obj.registry, target_name), opts)  # a bad option fails before any job runs
         plan = batch.plan(list(models), [target_name], [opts], out, float_=float_, calib=calib)
     for target in sorted({j.target for j in plan}):
-        obj.registry.target(target)  # an unknown target fails before any job runs
+        _target(obj.registry, target, "manifest")  # an unknown target fails before any job runs
     where = f"Ray at {ray_address}" if ray_address else f"{jobs or os.cpu_count() or 1} local workers"
-    console.print(f"compiling {len(plan)} jobs on {where} ...")
+    quiet = _OUTPUT["quiet"]
+    if not quiet:
+        console.print(f"compiling {len(plan)} jobs on {where} ...")
 
     def done(r: batch.JobResult) -> None:
+        if quiet:
+            return
         mark = "[green]✓[/]" if r.ok else "[red]✗[/]"
         console.print(f"{mark} {escape(r.job.model)} → {r.job.target} {r.seconds:6.1f} s", soft_wrap=True)
 
@@ -598,7 +726,12 @@ def _compile_many(
         table.add_column(col, overflow="fold")
     for row in batch.summary_rows(results):
         table.add_row(*(escape(c) for c in row))
-    _table_console().print(table)
+    if quiet:
+        for r in results:
+            if not r.ok:
+                _say("error", f"{r.job.model} → {r.job.target}: {r.message}")
+    else:
+        _print_table(table)
     console.print(f"{sum(r.ok for r in results)} of {len(results)} compiled into {out}")
     if not all(r.ok for r in results):
         sys.exit(1)
@@ -612,9 +745,12 @@ def _progress(stage: str) -> Any:
     @contextlib.contextmanager
     def run() -> Any:
         start = time.perf_counter()
-        with console.status(f"{stage} ..."):
+        if _OUTPUT["quiet"]:
             yield
-        console.print(f"[green]✓[/] {stage:<10} {time.perf_counter() - start:6.2f} s")
+        else:
+            with console.status(f"{stage} ..."):
+                yield
+            console.print(f"[green]✓[/] {stage:<10} {time.perf_counter() - start:6.2f} s")
         from etforge.core import process_memory
 
         if stage.startswith("import") or stage == "export":  # export imports torch._dynamo
@@ -630,6 +766,10 @@ def _print_summary(report: dict[str, Any], out: Any = None, generated: Any = Non
 
     for line in summary_lines(report, str(out) if out is not None else None, width=min(console.width, 100)):
         console.print(escape(line), soft_wrap=True)
+    _missing_kernels(generated)
+
+
+def _missing_kernels(generated: Any) -> None:
     if generated is not None and generated.missing:
         _say("warning", f"no kernel library provides: {', '.join(generated.missing)}")
 
@@ -675,7 +815,7 @@ def report(out_dir: str, by_op: bool, as_json: bool) -> None:
         table.add_row(
             r["node"], r["op"], r["placement"], r["runs_as"], r["decided_by"], f"{r['macs']:,}", r["reason"]
         )
-    _table_console().print(table)
+    _print_table(table)
 
 
 def _print_codegen(result: Any, gen_dir: Any) -> None:
@@ -771,6 +911,7 @@ def codegen(
     help="With --data: percentage points of accuracy the compiled program may lose.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (every field, per op).")
+@click.option("--quiet", "-q", is_flag=True, help="Print only the failures and the final line.")
 @click.option(
     "--kernels",
     type=click.Choice(["default", "reference"]),
@@ -794,12 +935,17 @@ def verify(
     data: str | None,
     max_accuracy_drop: float,
     as_json: bool,
+    quiet: bool,
 ) -> None:
     """Run OUT's program on the host (NPU partitions in LiteRT) and compare with torch."""
     from pathlib import Path
 
     _ = obj.registry
-    with console.status("rebuilding and running the program on the host ..."):
+    with (
+        console.status("rebuilding and running the program on the host ...")
+        if not quiet
+        else contextlib.nullcontext()
+    ):
         from etforge.runtime.verify import verify as run_verify
 
         v = run_verify(
@@ -816,6 +962,13 @@ def verify(
         import dataclasses
 
         click.echo(json.dumps({**dataclasses.asdict(v), "ok": v.ok}, indent=2, default=str))
+        sys.exit(0 if v.ok else 1)
+    if quiet:
+        for f in v.failures:
+            err_console.print(f"[red]FAIL:[/] {escape(f)}", soft_wrap=True)
+        console.print(
+            "[green]verify passed[/]" if v.ok else f"[red]verify failed[/] ({len(v.failures)} check(s))"
+        )
         sys.exit(0 if v.ok else 1)
     table = Table(title=f"verify {out_dir} ({v.samples} seeded inputs, LiteRT {kernels} kernels)")
     table.add_column("metric")
@@ -875,7 +1028,7 @@ def verify(
         )
     table.add_row("max |ours - float|", f"{v.max_abs_vs_float:.4g}")
     table.add_row("whole model on the NPU", "yes" if v.whole_model_on_npu else "no")
-    _table_console().print(table)
+    _print_table(table)
     for note in v.notes:
         console.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
     if not v.ok:
