@@ -7,12 +7,28 @@ quantizer and partitioners for ``to_edge_transform_and_lower``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _quiet(fn: F) -> F:
+    """Run ``fn`` with the third-party noise the CLI hides silenced (``core.quiet.scope``)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from etforge.core.quiet import scope
+
+        with scope():
+            return fn(*args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
 
 
 @dataclass
@@ -28,6 +44,7 @@ class Target:
 
         return registry().target(self.name)
 
+    @_quiet
     def quantizer(self) -> Any:
         """The torchao PT2E quantizer composed from the target's rule plugins (+ its CPU rules)."""
         from etforge.core.pipeline import quantizer_for
@@ -39,6 +56,7 @@ class Target:
             return inner
         return _rewriting_quantizer(inner, self.spec, reg)
 
+    @_quiet
     def adapt(
         self,
         model: torch.nn.Module,
@@ -54,10 +72,12 @@ class Target:
 
         return adapt_layout(model, tuple(example_inputs), calibration, self.spec, self._options())
 
+    @_quiet
     def partitioners(self) -> list[Any]:
         """Partitioners for ``to_edge_transform_and_lower(..., partitioner=...)``."""
         return [_script_partitioner(self.spec, self._options())]
 
+    @_quiet
     def compile_config(self) -> Any:
         """The ``EdgeCompileConfig`` the target's CPU backend needs."""
         from etforge.core.pipeline import edge_config
@@ -65,6 +85,7 @@ class Target:
 
         return registry().cpu_backend(self.spec).edge_compile_config() or edge_config()
 
+    @_quiet
     def lower_cpu(self, edge: Any) -> Any:
         """Rewrite what the NPU left into the CPU backend's kernels (CMSIS-NN on imxrt700cm).
 
@@ -117,6 +138,7 @@ def _script_edge(programs: dict[str, Any], compile_config: Any) -> Any:
     from etforge.core.memory_plan import planning_pass
 
     class ScriptEdge(EdgeProgramManager):
+        @_quiet
         def to_executorch(self, config: Any = None) -> Any:
             _register_out_variants()
             if config is None:
@@ -139,6 +161,7 @@ def _rewriting_quantizer(inner: Any, spec: Any, reg: Any) -> Any:
     from etforge.core.pipeline import rewrite
 
     class RewritingQuantizer(Quantizer):  # type: ignore[misc]
+        @_quiet
         def transform_for_annotation(self, model: torch.fx.GraphModule) -> torch.fx.GraphModule:
             example = tuple(_example_like(n.meta["val"]) for n in model.graph.find_nodes(op="placeholder"))
             ep, applied = rewrite(torch.export.export(model, example, strict=False), spec, reg)
@@ -183,6 +206,7 @@ def _script_partitioner(spec: Any, options: dict[str, Any]) -> Any:
     config = registry().cpu_backend(spec).edge_compile_config()
 
     class ScriptPartitioner(EtforgePartitioner):
+        @_quiet
         def ops_to_not_decompose(self, ep: Any) -> tuple[list[Any], Any]:
             ours = super().ops_to_not_decompose(ep)
             if not getattr(config, "preserve_ops", None):
@@ -191,9 +215,14 @@ def _script_partitioner(spec: Any, options: dict[str, Any]) -> Any:
                 return [], None
             return _kept_whole(config, self), None
 
+        @_quiet
+        def partition(self, exported_program: Any) -> Any:
+            return super().partition(exported_program)
+
     return ScriptPartitioner(spec, options)
 
 
+@_quiet
 def target(name: str = "imxrt700cm", **options: Any) -> Target:
     """``etforge.target("imxrt700cm")`` -> ``.quantizer()``, ``.partitioners()``, ``.lower_cpu(edge)``."""
     from etforge.core.options import resolve_options
@@ -235,6 +264,7 @@ class Compiled:
     def partitions(self) -> list[Any]:
         return self.result.partitions
 
+    @_quiet
     def save(self, out_dir: str | Path) -> Path:
         """Write model.pte, partitions/*.tflite, report.json (and the programs ``verify`` needs)."""
         from etforge.core import output
@@ -244,6 +274,7 @@ class Compiled:
             output.write_outputs(staging, self.result, self.report)
         return out
 
+    @_quiet
     def codegen(self, out_dir: str | Path, **kwargs: Any) -> Any:
         """Firmware sources for this program (see ``etforge codegen``)."""
         import tempfile
@@ -255,6 +286,7 @@ class Compiled:
             pte.write_bytes(self.pte)
             return generate(pte, Path(out_dir), report=self.report, **kwargs)
 
+    @_quiet
     def verify(
         self, samples: int = 32, seed: int = 0, max_steps: float | None = None, kernels: str = "default"
     ) -> Any:
@@ -266,6 +298,7 @@ class Compiled:
                        samples=samples, seed=seed, max_steps=max_steps, kernels=kernels)  # fmt: skip
 
 
+@_quiet
 def compile(  # noqa: A001 (the natural name, as in torch.compile)
     model: torch.nn.Module,
     example_inputs: Sequence[torch.Tensor],

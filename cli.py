@@ -843,6 +843,12 @@ def _print_codegen(result: Any, gen_dir: Any) -> None:
     "--allow-missing", is_flag=True, help="Generate even when a used operator has no known kernel library."
 )
 @click.option("--check", is_flag=True, help="Write nothing; exit 1 if regenerating would change the files.")
+@click.option(
+    "--libraries",
+    default=None,
+    metavar="L1,L2",
+    help="Only these kernel libraries provide kernels (e.g. cortex_m,quantized,portable); default: all.",
+)
 @click.pass_obj
 def codegen(
     obj: Ctx,
@@ -853,6 +859,7 @@ def codegen(
     report_path: str | None,
     allow_missing: bool,
     check: bool,
+    libraries: str | None,
 ) -> None:
     """Generate the firmware sources for PTE: kernel registration, selective-build yaml, header, CMake."""
     from pathlib import Path
@@ -860,6 +867,18 @@ def codegen(
     from etforge.codegen import generate
     from etforge.core import output
 
+    chosen = None
+    if libraries is not None:
+        from etforge.codegen.kernels import library_sizes
+
+        chosen = tuple(x.strip() for x in libraries.split(",") if x.strip())
+        unknown = sorted(set(chosen) - set(library_sizes()))
+        if unknown or not chosen:
+            raise click.BadParameter(
+                f"unknown kernel libraries {', '.join(unknown) or '(none given)'}; known: "
+                f"{', '.join(sorted(library_sizes()))}",
+                param_hint="--libraries",
+            )
     beside = Path(pte).parent / output.REPORT
     if report_path:
         report = output.load_report(Path(report_path))
@@ -873,6 +892,7 @@ def codegen(
         report=report,
         allow_missing=allow_missing,
         check=check,
+        libraries=chosen,
     )
     if check:
         if result.changed:
