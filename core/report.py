@@ -95,6 +95,10 @@ def build_report(result: CompileResult, reg: Registry, model: str) -> dict[str, 
                 "debug_handle": d.handle,
                 "litert_ops": litert_ops.get(d.node, []),
                 "cpu_op": cpu_op,
+                "inputs": list(d.inputs),
+                "shape": list(d.shape) if d.shape is not None else None,
+                "dtype": d.dtype,
+                "bytes": d.bytes,
             }
         )
     total = sum(n["macs"] for n in nodes)
