@@ -780,7 +780,22 @@ def _missing_kernels(generated: Any) -> None:
     "--ops", "by_op", is_flag=True, help="Per Edge node: placement, LiteRT ops / Cortex-M op, MACs."
 )
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def report(out_dir: str, by_op: bool, as_json: bool) -> None:
+@click.option(
+    "--html",
+    "html_file",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Write the placement picture: the graph, each node coloured by where it runs (opens offline).",
+)
+@click.option(
+    "--model-explorer",
+    "me_dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    metavar="DIR",
+    help="Write the same overlay as Model Explorer node data for model.pte and each partition .tflite.",
+)
+def report(out_dir: str, by_op: bool, as_json: bool, html_file: str | None, me_dir: str | None) -> None:
     """Show the report of a compile in OUT."""
     from pathlib import Path
 
@@ -788,6 +803,9 @@ def report(out_dir: str, by_op: bool, as_json: bool) -> None:
 
     output.recover(Path(out_dir))  # a swap cut short by a kill is finished first
     data = output.load_report(Path(out_dir) / output.REPORT)
+    if html_file or me_dir:
+        _write_pictures(Path(out_dir), data, html_file, me_dir)
+        return
     if not by_op:
         if as_json:
             click.echo(json.dumps(data, indent=2))
@@ -816,6 +834,35 @@ def report(out_dir: str, by_op: bool, as_json: bool) -> None:
             r["node"], r["op"], r["placement"], r["runs_as"], r["decided_by"], f"{r['macs']:,}", r["reason"]
         )
     _print_table(table)
+
+
+def _write_pictures(out: Any, data: dict[str, Any], html_file: str | None, me_dir: str | None) -> None:
+    """``report --html`` / ``--model-explorer``: each file written whole, then renamed into place."""
+    from pathlib import Path
+
+    if any("inputs" not in n for n in data.get("nodes", [])):
+        raise EtforgeError(f"{out}: its report.json has no graph edges (an older etforge); recompile it")
+    if html_file:
+        from etforge.core.placement_html import render
+
+        path = Path(html_file)
+        tmp = path.with_name(path.name + ".tmp")
+        try:
+            tmp.write_text(render(data), encoding="utf-8")
+            tmp.replace(path)
+        except OSError as exc:
+            raise EtforgeError(f"{path}: cannot write the picture: {exc.strerror or exc}") from None
+        console.print(f"wrote {escape(str(path))} ({len(data.get('nodes', []))} nodes)", soft_wrap=True)
+    if me_dir:
+        from etforge.core.model_explorer import write
+
+        try:
+            files = write(out, data, Path(me_dir))
+        except OSError as exc:
+            raise EtforgeError(f"{me_dir}: cannot write the node data: {exc.strerror or exc}") from None
+        console.print(
+            f"wrote Model Explorer node data: {', '.join(escape(str(f)) for f in files)}", soft_wrap=True
+        )
 
 
 def _print_codegen(result: Any, gen_dir: Any) -> None:
@@ -904,7 +951,30 @@ def codegen(
 
 
 @main.command()
-@click.argument("out_dir", type=click.Path(file_okay=False))
+@click.argument("out_dir", metavar="OUT|PTE", type=click.Path())
+@click.option(
+    "--model",
+    "script_model",
+    default=None,
+    metavar="MODEL",
+    help="Verify PTE, a .pte your own script produced: MODEL (zoo:NAME, file.py:factory, .pt2) is the "
+    "model it was built from (with --target, --option, --calib or --quantized).",
+)
+@click.option("--target", "-t", "script_target", default=None, help="With --model: the target PTE is for.")
+@click.option(
+    "--option", "script_options", multiple=True, metavar="KEY=VALUE", help="With --model: target option."
+)
+@click.option(
+    "--calib", "script_calib", default=None, help="With --model: the calibration data the script used."
+)
+@click.option(
+    "--quantized",
+    "script_quantized",
+    type=click.Path(dir_okay=False),
+    default=None,
+    metavar="Q.pt2",
+    help="With --model: the script's quantized program (torch.export.save); the reference is lowered from it.",
+)
 @click.option("--samples", default=32, show_default=True, help="Seeded random inputs to compare on.")
 @click.option("--seed", default=0, show_default=True)
 @click.option(
@@ -956,11 +1026,37 @@ def verify(
     max_accuracy_drop: float,
     as_json: bool,
     quiet: bool,
+    script_model: str | None,
+    script_target: str | None,
+    script_options: tuple[str, ...],
+    script_calib: str | None,
+    script_quantized: str | None,
 ) -> None:
-    """Run OUT's program on the host (NPU partitions in LiteRT) and compare with torch."""
+    """Run OUT's program on the host (NPU partitions in LiteRT) and compare with torch.
+
+    PTE --model MODEL --target T: verify a .pte your own ExecuTorch script produced.
+    """
     from pathlib import Path
 
-    _ = obj.registry
+    reg = obj.registry
+    script: dict[str, Any] | None = None
+    if script_model is not None:
+        if not script_target:
+            raise click.UsageError("--model needs --target: the target the .pte was built for")
+        if not out_dir.endswith(".pte"):
+            raise click.BadParameter(f"{out_dir!r} is not a .pte file", param_hint="PTE")
+        spec = _target(reg, script_target)
+        script = {
+            "model": script_model,
+            "target": spec.name,
+            "options": _resolved(spec, _parse_options(script_options)),
+            "calib": script_calib,
+            "quantized": script_quantized,
+        }
+    elif script_target or script_options or script_calib or script_quantized:
+        raise click.UsageError("--target, --option, --calib and --quantized go with --model")
+    elif out_dir.endswith(".pte"):
+        raise click.UsageError(f"{out_dir} is a .pte: say which model it was built from (--model, --target)")
     with (
         console.status("rebuilding and running the program on the host ...")
         if not quiet
@@ -968,16 +1064,16 @@ def verify(
     ):
         from etforge.runtime.verify import verify as run_verify
 
-        v = run_verify(
-            Path(out_dir),
-            samples=samples,
-            seed=seed,
-            max_steps=max_steps,
-            min_top1=min_top1,
-            kernels=kernels,
-            data=data,
-            max_accuracy_drop=max_accuracy_drop,
-        )
+        checks = {
+            "samples": samples, "seed": seed, "max_steps": max_steps, "min_top1": min_top1,
+            "kernels": kernels, "data": data, "max_accuracy_drop": max_accuracy_drop,
+        }  # fmt: skip
+        if script is not None:
+            from etforge.runtime.script_pte import verify_script_pte
+
+            v = verify_script_pte(Path(out_dir), **script, **checks)
+        else:
+            v = run_verify(Path(out_dir), **checks)
     if as_json:
         import dataclasses
 

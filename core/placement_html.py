@@ -92,7 +92,7 @@ def layout(report: dict[str, Any]) -> dict[str, Box]:
         offset = (width - len(row)) * (BOX_W + GAP_X) / 2  # rows centred
         for i, box in enumerate(row):
             box.x = int(MARGIN + offset + i * (BOX_W + GAP_X))
-            box.y = int(MARGIN + 60 + rank * (BOX_H + GAP_Y))
+            box.y = int(MARGIN + 12 + rank * (BOX_H + GAP_Y))
     return boxes
 
 
@@ -164,7 +164,8 @@ def render(report: dict[str, Any]) -> str:
     boxes = layout(report)
     partitions = [p.get("name") for p in report.get("partitions", [])]
     conversions = set(report.get("cpu_layout_conversions", []))
-    width = max((b.x for b in boxes.values()), default=0) + BOX_W + MARGIN
+    # wide enough for a partition's label beside the narrowest graph
+    width = max(max((b.x for b in boxes.values()), default=0) + BOX_W + MARGIN, 480)
     height = max((b.y for b in boxes.values()), default=0) + BOX_H + MARGIN
     svg: list[str] = [
         f'<svg id="graph" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
@@ -247,7 +248,7 @@ h1{font-size:16px;margin:10px 12px 4px}p.sum{margin:0 12px 6px;color:#333}
 .node text.sub{fill:#333;font-size:10px}.node.sel rect{stroke:#000;stroke-width:3}
 .node:hover rect{stroke-width:2}.badge{font-weight:bold;fill:#b00}
 .edge{fill:none;stroke:#888;stroke-width:1.2}
-.partition rect{fill:none;stroke:#2a7;stroke-dasharray:6 4;stroke-width:1.5}.partition text{font-size:11px;fill:#176}
+.partition rect{fill:none;stroke:#2a7;stroke-dasharray:6 4;stroke-width:1.5}.partition text{font-size:11px;fill:#176;paint-order:stroke;stroke:#fff;stroke-width:4px}
 #side dl{margin:0}#side dt{font-weight:bold;margin-top:6px}#side dd{margin:0;word-break:break-all}
 #find{width:100%;box-sizing:border-box;margin:6px 0}#list{padding-left:16px;margin:4px 0}
 #list li{cursor:pointer}#list li.cpu{color:#a30}
@@ -274,9 +275,10 @@ _JS = """
   }
   for (const name of data.order) {
     const li = document.createElement('li');
-    li.textContent = name + ' \\u2014 ' + data.nodes[name].where;
+    const d = data.nodes[name];
+    li.textContent = name + ' \\u2014 ' + d.where + (d.reason ? ' (' + d.reason + ')' : '');
     li.dataset.node = name;
-    if (String(data.nodes[name].where).startsWith('CPU')) li.className = 'cpu';
+    if (String(d.where).startsWith('CPU')) li.className = 'cpu';
     li.addEventListener('click', () => show(name));
     list.append(li);
   }
