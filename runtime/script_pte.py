@@ -73,6 +73,7 @@ def verify_script_pte(
             (staging / output.PTE).write_bytes(data)  # the script's program is the one run
             (staging / output.REPORT).write_text(json.dumps(report, indent=2) + "\n")
         v = verify(out, **verify_args)
+        v.failures = [f.replace(str(out / output.PTE), str(pte)) for f in v.failures]
     source = f"the quantized program {quantized}" if quantized else f"etforge's quantization of {model}"
     v.notes.insert(
         0,
