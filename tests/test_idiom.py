@@ -10,6 +10,8 @@ memory planning, each of which a script used to miss.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from executorch.codegen.tools.selective_build import _get_program_from_buffer, _get_program_operators
@@ -38,16 +40,19 @@ def _model() -> tuple[torch.nn.Module, tuple[torch.Tensor, ...], list[tuple[torc
     return Net().eval(), calib[0], calib
 
 
-def _script(name: str) -> bytes:
+def _script(name: str, batches: int = 4, save: Path | None = None) -> bytes:
+    """The README's script; ``batches``: how much of the calibration data it uses."""
     model, example, calib = _model()
     target = etforge.target(name)
     model, example, calib = target.adapt(model, example, calib)
     prepared = prepare_pt2e(
         torch.export.export(model, example).module(check_guards=False), target.quantizer()
     )
-    for batch in calib:
+    for batch in calib[:batches]:
         prepared(*batch)
     quantized = torch.export.export(convert_pt2e(prepared), example)
+    if save is not None:
+        torch.export.save(quantized, str(save))
     edge = to_edge_transform_and_lower(
         quantized, partitioner=target.partitioners(), compile_config=target.compile_config()
     )
@@ -87,3 +92,37 @@ def test_linear_kept_off_the_npu_runs_on_cmsis_nn() -> None:
     assert linear["reason"] == "listed in operators_not_to_delegate"
     check = compiled.verify(samples=8)
     assert check.ok, check.failures
+
+
+FACTORY = """
+import torch
+from test_idiom import _model
+
+
+def build():
+    return _model()
+"""
+
+
+def test_verify_takes_a_scripts_pte(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``etforge verify PTE --model MODEL``: the script's program against the model it came from."""
+    from etforge.runtime.script_pte import verify_script_pte
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    (tmp_path / "net.py").write_text(FACTORY)
+    model = f"{tmp_path / 'net.py'}:build"
+    same = tmp_path / "same.pte"
+    same.write_bytes(_script("imxrt700cm"))
+    v = verify_script_pte(same, model, "imxrt700cm", samples=4)
+    assert v.ok, v.failures
+    assert v.pte is not None and v.pte.agreed == v.pte.samples == 4
+    assert "byte for byte the program etforge compiles from it" in v.notes[0]
+    # A script that calibrated on one batch quantized differently: against etforge's own
+    # quantization it computes other values (named), against its own quantized program it passes.
+    other = tmp_path / "other.pte"
+    other.write_bytes(_script("imxrt700cm", batches=1, save=tmp_path / "other.pt2"))
+    v = verify_script_pte(other, model, "imxrt700cm", samples=4)
+    assert not v.ok and v.failures[0].startswith(f"{other} differs from the Edge program")
+    v = verify_script_pte(other, model, "imxrt700cm", quantized=str(tmp_path / "other.pt2"), samples=4)
+    assert v.ok, v.failures
+    assert "byte for byte" in v.notes[0] and v.pte.agreed == 4
