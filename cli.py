@@ -100,6 +100,12 @@ def table_records(table: Table, width: int) -> str:
     columns = [[plain(cell) for cell in c.cells] for c in table.columns]
     lines = [plain(table.title)] if table.title else []
     for row in zip(*columns, strict=True):
+        if len(row) == 2:  # a key/value table (verify's): one "key: value" record per row
+            text = f"{row[0]}: {' '.join(row[1].split())}"
+            lines += textwrap.wrap(
+                text, width=width, subsequent_indent="    ", break_long_words=False, break_on_hyphens=False
+            ) or [text]
+            continue
         lines.append(row[0])
         for header, value in zip(headers[1:], row[1:], strict=True):
             parts = [v for v in value.split("\n") if v.strip()]

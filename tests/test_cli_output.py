@@ -126,15 +126,19 @@ def test_records_wrap_between_words_only() -> None:
     from etforge.cli import table_records
 
     table = Table(title="t")
-    for col in ("name", "reason"):
+    for col in ("name", "placement", "reason"):
         table.add_column(col)
     long_name = "aten." + "x" * 150 + ".default"
-    table.add_row(long_name, "because " * 40)
-    text = table_records(table, 60)
-    lines = text.splitlines()
-    assert lines[0] == "t" and lines[1] == long_name
-    assert all(len(ln) <= 60 for ln in lines[2:]) and len(lines) > 4
-    assert " ".join(ln.strip() for ln in lines[2:]).removeprefix("reason: ").split() == ["because"] * 40
+    table.add_row(long_name, "cpu", "because " * 40)
+    lines = table_records(table, 60).splitlines()
+    assert lines[0] == "t" and lines[1] == long_name and lines[2] == "    placement: cpu"
+    assert all(len(ln) <= 60 for ln in lines[2:]) and len(lines) > 5
+    assert " ".join(ln.strip() for ln in lines[3:]).removeprefix("reason: ").split() == ["because"] * 40
+    pairs = Table(title="verify")  # a key/value table: "key: value" per row
+    pairs.add_column("metric")
+    pairs.add_column("value")
+    pairs.add_row("max |ours - float|", "0.126")
+    assert table_records(pairs, 60).splitlines() == ["verify", "max |ours - float|: 0.126"]
 
 
 @pytest.mark.parametrize(
