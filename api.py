@@ -7,12 +7,28 @@ quantizer and partitioners for ``to_edge_transform_and_lower``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _quiet(fn: F) -> F:
+    """Run ``fn`` with the third-party noise the CLI hides silenced (``core.quiet.scope``)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from etforge.core.quiet import scope
+
+        with scope():
+            return fn(*args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
 
 
 @dataclass
@@ -28,13 +44,19 @@ class Target:
 
         return registry().target(self.name)
 
+    @_quiet
     def quantizer(self) -> Any:
         """The torchao PT2E quantizer composed from the target's rule plugins (+ its CPU rules)."""
         from etforge.core.pipeline import quantizer_for
         from etforge.core.plugin_manager import registry
 
-        return quantizer_for(self.spec, self._options(), registry())
+        reg = registry()
+        inner = quantizer_for(self.spec, self._options(), reg)
+        if not [r for r in reg.rewrites_for(self.spec) if r.stage == "export"]:
+            return inner
+        return _rewriting_quantizer(inner, self.spec, reg)
 
+    @_quiet
     def adapt(
         self,
         model: torch.nn.Module,
@@ -50,12 +72,12 @@ class Target:
 
         return adapt_layout(model, tuple(example_inputs), calibration, self.spec, self._options())
 
+    @_quiet
     def partitioners(self) -> list[Any]:
         """Partitioners for ``to_edge_transform_and_lower(..., partitioner=...)``."""
-        from etforge.core.partitioner import EtforgePartitioner
+        return [_script_partitioner(self.spec, self._options())]
 
-        return [EtforgePartitioner(self.spec, self._options())]
-
+    @_quiet
     def compile_config(self) -> Any:
         """The ``EdgeCompileConfig`` the target's CPU backend needs."""
         from etforge.core.pipeline import edge_config
@@ -63,19 +85,44 @@ class Target:
 
         return registry().cpu_backend(self.spec).edge_compile_config() or edge_config()
 
+    @_quiet
     def lower_cpu(self, edge: Any) -> Any:
-        """Rewrite what the NPU left into the CPU backend's kernels (CMSIS-NN on imxrt700cm)."""
-        from executorch.exir import EdgeProgramManager
+        """Rewrite what the NPU left into the CPU backend's kernels (CMSIS-NN on imxrt700cm).
 
+        The same steps as ``etforge.compile``'s lowering after delegation; the result's
+        ``to_executorch()`` plans memory as ``etforge.compile`` does (its best-fit planner),
+        so the script's ``.pte`` is byte for byte ``etforge.compile(..., lowering="classic")``'s.
+        """
+        from etforge.core import delegate_stubs, pipeline
         from etforge.core.plugin_manager import registry
 
         ep = edge.exported_program()
-        lowered = registry().cpu_backend(self.spec).lower(ep, self.spec, self._options())
-        return (
-            edge
-            if lowered is ep
-            else EdgeProgramManager({"forward": lowered}, compile_config=self.compile_config())
-        )
+        with delegate_stubs.shape_only(ep):
+            lowered = registry().cpu_backend(self.spec).lower(ep, self.spec, self._options())
+            delegate_stubs.restore(lowered)
+        pipeline.drop_dead_constants(lowered)
+        self._check_kernels(lowered)
+        return _script_edge({"forward": lowered}, self.compile_config())
+
+    def _check_kernels(self, lowered: Any) -> None:
+        """A CPU op the device's kernel libraries lack is refused, not left in the script's program.
+
+        ``etforge.compile`` decomposes such an op in the float program and quantizes again; a
+        script's float program is its own, so it is told which op and how to get that.
+        """
+        from etforge.core import kernel_check
+        from etforge.core.errors import EtforgeError
+        from etforge.core.plugin_manager import registry
+
+        libraries = kernel_check.libraries_for(registry().cpu_backend(self.spec))
+        missing = kernel_check.missing_kernels(lowered, libraries)
+        if missing:
+            ops = sorted({m.op for m in missing})
+            raise EtforgeError(
+                f"{self.name}: no kernel for {', '.join(ops)} in the device's kernel libraries; "
+                "etforge.compile decomposes such ops in the float program and quantizes again "
+                "(use it, or replace the op in the model)"
+            )
 
     def _options(self) -> dict[str, Any]:
         from etforge.core.options import resolve_options
@@ -83,6 +130,99 @@ class Target:
         return resolve_options(self.spec, self.options)
 
 
+def _script_edge(programs: dict[str, Any], compile_config: Any) -> Any:
+    """An ``EdgeProgramManager`` whose ``to_executorch()`` defaults to etforge's memory planning
+    (defined here: ``import etforge`` does not import ExecuTorch)."""
+    from executorch.exir import EdgeProgramManager, ExecutorchBackendConfig
+
+    from etforge.core.memory_plan import planning_pass
+
+    class ScriptEdge(EdgeProgramManager):
+        @_quiet
+        def to_executorch(self, config: Any = None) -> Any:
+            _register_out_variants()
+            if config is None:
+                config = ExecutorchBackendConfig(memory_planning_pass=planning_pass())
+            return super().to_executorch(config)
+
+    return ScriptEdge(programs, compile_config=compile_config)
+
+
+def _rewriting_quantizer(inner: Any, spec: Any, reg: Any) -> Any:
+    """``inner``, after the target's graph rewrites (``etforge_rewrites``) on the float graph.
+
+    ``etforge.compile`` rewrites the exported float program before quantizing; a script hands
+    ``prepare_pt2e`` the exported module, so the rewrites run in the quantizer's
+    ``transform_for_annotation``, the one hook PT2E calls on the float graph first: the
+    same rewrites, re-exported the same way (``pipeline.rewrite``).
+    """
+    from torchao.quantization.pt2e.quantizer import Quantizer
+
+    from etforge.core.pipeline import rewrite
+
+    class RewritingQuantizer(Quantizer):  # type: ignore[misc]
+        @_quiet
+        def transform_for_annotation(self, model: torch.fx.GraphModule) -> torch.fx.GraphModule:
+            example = tuple(_example_like(n.meta["val"]) for n in model.graph.find_nodes(op="placeholder"))
+            ep, applied = rewrite(torch.export.export(model, example, strict=False), spec, reg)
+            if applied:
+                model = ep.module(check_guards=False)
+            return inner.transform_for_annotation(model)
+
+        def annotate(self, model: torch.fx.GraphModule) -> torch.fx.GraphModule:
+            return inner.annotate(model)
+
+        def validate(self, model: torch.fx.GraphModule) -> None:
+            return inner.validate(model)
+
+        def prepare_obs_or_fq_callback(self, model: Any, edge_or_node_to_obs_or_fq: Any) -> None:
+            return inner.prepare_obs_or_fq_callback(model, edge_or_node_to_obs_or_fq)
+
+    return RewritingQuantizer()
+
+
+def _example_like(val: Any) -> Any:
+    """A real tensor of ``val``'s shape, dtype and strides (a channels-last input stays so)."""
+    if not isinstance(val, torch.Tensor):
+        return val
+    return torch.empty_strided(tuple(val.shape), tuple(val.stride()), dtype=val.dtype).zero_()
+
+
+def _script_partitioner(spec: Any, options: dict[str, Any]) -> Any:
+    """The NPU partitioner, plus what ``etforge.compile``'s lowering does around it.
+
+    ``to_edge_transform_and_lower`` ignores ``compile_config.preserve_ops`` once a
+    partitioner is given, so a CPU backend's kept-whole ops (CMSIS-NN's ``linear``) would
+    decompose to ``addmm`` and stay float; ``etforge.compile`` keeps them (``to_edge`` with
+    them preserved). This partitioner asks ExecuTorch to keep the same set whole: the CPU
+    backend's and the converters' (``pipeline._kept_whole``), so the script's program is
+    the same, byte for byte. The check ExecuTorch runs after delegation (on the Edge
+    program) is asked for nothing: the kept ops left there are ``lower_cpu``'s to rewrite.
+    """
+    from etforge.core.partitioner import EtforgePartitioner
+    from etforge.core.pipeline import _kept_whole
+    from etforge.core.plugin_manager import registry
+
+    config = registry().cpu_backend(spec).edge_compile_config()
+
+    class ScriptPartitioner(EtforgePartitioner):
+        @_quiet
+        def ops_to_not_decompose(self, ep: Any) -> tuple[list[Any], Any]:
+            ours = super().ops_to_not_decompose(ep)
+            if not getattr(config, "preserve_ops", None):
+                return ours
+            if ep.dialect == "EDGE":
+                return [], None
+            return _kept_whole(config, self), None
+
+        @_quiet
+        def partition(self, exported_program: Any) -> Any:
+            return super().partition(exported_program)
+
+    return ScriptPartitioner(spec, options)
+
+
+@_quiet
 def target(name: str = "imxrt700cm", **options: Any) -> Target:
     """``etforge.target("imxrt700cm")`` -> ``.quantizer()``, ``.partitioners()``, ``.lower_cpu(edge)``."""
     from etforge.core.options import resolve_options
@@ -124,6 +264,7 @@ class Compiled:
     def partitions(self) -> list[Any]:
         return self.result.partitions
 
+    @_quiet
     def save(self, out_dir: str | Path) -> Path:
         """Write model.pte, partitions/*.tflite, report.json (and the programs ``verify`` needs)."""
         from etforge.core import output
@@ -133,6 +274,7 @@ class Compiled:
             output.write_outputs(staging, self.result, self.report)
         return out
 
+    @_quiet
     def codegen(self, out_dir: str | Path, **kwargs: Any) -> Any:
         """Firmware sources for this program (see ``etforge codegen``)."""
         import tempfile
@@ -144,6 +286,7 @@ class Compiled:
             pte.write_bytes(self.pte)
             return generate(pte, Path(out_dir), report=self.report, **kwargs)
 
+    @_quiet
     def verify(
         self, samples: int = 32, seed: int = 0, max_steps: float | None = None, kernels: str = "default"
     ) -> Any:
@@ -155,6 +298,7 @@ class Compiled:
                        samples=samples, seed=seed, max_steps=max_steps, kernels=kernels)  # fmt: skip
 
 
+@_quiet
 def compile(  # noqa: A001 (the natural name, as in torch.compile)
     model: torch.nn.Module,
     example_inputs: Sequence[torch.Tensor],

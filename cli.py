@@ -23,15 +23,105 @@ from rich.table import Table
 from etforge.core.errors import EtforgeError, first_line, strip_ansi
 from etforge.core.plugin_manager import Registry, load_plugins, use_as_default
 
-console = Console(highlight=False)
-err_console = Console(stderr=True, highlight=False)
+#: The reader of stdout went away (``etforge compile ... | head -1``).
+_PIPE = {"broken": False}
+#: Exit code after a broken pipe: 128 + SIGPIPE, what a shell reports for a process the
+#: signal stopped (``yes | head -1``); the command itself ran to its end.
+BROKEN_PIPE_EXIT = 141
+
+
+class _Console(Console):
+    """A console that survives its reader going away: output stops, the command goes on.
+
+    Rich's default exits at once (code 1), which killed a compile mid-way, its output
+    discarded, when ``| head`` closed the pipe; here the rest is dropped and the command
+    finishes (``EtforgeGroup`` reports the broken pipe in one line at the end).
+    """
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        _PIPE["broken"] = True
+        with contextlib.suppress(OSError, ValueError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self.file.fileno())
+            os.close(devnull)
+
+
+console = _Console(highlight=False)
+err_console = _Console(stderr=True, highlight=False)
+#: ``--quiet`` / ``--json``: no progress lines, no summary (only errors and the final line).
+_OUTPUT = {"quiet": False}
 #: ``--debug`` seen (the environment variable works before the options are parsed, too).
 _DEBUG = {"on": os.environ.get("ETFORGE_DEBUG", "") not in ("", "0")}
 
 
-def _table_console() -> Console:
-    """Tables on a terminal fit it; piped, they never wrap or cut a name (``| grep`` finds it)."""
-    return console if console.is_terminal else Console(highlight=False, width=100_000)
+#: Columns of piped output when ``$COLUMNS`` does not say (a terminal's own width wins).
+PIPED_WIDTH = 100
+
+
+def _fit_width() -> None:
+    """Piped, rich would assume 80 columns; the output is 100 wide unless ``$COLUMNS`` says."""
+    if not console.is_terminal and not os.environ.get("COLUMNS", "").isdigit():
+        console.width = PIPED_WIDTH
+
+
+def _print_table(table: Table) -> None:
+    """A table as wide as the output; one too wide for it becomes records.
+
+    On a terminal rich fits the table to it. Piped, a table that fits ``console.width`` is
+    printed as is; a wider one (long op names, constraints, reasons) is printed one record
+    per row — the first cell on its own line, then ``column: value`` lines wrapped at the
+    width only between words — so every name stays whole for ``grep`` and no line is
+    hundreds of columns wide.
+    """
+    import io
+
+    if console.is_terminal:
+        console.print(table)
+        return
+    probe = Console(highlight=False, width=100_000, file=io.StringIO())
+    probe.print(table)
+    if max((len(ln.rstrip()) for ln in probe.file.getvalue().splitlines()), default=0) <= console.width:
+        console.print(table)
+        return
+    console.print(table_records(table, console.width), markup=False, highlight=False, soft_wrap=True)
+
+
+def table_records(table: Table, width: int) -> str:
+    """``table`` as plain-text records at most ``width`` columns wide (bar a single longer word)."""
+    import textwrap
+
+    from rich.text import Text
+
+    def plain(cell: Any) -> str:
+        return cell.plain if isinstance(cell, Text) else Text.from_markup(str(cell)).plain
+
+    headers = [plain(c.header) for c in table.columns]
+    columns = [[plain(cell) for cell in c.cells] for c in table.columns]
+    lines = [plain(table.title)] if table.title else []
+    for row in zip(*columns, strict=True):
+        if len(row) == 2:  # a key/value table (verify's): one "key: value" record per row
+            text = f"{row[0]}: {' '.join(row[1].split())}"
+            lines += textwrap.wrap(
+                text, width=width, subsequent_indent="    ", break_long_words=False, break_on_hyphens=False
+            ) or [text]
+            continue
+        lines.append(row[0])
+        for header, value in zip(headers[1:], row[1:], strict=True):
+            parts = [v for v in value.split("\n") if v.strip()]
+            if not parts:
+                continue
+            first = f"    {header}: {parts[0]}" if len(parts) == 1 else f"    {header}:"
+            rest = [] if len(parts) == 1 else [f"      {v}" for v in parts]
+            for text in [first, *rest]:
+                lines += textwrap.wrap(
+                    text,
+                    width=width,
+                    subsequent_indent="        ",
+                    break_long_words=False,
+                    break_on_hyphens=False,
+                ) or [text]
+    return "\n".join(lines)
 
 
 class Ctx:
@@ -83,8 +173,14 @@ class EtforgeGroup(click.Group):
             _fail("interrupted", 130)
         except EtforgeError as exc:
             _fail(str(exc))
+        except BrokenPipeError:  # click.echo (--json) to a closed pipe, after the work is done
+            console.on_broken_pipe()
         except Exception as exc:  # a bug (ours or a plugin's): still one line, the traceback on request
             _fail(f"unexpected {type(exc).__name__}: {first_line(exc)} (run with --debug for the traceback)")
+        if _PIPE["broken"]:
+            _say("warning", "stdout was closed early (broken pipe): the rest of the output was dropped; "
+                 "the command itself ran to its end")  # fmt: skip
+            sys.exit(BROKEN_PIPE_EXIT)
         sys.exit(rv if isinstance(rv, int) else 0)
 
 
@@ -128,7 +224,26 @@ def main(ctx: click.Context, strict: bool, debug: bool, verbose: bool) -> None:
 
     _DEBUG["on"] = _DEBUG["on"] or debug
     quiet.install(verbose)  # before any command imports torch
+    _fit_width()
     ctx.obj = Ctx(strict)
+
+
+def _target(reg: Registry, name: str, hint: str = "--target") -> Any:
+    """The target named on the command line; an unknown name is a usage error (exit 2)."""
+    try:
+        return reg.target(name)
+    except EtforgeError as exc:
+        raise click.BadParameter(str(exc), param_hint=hint) from None
+
+
+def _resolved(target: Any, raw: dict[str, str]) -> dict[str, Any]:
+    """``--option`` pairs checked against the target; an unknown name or bad value exits 2."""
+    from etforge.core.options import resolve_options
+
+    try:
+        return resolve_options(target, raw)
+    except EtforgeError as exc:
+        raise click.BadParameter(str(exc), param_hint="--option") from None
 
 
 @main.command()
@@ -168,7 +283,7 @@ def plugins(obj: Ctx, as_json: bool) -> None:
     for p in reg.plugins:
         provides = "[red]FAILED[/]: " + (p.error or "") if p.error else _provides_text(p.provides)
         table.add_row(p.name, p.distribution, p.version, provides)
-    _table_console().print(table)
+    _print_table(table)
     conflicts = reg.conflicts()
     if conflicts:
         ct = Table(title="converter conflicts (first is asked first)")
@@ -181,7 +296,7 @@ def plugins(obj: Ctx, as_json: bool) -> None:
                 " > ".join(f"{conv} ({plug}, prio {pr})" for plug, conv, pr in c.order),
                 c.note,
             )
-        _table_console().print(ct)
+        _print_table(ct)
     rule_conflicts = reg.rule_conflicts()
     if rule_conflicts:
         rt = Table(title="quantizer-rule conflicts (first annotates the op)")
@@ -190,7 +305,7 @@ def plugins(obj: Ctx, as_json: bool) -> None:
         for r in rule_conflicts:
             order = " > ".join(f"{kind} ({plug}, prio {pr})" for plug, kind, pr in r.order)
             rt.add_row(r.op, r.scheme, order, r.note)
-        _table_console().print(rt)
+        _print_table(rt)
     for warning in reg.coverage_warnings():
         err_console.print(f"warning: {warning}", soft_wrap=True, markup=False)
 
@@ -236,7 +351,7 @@ def targets(obj: Ctx, as_json: bool) -> None:
             comp = f"{t.npu.compiler}: " + ((c.available()[1]) if c else "[red]no such compiler plugin[/]")
         npu = "-" if t.npu is None else _npu_text(t.npu)
         table.add_row(name, npu, f"{t.cpu_fallback} ({t.cpu})", comp, t.description)
-    _table_console().print(table)
+    _print_table(table)
     for name, t in sorted(reg.targets.items()):
         for fig, info in (t.npu.figures() if t.npu is not None else {}).items():
             if info["assumption"]:
@@ -261,7 +376,7 @@ def _npu_text(npu: Any) -> str:
 def ops(obj: Ctx, target_name: str, as_json: bool) -> None:
     """The NPU support matrix of a target: op, converter, plugin, dtypes, constraints."""
     reg = obj.registry
-    target = reg.target(target_name)
+    target = _target(reg, target_name)
     rows = []
     for op, cands in sorted(reg.converters_for(target).items()):
         for rank, conv in enumerate(cands):
@@ -282,7 +397,7 @@ def ops(obj: Ctx, target_name: str, as_json: bool) -> None:
     for r in rows:
         name = r["name"] if r["rank"] == 0 else f"{r['name']} (fallback {r['rank']})"
         table.add_row(r["op"], name, r["plugin"], ",".join(r["dtypes"]), "\n".join(r["constraints"]))
-    _table_console().print(table)
+    _print_table(table)
 
 
 def _parse_options(pairs: tuple[str, ...]) -> dict[str, str]:
@@ -326,6 +441,8 @@ def _parse_options(pairs: tuple[str, ...]) -> dict[str, str]:
     help="Fail if the planned arena, or the arena beside an NPU partition's working memory, is larger.",
 )
 @click.option("--no-cache", is_flag=True, help="Compile afresh; neither read nor fill the build cache.")
+@click.option("--quiet", "-q", is_flag=True, help="Print only errors, warnings and the final line.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON (nothing else on stdout).")
 @click.option(
     "--manifest",
     type=click.Path(dir_okay=False),
@@ -353,6 +470,8 @@ def compile_cmd(
     etrecord: bool,
     memory_budget: int | None,
     no_cache: bool,
+    quiet: bool,
+    as_json: bool,
     manifest: str | None,
     jobs: int | None,
     ray_address: str | None,
@@ -363,9 +482,10 @@ def compile_cmd(
     """
     from pathlib import Path
 
+    _OUTPUT["quiet"] = quiet or as_json
     if manifest or len(models) > 1 or ray_address:
-        if etrecord or memory_budget:
-            raise click.UsageError("--etrecord and --memory-budget go with a single model")
+        if etrecord or memory_budget or as_json:
+            raise click.UsageError("--etrecord, --memory-budget and --json go with a single model")
         _compile_many(
             obj, models, manifest, target_name, Path(out_dir), calib, float_, raw_options, jobs, ray_address
         )
@@ -376,12 +496,11 @@ def compile_cmd(
         raise click.UsageError("--jobs goes with several models or --manifest")
     model = models[0]
     from etforge.core import cache, output
-    from etforge.core.options import resolve_options
 
     out = Path(out_dir)
     reg = obj.registry
-    target = reg.target(target_name)
-    options = resolve_options(target, _parse_options(raw_options))
+    target = _target(reg, target_name)
+    options = _resolved(target, _parse_options(raw_options))
     staging = output.prepare(out)  # OUT must be replaceable before anything is compiled
     output.kill_point("staging")
     use_cache = cache.enabled() and not no_cache
@@ -393,6 +512,18 @@ def compile_cmd(
     except BaseException:
         output.discard(staging)  # OUT keeps the previous complete output, if any
         raise
+    if as_json:
+        from etforge.core.summary import summary_data
+
+        click.echo(json.dumps({**summary_data(report, str(out)), "cached": cached}, indent=2))
+        _missing_kernels(generated)
+        return
+    if quiet:
+        from etforge.core.summary import final_line
+
+        console.print(escape(final_line(report, str(out))), soft_wrap=True)
+        _missing_kernels(generated)
+        return
     if cached:
         console.print("[green]✓[/] restored from the build cache (nothing changed since it was built)")
     _print_summary(report, out, generated)
@@ -570,7 +701,6 @@ def _compile_many(
     from pathlib import Path
 
     from etforge.core import batch, cache
-    from etforge.core.options import resolve_options
 
     if manifest:
         if models:
@@ -578,14 +708,18 @@ def _compile_many(
         plan = batch.load_manifest(Path(manifest), out)
     else:
         opts = _parse_options(raw_options)
-        resolve_options(obj.registry.target(target_name), opts)  # a bad option fails before any job runs
+        _resolved(_target(obj.registry, target_name), opts)  # a bad option fails before any job runs
         plan = batch.plan(list(models), [target_name], [opts], out, float_=float_, calib=calib)
     for target in sorted({j.target for j in plan}):
-        obj.registry.target(target)  # an unknown target fails before any job runs
+        _target(obj.registry, target, "manifest")  # an unknown target fails before any job runs
     where = f"Ray at {ray_address}" if ray_address else f"{jobs or os.cpu_count() or 1} local workers"
-    console.print(f"compiling {len(plan)} jobs on {where} ...")
+    quiet = _OUTPUT["quiet"]
+    if not quiet:
+        console.print(f"compiling {len(plan)} jobs on {where} ...")
 
     def done(r: batch.JobResult) -> None:
+        if quiet:
+            return
         mark = "[green]✓[/]" if r.ok else "[red]✗[/]"
         console.print(f"{mark} {escape(r.job.model)} → {r.job.target} {r.seconds:6.1f} s", soft_wrap=True)
 
@@ -598,7 +732,12 @@ def _compile_many(
         table.add_column(col, overflow="fold")
     for row in batch.summary_rows(results):
         table.add_row(*(escape(c) for c in row))
-    _table_console().print(table)
+    if quiet:
+        for r in results:
+            if not r.ok:
+                _say("error", f"{r.job.model} → {r.job.target}: {r.message}")
+    else:
+        _print_table(table)
     console.print(f"{sum(r.ok for r in results)} of {len(results)} compiled into {out}")
     if not all(r.ok for r in results):
         sys.exit(1)
@@ -612,9 +751,12 @@ def _progress(stage: str) -> Any:
     @contextlib.contextmanager
     def run() -> Any:
         start = time.perf_counter()
-        with console.status(f"{stage} ..."):
+        if _OUTPUT["quiet"]:
             yield
-        console.print(f"[green]✓[/] {stage:<10} {time.perf_counter() - start:6.2f} s")
+        else:
+            with console.status(f"{stage} ..."):
+                yield
+            console.print(f"[green]✓[/] {stage:<10} {time.perf_counter() - start:6.2f} s")
         from etforge.core import process_memory
 
         if stage.startswith("import") or stage == "export":  # export imports torch._dynamo
@@ -630,6 +772,10 @@ def _print_summary(report: dict[str, Any], out: Any = None, generated: Any = Non
 
     for line in summary_lines(report, str(out) if out is not None else None, width=min(console.width, 100)):
         console.print(escape(line), soft_wrap=True)
+    _missing_kernels(generated)
+
+
+def _missing_kernels(generated: Any) -> None:
     if generated is not None and generated.missing:
         _say("warning", f"no kernel library provides: {', '.join(generated.missing)}")
 
@@ -640,7 +786,22 @@ def _print_summary(report: dict[str, Any], out: Any = None, generated: Any = Non
     "--ops", "by_op", is_flag=True, help="Per Edge node: placement, LiteRT ops / Cortex-M op, MACs."
 )
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def report(out_dir: str, by_op: bool, as_json: bool) -> None:
+@click.option(
+    "--html",
+    "html_file",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Write the placement picture: the graph, each node coloured by where it runs (opens offline).",
+)
+@click.option(
+    "--model-explorer",
+    "me_dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    metavar="DIR",
+    help="Write the same overlay as Model Explorer node data for model.pte and each partition .tflite.",
+)
+def report(out_dir: str, by_op: bool, as_json: bool, html_file: str | None, me_dir: str | None) -> None:
     """Show the report of a compile in OUT."""
     from pathlib import Path
 
@@ -648,6 +809,9 @@ def report(out_dir: str, by_op: bool, as_json: bool) -> None:
 
     output.recover(Path(out_dir))  # a swap cut short by a kill is finished first
     data = output.load_report(Path(out_dir) / output.REPORT)
+    if html_file or me_dir:
+        _write_pictures(Path(out_dir), data, html_file, me_dir)
+        return
     if not by_op:
         if as_json:
             click.echo(json.dumps(data, indent=2))
@@ -675,7 +839,36 @@ def report(out_dir: str, by_op: bool, as_json: bool) -> None:
         table.add_row(
             r["node"], r["op"], r["placement"], r["runs_as"], r["decided_by"], f"{r['macs']:,}", r["reason"]
         )
-    _table_console().print(table)
+    _print_table(table)
+
+
+def _write_pictures(out: Any, data: dict[str, Any], html_file: str | None, me_dir: str | None) -> None:
+    """``report --html`` / ``--model-explorer``: each file written whole, then renamed into place."""
+    from pathlib import Path
+
+    if any("inputs" not in n for n in data.get("nodes", [])):
+        raise EtforgeError(f"{out}: its report.json has no graph edges (an older etforge); recompile it")
+    if html_file:
+        from etforge.core.placement_html import render
+
+        path = Path(html_file)
+        tmp = path.with_name(path.name + ".tmp")
+        try:
+            tmp.write_text(render(data), encoding="utf-8")
+            tmp.replace(path)
+        except OSError as exc:
+            raise EtforgeError(f"{path}: cannot write the picture: {exc.strerror or exc}") from None
+        console.print(f"wrote {escape(str(path))} ({len(data.get('nodes', []))} nodes)", soft_wrap=True)
+    if me_dir:
+        from etforge.core.model_explorer import write
+
+        try:
+            files = write(out, data, Path(me_dir))
+        except OSError as exc:
+            raise EtforgeError(f"{me_dir}: cannot write the node data: {exc.strerror or exc}") from None
+        console.print(
+            f"wrote Model Explorer node data: {', '.join(escape(str(f)) for f in files)}", soft_wrap=True
+        )
 
 
 def _print_codegen(result: Any, gen_dir: Any) -> None:
@@ -703,6 +896,12 @@ def _print_codegen(result: Any, gen_dir: Any) -> None:
     "--allow-missing", is_flag=True, help="Generate even when a used operator has no known kernel library."
 )
 @click.option("--check", is_flag=True, help="Write nothing; exit 1 if regenerating would change the files.")
+@click.option(
+    "--libraries",
+    default=None,
+    metavar="L1,L2",
+    help="Only these kernel libraries provide kernels (e.g. cortex_m,quantized,portable); default: all.",
+)
 @click.pass_obj
 def codegen(
     obj: Ctx,
@@ -713,6 +912,7 @@ def codegen(
     report_path: str | None,
     allow_missing: bool,
     check: bool,
+    libraries: str | None,
 ) -> None:
     """Generate the firmware sources for PTE: kernel registration, selective-build yaml, header, CMake."""
     from pathlib import Path
@@ -720,6 +920,18 @@ def codegen(
     from etforge.codegen import generate
     from etforge.core import output
 
+    chosen = None
+    if libraries is not None:
+        from etforge.codegen.kernels import library_sizes
+
+        chosen = tuple(x.strip() for x in libraries.split(",") if x.strip())
+        unknown = sorted(set(chosen) - set(library_sizes()))
+        if unknown or not chosen:
+            raise click.BadParameter(
+                f"unknown kernel libraries {', '.join(unknown) or '(none given)'}; known: "
+                f"{', '.join(sorted(library_sizes()))}",
+                param_hint="--libraries",
+            )
     beside = Path(pte).parent / output.REPORT
     if report_path:
         report = output.load_report(Path(report_path))
@@ -733,6 +945,7 @@ def codegen(
         report=report,
         allow_missing=allow_missing,
         check=check,
+        libraries=chosen,
     )
     if check:
         if result.changed:
@@ -744,7 +957,30 @@ def codegen(
 
 
 @main.command()
-@click.argument("out_dir", type=click.Path(file_okay=False))
+@click.argument("out_dir", metavar="OUT|PTE", type=click.Path())
+@click.option(
+    "--model",
+    "script_model",
+    default=None,
+    metavar="MODEL",
+    help="Verify PTE, a .pte your own script produced: MODEL (zoo:NAME, file.py:factory, .pt2) is the "
+    "model it was built from (with --target, --option, --calib or --quantized).",
+)
+@click.option("--target", "-t", "script_target", default=None, help="With --model: the target PTE is for.")
+@click.option(
+    "--option", "script_options", multiple=True, metavar="KEY=VALUE", help="With --model: target option."
+)
+@click.option(
+    "--calib", "script_calib", default=None, help="With --model: the calibration data the script used."
+)
+@click.option(
+    "--quantized",
+    "script_quantized",
+    type=click.Path(dir_okay=False),
+    default=None,
+    metavar="Q.pt2",
+    help="With --model: the script's quantized program (torch.export.save); the reference is lowered from it.",
+)
 @click.option("--samples", default=32, show_default=True, help="Seeded random inputs to compare on.")
 @click.option("--seed", default=0, show_default=True)
 @click.option(
@@ -771,6 +1007,7 @@ def codegen(
     help="With --data: percentage points of accuracy the compiled program may lose.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (every field, per op).")
+@click.option("--quiet", "-q", is_flag=True, help="Print only the failures and the final line.")
 @click.option(
     "--kernels",
     type=click.Choice(["default", "reference"]),
@@ -794,28 +1031,66 @@ def verify(
     data: str | None,
     max_accuracy_drop: float,
     as_json: bool,
+    quiet: bool,
+    script_model: str | None,
+    script_target: str | None,
+    script_options: tuple[str, ...],
+    script_calib: str | None,
+    script_quantized: str | None,
 ) -> None:
-    """Run OUT's program on the host (NPU partitions in LiteRT) and compare with torch."""
+    """Run OUT's program on the host (NPU partitions in LiteRT) and compare with torch.
+
+    PTE --model MODEL --target T: verify a .pte your own ExecuTorch script produced.
+    """
     from pathlib import Path
 
-    _ = obj.registry
-    with console.status("rebuilding and running the program on the host ..."):
+    reg = obj.registry
+    script: dict[str, Any] | None = None
+    if script_model is not None:
+        if not script_target:
+            raise click.UsageError("--model needs --target: the target the .pte was built for")
+        if not out_dir.endswith(".pte"):
+            raise click.BadParameter(f"{out_dir!r} is not a .pte file", param_hint="PTE")
+        spec = _target(reg, script_target)
+        script = {
+            "model": script_model,
+            "target": spec.name,
+            "options": _resolved(spec, _parse_options(script_options)),
+            "calib": script_calib,
+            "quantized": script_quantized,
+        }
+    elif script_target or script_options or script_calib or script_quantized:
+        raise click.UsageError("--target, --option, --calib and --quantized go with --model")
+    elif out_dir.endswith(".pte"):
+        raise click.UsageError(f"{out_dir} is a .pte: say which model it was built from (--model, --target)")
+    with (
+        console.status("rebuilding and running the program on the host ...")
+        if not quiet
+        else contextlib.nullcontext()
+    ):
         from etforge.runtime.verify import verify as run_verify
 
-        v = run_verify(
-            Path(out_dir),
-            samples=samples,
-            seed=seed,
-            max_steps=max_steps,
-            min_top1=min_top1,
-            kernels=kernels,
-            data=data,
-            max_accuracy_drop=max_accuracy_drop,
-        )
+        checks = {
+            "samples": samples, "seed": seed, "max_steps": max_steps, "min_top1": min_top1,
+            "kernels": kernels, "data": data, "max_accuracy_drop": max_accuracy_drop,
+        }  # fmt: skip
+        if script is not None:
+            from etforge.runtime.script_pte import verify_script_pte
+
+            v = verify_script_pte(Path(out_dir), **script, **checks)
+        else:
+            v = run_verify(Path(out_dir), **checks)
     if as_json:
         import dataclasses
 
         click.echo(json.dumps({**dataclasses.asdict(v), "ok": v.ok}, indent=2, default=str))
+        sys.exit(0 if v.ok else 1)
+    if quiet:
+        for f in v.failures:
+            err_console.print(f"[red]FAIL:[/] {escape(f)}", soft_wrap=True)
+        console.print(
+            "[green]verify passed[/]" if v.ok else f"[red]verify failed[/] ({len(v.failures)} check(s))"
+        )
         sys.exit(0 if v.ok else 1)
     table = Table(title=f"verify {out_dir} ({v.samples} seeded inputs, LiteRT {kernels} kernels)")
     table.add_column("metric")
@@ -875,7 +1150,7 @@ def verify(
         )
     table.add_row("max |ours - float|", f"{v.max_abs_vs_float:.4g}")
     table.add_row("whole model on the NPU", "yes" if v.whole_model_on_npu else "no")
-    _table_console().print(table)
+    _print_table(table)
     for note in v.notes:
         console.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
     if not v.ok:

@@ -54,6 +54,13 @@ class Decision:
     partition: str | None = None
     macs: int = 0
     handle: int | None = None
+    #: The compute nodes (or user inputs) feeding this one, through q/dq and getitem: the
+    #: edges of the placement picture (``report --html``).
+    inputs: tuple[str, ...] = ()
+    #: Output shape, dtype and bytes (the first output of a multi-output node).
+    shape: tuple[int, ...] | None = None
+    dtype: str | None = None
+    bytes: int = 0
 
 
 class _Selected(OperatorSupportBase):
@@ -73,6 +80,62 @@ def _compute_nodes(ep: ExportedProgram) -> list[Node]:
         and not is_dequantize(n)
         and node_op(n) not in _STRUCTURAL
     ]
+
+
+def _producers(node: Node) -> tuple[str, ...]:
+    """Names of the compute nodes and user inputs ``node`` reads, seen through q/dq and getitem
+    (constants — weights, biases, their dequantize — are not edges)."""
+    out: list[str] = []
+
+    def walk(arg: object) -> None:
+        if isinstance(arg, (list, tuple)):
+            for a in arg:
+                walk(a)
+            return
+        if not isinstance(arg, Node) or is_constant(arg):
+            return
+        if arg.op == "call_function" and (
+            is_quantize(arg) or is_dequantize(arg) or node_op(arg) in _STRUCTURAL
+        ):
+            walk(arg.args[0] if arg.args else None)
+        elif arg.op in ("call_function", "placeholder") and arg.name not in out:
+            out.append(arg.name)
+
+    walk(list(node.args))
+    return tuple(out)
+
+
+def _quantized_as(node: Node, depth: int = 3) -> Node | None:
+    """The quantize node storing ``node``'s output, followed through a getitem or a fused
+    activation of the same shape (conv + relu keep one int8 tensor)."""
+    users = list(node.users)
+    if not users or depth == 0:
+        return None
+    if all(is_quantize(u) for u in users):
+        return users[0]
+    if len(users) != 1 or users[0].op != "call_function":
+        return None
+    user = users[0]
+    same = getattr(user.meta.get("val"), "shape", None) == getattr(node.meta.get("val"), "shape", 0)
+    return _quantized_as(user, depth - 1) if node_op(user) in _STRUCTURAL or same else None
+
+
+def _output_facts(node: Node) -> tuple[tuple[int, ...] | None, str | None, int]:
+    """Shape, dtype and bytes of the tensor ``node`` hands on: int8 when it is quantized
+    (a float op between dequantize and quantize stores its quantized output)."""
+    val = node.meta.get("val")
+    quantized = _quantized_as(node)
+    if quantized is not None:
+        val = quantized.meta.get("val")
+    if isinstance(val, (list, tuple)) and val:
+        val = val[0]
+    if not isinstance(val, torch.Tensor):
+        return None, None, 0
+    try:
+        shape = tuple(int(d) for d in val.shape)
+    except (TypeError, ValueError):  # symbolic sizes
+        return None, str(val.dtype).removeprefix("torch."), 0
+    return shape, str(val.dtype).removeprefix("torch."), int(val.numel()) * val.element_size()
 
 
 class EtforgePartitioner(Partitioner):
@@ -166,6 +229,8 @@ class EtforgePartitioner(Partitioner):
                     node.meta[DECIDED_KEY] = (owner, conv.name)
             d.macs = self._macs(node)
             d.handle = node.meta.get("debug_handle")
+            d.inputs = _producers(node)
+            d.shape, d.dtype, d.bytes = _output_facts(node)
             self.decisions.append(d)
             if d.npu:
                 chosen[node] = d

@@ -26,6 +26,7 @@ from torch.export import ExportedProgram
 from etforge.core import backend, delegate_stubs
 from etforge.core.errors import EtforgeError
 from etforge.core.front import export  # noqa: F401  (pipeline.export: the stage functions in one place)
+from etforge.core.graph_utils import node_op
 from etforge.core.litert_convert import Converted
 from etforge.core.npu_compiler import NpuPayload
 from etforge.core.partitioner import EtforgePartitioner
@@ -111,7 +112,11 @@ def quantizer_for(
     reg = reg or registry()
     options = {**target.option_defaults(), **(options or {})}
     rules = reg.rules_for(target)
-    ours = ComposedQuantizer(rules) if rules else None
+    # An op kept off the NPU is quantized the CPU's way (CMSIS-NN's linear takes per-tensor
+    # weights, not the NPU rule's per-channel ones).
+    blocked = set(options.get("operators_not_to_delegate", ()))
+    keep = (lambda node: node_op(node) not in blocked) if blocked else None
+    ours = ComposedQuantizer(rules, node_filter=keep) if rules else None
     cpu_q = reg.cpu_backend(target).quantizer(target, options)
     if ours is None and cpu_q is None:
         raise EtforgeError(f"target {target.name!r} composes no quantizer (no rules, no CPU quantizer)")

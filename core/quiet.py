@@ -57,3 +57,31 @@ def native_stderr() -> Iterator[None]:
         os.dup2(saved, 2)
         os.close(saved)
         os.close(devnull)
+
+
+@contextlib.contextmanager
+def scope() -> Iterator[None]:
+    """The CLI's quiet mode for one call of the Python API, then the caller's settings back.
+
+    ``etforge.compile`` and the ``etforge.target`` methods import and drive torch, torchao,
+    ExecuTorch and LiteRT, whose chatter (the same as the CLI hides) would land in the
+    user's notebook or script. The warning filters, the logging switch and the native
+    stderr mode are restored on exit; ``ETFORGE_VERBOSE=1`` keeps everything visible.
+    Nested calls (``compile`` inside a method) leave the outer scope in charge.
+    """
+    if _STATE["quiet"] or os.environ.get("ETFORGE_VERBOSE", "") not in ("", "0"):
+        yield
+        return
+    disabled = logging.root.manager.disable
+    cpp_level = os.environ.get("TORCH_CPP_LOG_LEVEL")
+    with warnings.catch_warnings():
+        install()
+        try:
+            yield
+        finally:
+            _STATE["quiet"] = False
+            logging.disable(disabled)
+            if cpp_level is None:
+                os.environ.pop("TORCH_CPP_LOG_LEVEL", None)
+            else:
+                os.environ["TORCH_CPP_LOG_LEVEL"] = cpp_level

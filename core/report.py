@@ -29,9 +29,16 @@ def _final_ops(program: ExportedProgram, cpu: CpuBackend) -> dict[int, str]:
         handle = node.meta.get("debug_handle")
         if node.op == "call_function" and isinstance(handle, int):
             op = node_op(node)
-            if cpu.runs(op) or handle not in out:
+            # A folded q/dq (cortex_m.dequantize_per_tensor after quantized_linear) shares
+            # its op's handle: it never stands for the op a backend kernel already runs.
+            kept = handle in out and cpu.runs(out[handle]) and _is_qdq(op)
+            if (cpu.runs(op) and not kept) or handle not in out:
                 out[handle] = op
     return out
+
+
+def _is_qdq(op: str) -> bool:
+    return op.split(".")[1].startswith(("quantize_per_", "dequantize_per_")) if op.count(".") >= 2 else False
 
 
 def npu_compiler_status(result: CompileResult, reg: Registry) -> tuple[str | None, bool, str]:
@@ -88,6 +95,10 @@ def build_report(result: CompileResult, reg: Registry, model: str) -> dict[str, 
                 "debug_handle": d.handle,
                 "litert_ops": litert_ops.get(d.node, []),
                 "cpu_op": cpu_op,
+                "inputs": list(d.inputs),
+                "shape": list(d.shape) if d.shape is not None else None,
+                "dtype": d.dtype,
+                "bytes": d.bytes,
             }
         )
     total = sum(n["macs"] for n in nodes)

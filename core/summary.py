@@ -149,3 +149,52 @@ def _build(report: dict[str, Any], out: str | None, width: int, most: int) -> li
     if out is not None:
         lines.append(f"per node: etforge report {out} --ops")  # one line: a long path stays whole
     return lines
+
+
+def final_line(report: dict[str, Any], out: str) -> str:
+    """The one line ``compile --quiet`` prints: where the program is and the NPU share."""
+    macs = report.get("macs", {})
+    share = (
+        f"{100 * macs.get('npu_share', 0.0):.1f}% of {macs.get('total', 0):,} MACs on the NPU"
+        if report.get("partitions") or macs.get("npu")
+        else f"every op on the CPU ({report.get('cpu_backend', 'cpu')})"
+    )
+    pte = report.get("memory", {}).get("pte_bytes", 0)
+    host = "; NPU parts host-only" if report.get("host_only") else ""
+    return f"compiled {report.get('model', '?')} for {report.get('target', '?')}: {out} ({pte:,} B .pte, {share}{host})"
+
+
+def summary_data(report: dict[str, Any], out: str | None = None) -> dict[str, Any]:
+    """What the summary says, as data (``compile --json``); nothing cut, every note kept."""
+    macs = report.get("macs", {})
+    mem = report.get("memory", {})
+    notes = list(report.get("notes", []))
+    for fig, info in (report.get("npu_figures") or {}).items():
+        if isinstance(info, dict) and info.get("assumption"):
+            notes.append(f"NPU {fig}={info.get('value')} is an {info.get('source')}")
+    return {
+        "model": report.get("model"),
+        "target": report.get("target"),
+        "out": out,
+        "macs": {k: macs.get(k) for k in ("total", "npu", "npu_share")},
+        "partitions": [
+            {k: p.get(k) for k in ("name", "litert_ops", "boundary_transposes", "host_only")}
+            for p in report.get("partitions", [])
+        ],
+        "cpu_layout_conversions": len(report.get("cpu_layout_conversions", [])),
+        "cpu": {
+            "backend": report.get("cpu_backend"),
+            "nodes": sum(g[0] for g in cpu_groups(report)),
+            "groups": [
+                {"count": c, "op": op, "runs_as": runs, "reason": why}
+                for c, op, runs, why in cpu_groups(report)
+            ],
+        },
+        "memory": {
+            k: mem.get(k)
+            for k in ("arena_bytes", "lower_bound_bytes", "flash_bytes", "pte_bytes", "npu_partitions")
+        },
+        "notes": notes,
+        "host_only": bool(report.get("host_only")),
+        "npu_compiler": (report.get("npu_compiler") or {}).get("status"),
+    }

@@ -47,7 +47,7 @@ def test_targets_and_ops() -> None:
 
 def test_unknown_target_lists_known_ones() -> None:
     proc = run_cli("ops", "--target", "imxrt1170")
-    assert proc.returncode == 1
+    assert proc.returncode == 2  # a usage error
     assert "unknown target 'imxrt1170'" in proc.stderr
     for name in ("imxrt700", "imxrt700cm", "cortex-m33"):
         assert name in proc.stderr

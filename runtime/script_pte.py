@@ -1,0 +1,144 @@
+"""``etforge verify PTE --model MODEL``: verify a ``.pte`` that a user's own script produced.
+
+``verify`` judges a program against references it can rebuild: the float model, the PT2E
+quantized program and the lowered Edge program. A script's ``.pte`` comes with none of
+them, so they are rebuilt from what the user hands over:
+
+* ``--model`` (the factory the script built its model with): the float program, and
+  etforge's own quantization of it (its calibration, or ``--calib``);
+* ``--quantized Q.pt2`` (the script's ``torch.export.save``-d quantized program): that
+  program is lowered instead, so the reference is exactly what the script quantized.
+
+Everything else is the usual ``verify``: the script's ``.pte`` runs in the host
+interpreter and must compute, on every sample, exactly what the rebuilt Edge program
+computes; the per-op, top-1 and accuracy gates apply to that program. Whether the ``.pte``
+is byte for byte etforge's compile of the same program is reported as a note.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from etforge.core.errors import EtforgeError
+
+
+def verify_script_pte(
+    pte: Path,
+    model: str,
+    target: str,
+    options: dict[str, Any] | None = None,
+    calib: str | None = None,
+    quantized: str | None = None,
+    **verify_args: Any,
+) -> Any:
+    """A :class:`~etforge.runtime.verify.Verification` of ``pte`` against ``model`` on ``target``."""
+    from etforge.core import output
+    from etforge.core.load import check_program_file, load_calibration, load_model
+    from etforge.core.options import resolve_options
+    from etforge.core.plugin_manager import registry
+    from etforge.core.pte_check import check_pte
+    from etforge.core.report import build_report
+    from etforge.runtime.verify import verify
+
+    data = check_pte(pte)  # empty, truncated, not a program: refused before any work
+    reg = registry()
+    spec = reg.target(target)
+    opts = resolve_options(spec, options or {})
+    loaded = load_model(model)
+    calibration = load_calibration(calib, loaded.example_inputs) if calib else loaded.calibration
+    if quantized is not None:
+        check_program_file(Path(quantized))
+        result = _lower_quantized(loaded, torch.export.load(quantized), spec, opts, reg, model)
+    else:
+        from etforge.core.compiler import compile_model
+
+        result = compile_model(
+            loaded.module, loaded.example_inputs, spec, calibration=calibration, options=opts,
+            program=loaded.program, reg=reg, what=model,
+        )  # fmt: skip
+    report = build_report(result, reg, model)
+    program = result.quantized_program if result.quantized_program is not None else result.float_program
+    same = data == _serialized(_lowered(program, spec, opts, reg, early=False)[0]).buffer
+    report["pte_sha256"] = hashlib.sha256(data).hexdigest()
+    with tempfile.TemporaryDirectory(prefix="etforge-verify-") as tmp:
+        out = Path(tmp) / "out"
+        with output.replacing(out) as staging:
+            output.write_outputs(staging, result, report)
+            (staging / output.PTE).write_bytes(data)  # the script's program is the one run
+            (staging / output.REPORT).write_text(json.dumps(report, indent=2) + "\n")
+        v = verify(out, **verify_args)
+        v.failures = [f.replace(str(out / output.PTE), str(pte)) for f in v.failures]
+    source = f"the quantized program {quantized}" if quantized else f"etforge's quantization of {model}"
+    v.notes.insert(
+        0,
+        f"{pte} checked against {source} lowered for {target}: "
+        + (
+            "byte for byte the program etforge compiles from it"
+            if same
+            else "not byte-identical to etforge's compile of it; judged by what it computes"
+        ),
+    )
+    if not v.ok and not quantized:
+        v.notes.append(
+            "a script that quantized with other calibration data computes other values: pass its "
+            "quantized program (torch.export.save) with --quantized, or its calibration with --calib"
+        )
+    return v
+
+
+def _lower_quantized(loaded: Any, qep: Any, spec: Any, opts: dict[str, Any], reg: Any, what: str) -> Any:
+    """A compile result whose quantized program is the script's own (the rest as ``compile``)."""
+    from etforge.core import pipeline
+    from etforge.core.compiler import CompileResult
+    from etforge.core.front import front_end
+
+    if loaded.module is None and loaded.program is None:
+        raise EtforgeError(f"{what}: no model to take the float reference from")
+    front = front_end(
+        loaded.module, loaded.example_inputs, loaded.calibration, spec, opts, reg, loaded.program, what
+    )
+    float_ep, _ = pipeline.rewrite(front.program, spec, reg)
+    edge, partitioner, parts = _lowered(qep, spec, opts, reg)
+    host = edge.exported_program()
+    et = _serialized(edge)
+    return CompileResult(
+        target=spec,
+        options=opts,
+        quantized=True,
+        float_program=float_ep,
+        quantized_program=qep,
+        edge=edge,
+        host_program=host,
+        executorch=et,
+        pte=et.buffer,
+        partitions=parts,
+        decisions=partitioner.decisions,
+        notes=list(front.notes),
+    )
+
+
+def _lowered(program: Any, spec: Any, opts: dict[str, Any], reg: Any, early: bool = True) -> tuple[Any, ...]:
+    """(Edge program manager, partitioner, partitions); ``early=False`` is a script's route."""
+    from etforge.core import pipeline
+
+    edge, partitioner, parts, _ = pipeline.lower(program, spec, opts, reg, early=early)
+    return edge, partitioner, parts
+
+
+def _serialized(edge: Any) -> Any:
+    """The program as ``compile`` serializes it (``.buffer``: the ``.pte`` bytes)."""
+    from executorch.exir import EdgeProgramManager
+
+    from etforge.core import pipeline
+
+    host = edge.exported_program()
+    return pipeline.serialize(
+        EdgeProgramManager({"forward": pipeline.clone_program(host)}, compile_config=edge.compile_config),
+        host,
+    )
