@@ -306,19 +306,80 @@ def quantized_activation(input: torch.Tensor, lut: torch.Tensor, out: torch.Tens
     return write_raw(out, raw(lut)[idx])
 
 
+def _dims4(t: torch.Tensor) -> tuple[int, int, int, int]:
+    """The min/max wrappers' dims: the last four logical sizes, leading ones added."""
+    sizes = [1, 1, 1, 1, *(int(s) for s in t.shape)][-4:]
+    return sizes[0], sizes[1], sizes[2], sizes[3]
+
+
 def _minmax(fn: Callable[..., torch.Tensor], a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    x = raw(a).view(a.shape)
-    y = raw(b).view(b.shape)
-    return write_raw(out, fn(x, y).contiguous())
+    """``arm_minimum_s8`` / ``arm_maximum_s8``: their pointer walk over the raw buffers, row by row.
+
+    Equal shapes and scalars are one vector operation. Other broadcasts follow CMSIS-NN's loops,
+    including its stride for a (N, H, 1, 1) operand against a full one, which steps two values per
+    row (a CMSIS-NN defect at this commit; torch broadcasting would differ from the device there).
+    """
+    x1, x2 = raw(a), raw(b)
+    d1, d2, do = _dims4(a), _dims4(b), _dims4(out)
+    if d1 == d2:
+        return write_raw(out, fn(x1, x2))
+    if x1.numel() == 1:
+        return write_raw(out, fn(x1.expand_as(x2), x2))
+    if x2.numel() == 1:
+        return write_raw(out, fn(x1, x2.expand_as(x1)))
+    (n1, h1, w1, c1), (n2, h2, w2, c2) = d1, d2
+    wd1 = 0 if w1 >= w2 else c1
+    wd2 = 0 if w2 >= w1 else c2
+    hd1 = wd1 if h1 >= h2 else -w1 * (c1 - wd1)
+    hd2 = wd2 if h2 >= h1 else -w2 * (c2 - wd2)
+    bd1 = c1 * w1 * h1 if n1 >= n2 else 0
+    bd2 = c2 * w2 * h2 if n2 >= n1 else 0
+    chunks: list[torch.Tensor] = []
+
+    def take(x: torch.Tensor, p: int, n: int) -> torch.Tensor:
+        if p < 0 or p + n > x.numel():
+            raise RuntimeError("the broadcast reads outside an input buffer (as CMSIS-NN's loop would)")
+        return x[p : p + n]
+
+    def emit(p1: int, n1_: int, p2: int, n2_: int) -> None:
+        u, v = take(x1, p1, n1_), take(x2, p2, n2_)
+        chunks.append(fn(u.expand_as(v) if n1_ == 1 else u, v.expand_as(u) if n2_ == 1 else v))
+
+    base1 = base2 = 0
+    for _ in range(do[0]):
+        p1, p2 = base1, base2
+        f1, f2 = h1 * w1 * c1, h2 * w2 * c2
+        if (h1, w1, c1) == (h2, w2, c2):
+            emit(p1, f1, p2, f1)
+        elif f1 == 1 or f2 == 1:
+            emit(p1, f1, p2, f2)
+        else:
+            f1, f2 = w1 * c1, w2 * c2
+            for _ in range(do[1]):
+                if (w1, c1) == (w2, c2):
+                    emit(p1, f1, p2, f1)
+                    p1, p2 = p1 + f1, p2 + f1
+                elif f1 == 1 or f2 == 1:
+                    emit(p1, f1, p2, f2)
+                    p1, p2 = p1 + f1, p2 + f2
+                else:
+                    for _ in range(do[2]):
+                        if c1 == c2 or c1 == 1 or c2 == 1:
+                            emit(p1, c1, p2, c2)
+                            p1, p2 = p1 + c1, p2 + c2
+                        p1, p2 = p1 - wd1, p2 - wd2
+                p1, p2 = p1 + hd1, p2 + hd2
+        base1, base2 = base1 + bd1, base2 + bd2
+    return write_raw(out, torch.cat(chunks) if chunks else torch.empty(0, dtype=out.dtype))
 
 
 def minimum(self: torch.Tensor, other: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """``arm_minimum_s8`` with broadcasting over the logical sizes of the raw buffers."""
+    """``arm_minimum_s8`` over the raw buffers with the logical sizes."""
     return _minmax(torch.minimum, self, other, out)
 
 
 def maximum(self: torch.Tensor, other: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """``arm_maximum_s8`` with broadcasting over the logical sizes of the raw buffers."""
+    """``arm_maximum_s8`` over the raw buffers with the logical sizes."""
     return _minmax(torch.maximum, self, other, out)
 
 

@@ -341,15 +341,21 @@ def test_pad_and_transpose(lib: ctypes.CDLL, rng: np.random.Generator) -> None:
 def test_minimum_maximum(lib: ctypes.CDLL, rng: np.random.Generator) -> None:
     for trial in range(TRIALS):
         shape = tuple(int(x) for x in rng.integers(1, 5, 4))
-        # the broadcasts arm_minimum_s8/arm_maximum_s8 implement: a scalar, or N/H/W with equal C
-        other = (1, 1, 1, 1) if trial % 3 == 0 else (*(1 if rng.random() < 0.4 else s for s in shape[:3]), shape[3])
+        other = tuple(1 if rng.random() < 0.4 else s for s in shape)
+        if rng.random() < 0.5:
+            shape, other = other, shape
+        out_shape = tuple(max(x, y) for x, y in zip(shape, other, strict=True))
         a, b = _i8(rng, shape), _i8(rng, other)
-        ref = np.zeros(shape, np.int8)
-        ad, bd, od = (np.array(s, np.int32) for s in (shape, other, shape))
+        ref = np.zeros(out_shape, np.int8)
+        ad, bd, od = (np.array(s, np.int32) for s in (shape, other, out_shape))
         assert lib.shim_minmax(trial % 2, _p8(a), _p32(ad), _p8(b), _p32(bd), _p8(ref), _p32(od)) == 0
-        out = torch.empty(shape, dtype=torch.int8)
-        (K.maximum if trial % 2 else K.minimum)(torch.from_numpy(a), torch.from_numpy(b), out)
-        np.testing.assert_array_equal(out.numpy(), ref)
+        out = torch.empty(out_shape, dtype=torch.int8)
+        try:
+            (K.maximum if trial % 2 else K.minimum)(torch.from_numpy(a), torch.from_numpy(b), out)
+        except RuntimeError as exc:  # CMSIS-NN's walk leaves the buffer: the C read garbage
+            assert "outside an input buffer" in str(exc)
+            continue
+        np.testing.assert_array_equal(out.numpy(), ref, err_msg=f"{shape} {other}")
 
 
 def test_quantize_dequantize_div(lib: ctypes.CDLL, rng: np.random.Generator) -> None:
