@@ -88,9 +88,17 @@ def requantize(acc: torch.Tensor, multiplier: Any, shift: Any) -> torch.Tensor:
     """
     m = torch.as_tensor(multiplier, dtype=torch.int64)
     s = torch.as_tensor(shift, dtype=torch.int64)
+    acc = acc.to(torch.int64)
+    if bool((s <= 0).all()) and bool((m >= 0).all()) and acc.numel() and _I32_MIN <= int(acc.min()) and int(acc.max()) <= _I32_MAX:
+        # the common case, in fewer passes: no left shift, and no int32 overflow is possible
+        # (|acc * m| < 2^62, so the doubling high multiply stays inside int32)
+        e = -s
+        half = (torch.ones_like(e) << e) >> 1
+        r = (acc * m + (1 << 30)) >> 31
+        return (r + half + (r >> 63) * (e > 0).to(torch.int64)) >> e
     left = s.clamp(min=0)
     right = (-s).clamp(min=0)
-    v = wrap32(acc.to(torch.int64) << left)
+    v = wrap32(acc << left)
     r = wrap32((v * m + (1 << 30)) >> 31)
     return divide_by_pow2(r, right)
 
@@ -164,6 +172,11 @@ def _clamp_i8(x: torch.Tensor, lo: int = -128, hi: int = 127) -> torch.Tensor:
 # -- integer convolution -----------------------------------------------------------------------
 
 
+def _absmax(t: torch.Tensor) -> int:
+    """max |t| without overflow (``abs`` of int8 -128 stays -128)."""
+    return max(abs(int(t.min())), abs(int(t.max()))) if t.numel() else 0
+
+
 def _exact_float(bound: float) -> torch.dtype:
     return torch.float32 if bound < _F32_EXACT else torch.float64
 
@@ -175,8 +188,7 @@ def _int_conv(
     """Integer NCHW convolution (int64 result) through float: float32 when every partial sum is
     provably below 2**24 (exact), float64 otherwise (exact below 2**53)."""
     k = (w.shape[0] // groups if transposed else w.shape[1]) * w.shape[2] * w.shape[3]
-    bound = float(x.abs().max()) * float(w.abs().max()) * k if x.numel() and w.numel() else 0.0
-    dt = _exact_float(bound)
+    dt = _exact_float(_absmax(x) * _absmax(w) * k)
     if transposed:
         y = F.conv_transpose2d(
             x.to(dt), w.to(dt), None, stride=tuple(stride), padding=tuple(padding),
@@ -184,14 +196,13 @@ def _int_conv(
         )
     else:
         y = F.conv2d(x.to(dt), w.to(dt), None, tuple(stride), tuple(padding), tuple(dilation), groups)
-    return y.round().to(torch.int64)
+    return y.to(torch.int64)  # integral already: the conversion is exact
 
 
 def _int_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """Integer ``a @ b`` (int64) through float, exact as in ``_int_conv``."""
-    bound = float(a.abs().max()) * float(b.abs().max()) * a.shape[-1] if a.numel() and b.numel() else 0.0
-    dt = _exact_float(bound)
-    return torch.matmul(a.to(dt), b.to(dt)).round().to(torch.int64)
+    dt = _exact_float(_absmax(a) * _absmax(b) * a.shape[-1])
+    return torch.matmul(a.to(dt), b.to(dt)).to(torch.int64)
 
 
 def _finish(acc: torch.Tensor, mult: Any, shift: Any, out_offset: int, lo: int, hi: int) -> torch.Tensor:
@@ -204,8 +215,8 @@ def _conv(
     input_offset: int, output_offset: int, mults: torch.Tensor, shifts: torch.Tensor, lo: int, hi: int,
 ) -> torch.Tensor:
     """Shared body of ``arm_convolve_wrapper_s8`` / ``arm_depthwise_conv_wrapper_s8``: returns NHWC int8."""
-    xin = x.permute(0, 3, 1, 2).to(torch.int64) + input_offset
-    w = weight_ohwi.permute(0, 3, 1, 2).to(torch.int64)
+    xin = x.permute(0, 3, 1, 2).to(torch.int16) + input_offset  # channels-last memory
+    w = weight_ohwi.permute(0, 3, 1, 2)
     acc = _int_conv(xin, w, stride, padding, dilation, groups)
     if bias is not None:
         acc = acc + raw(bias).to(torch.int64).view(1, -1, 1, 1)

@@ -1,16 +1,18 @@
-"""The host kernel for each operator a ``.pte`` names: its reference implementation in torch.
+"""The host kernel for each operator a ``.pte`` names.
 
 An ExecuTorch program calls out variants (``aten::convolution.out``,
-``quantized_decomposed::quantize_per_tensor.out``, ``cortex_m::quantized_conv2d.out``). Where
-torch has a kernel for the out variant (ATen's own, ExecuTorch's quantized kernels loaded by
-``executorch.kernels.quantized``) it writes straight into the planned output tensor; the
-``cortex_m::`` out variants have no host kernel, so their functional reference
-implementation runs and its result is copied into the planned output — the same values.
+``quantized_decomposed::quantize_per_tensor.out``, ``cortex_m::quantized_conv2d.out``). The
+``cortex_m::`` ops run etforge's own kernels (``runtime.cortex_m_kernels``: CMSIS-NN's integer
+arithmetic, bit-exact with the device), not ExecuTorch's Python references, which round
+differently. Other ops: where torch has a kernel for the out variant (ATen's own, ExecuTorch's
+quantized kernels loaded by ``executorch.kernels.quantized``) it writes straight into the planned
+output tensor; otherwise the functional variant runs and its result is copied into the planned
+output — the same values.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -18,6 +20,7 @@ from typing import Any
 import torch
 
 from etforge.core.errors import EtforgeError
+from etforge.runtime import cortex_m_kernels
 
 _KEYS = ("CPU", "CompositeExplicitAutograd", "CompositeImplicitAutograd")
 
@@ -40,6 +43,8 @@ class Kernel:
     overload: torch._ops.OpOverload
     #: The functional overload run instead when the out variant has no host kernel.
     functional: torch._ops.OpOverload | None
+    #: etforge's own out-variant kernel (every schema argument in order), used when set.
+    own: Callable[..., Any] | None = None
 
     @property
     def schema(self) -> Any:
@@ -48,6 +53,8 @@ class Kernel:
     def __call__(self, args: Sequence[Any]) -> Any:
         """Call with every schema argument in order (out arguments are the planned tensors)."""
         schema_args = self.schema.arguments
+        if self.own is not None:
+            return self.own(*args)
         pos = [a for s, a in zip(schema_args, args, strict=True) if not s.kwarg_only]
         kw = {s.name: a for s, a in zip(schema_args, args, strict=True) if s.kwarg_only}
         if self.functional is None:
@@ -93,9 +100,21 @@ def kernel(name: str, overload: str) -> Kernel:
         target = getattr(packet, overload or "default")
     except (AttributeError, RuntimeError):
         raise EtforgeError(f"operator {full}: no host implementation is registered in torch") from None
+    own = cortex_m_kernels.KERNELS.get(f"{ns}::{op}") if overload == "out" else None
+    if own is not None:
+        return Kernel(full, target, None, own)
     if _has_kernel(target):
         return Kernel(full, target, None)
     functional = _functional_of(packet, target)
     if functional is None:
         raise EtforgeError(f"operator {full}: neither it nor a functional variant has a host kernel")
     return Kernel(full, target, functional)
+
+
+def own_functional(target: Any) -> Callable[..., Any] | None:
+    """etforge's kernel for a functional ``cortex_m`` op as an Edge graph calls it (``host.py``),
+    taking the functional arguments plus ``out``; None for every other op."""
+    schema = getattr(target, "_schema", None)
+    if schema is None or not schema.name.startswith("cortex_m::"):
+        return None
+    return cortex_m_kernels.KERNELS.get(schema.name)
