@@ -12,7 +12,8 @@ output — the same values.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -23,6 +24,19 @@ from etforge.core.errors import EtforgeError
 from etforge.runtime import cortex_m_kernels
 
 _KEYS = ("CPU", "CompositeExplicitAutograd", "CompositeImplicitAutograd")
+#: False only inside ``executorch_references()`` (bench/verify.py's before/after timing).
+_OWN = [True]
+
+
+@contextmanager
+def executorch_references() -> Iterator[None]:
+    """Run the ``cortex_m`` ops as ExecuTorch's Python reference implementations instead of
+    etforge's kernels (slower, and not the device's rounding): for measuring the difference."""
+    _OWN[0] = False
+    try:
+        yield
+    finally:
+        _OWN[0] = True
 
 
 def _register_libraries() -> None:
@@ -53,7 +67,7 @@ class Kernel:
     def __call__(self, args: Sequence[Any]) -> Any:
         """Call with every schema argument in order (out arguments are the planned tensors)."""
         schema_args = self.schema.arguments
-        if self.own is not None:
+        if self.own is not None and _OWN[0]:
             return self.own(*args)
         pos = [a for s, a in zip(schema_args, args, strict=True) if not s.kwarg_only]
         kw = {s.name: a for s, a in zip(schema_args, args, strict=True) if s.kwarg_only}
@@ -102,7 +116,7 @@ def kernel(name: str, overload: str) -> Kernel:
         raise EtforgeError(f"operator {full}: no host implementation is registered in torch") from None
     own = cortex_m_kernels.KERNELS.get(f"{ns}::{op}") if overload == "out" else None
     if own is not None:
-        return Kernel(full, target, None, own)
+        return Kernel(full, target, _functional_of(packet, target), own)
     if _has_kernel(target):
         return Kernel(full, target, None)
     functional = _functional_of(packet, target)
@@ -115,6 +129,6 @@ def own_functional(target: Any) -> Callable[..., Any] | None:
     """etforge's kernel for a functional ``cortex_m`` op as an Edge graph calls it (``host.py``),
     taking the functional arguments plus ``out``; None for every other op."""
     schema = getattr(target, "_schema", None)
-    if schema is None or not schema.name.startswith("cortex_m::"):
+    if schema is None or not schema.name.startswith("cortex_m::") or not _OWN[0]:
         return None
     return cortex_m_kernels.KERNELS.get(schema.name)
