@@ -72,7 +72,12 @@ class Kernel:
         pos = [a for s, a in zip(schema_args, args, strict=True) if not s.kwarg_only]
         kw = {s.name: a for s, a in zip(schema_args, args, strict=True) if s.kwarg_only}
         if self.functional is None:
-            return self.overload(*pos, **kw)
+            try:
+                return self.overload(*pos, **kw)
+            except RuntimeError:
+                if not any(_integer_channels_last(a) for a in args):
+                    raise
+                return self._contiguous(args)
         outs = [a for s, a in zip(schema_args, args, strict=True) if s.is_out]
         fpos = [a for s, a in zip(schema_args, args, strict=True) if not s.is_out and not s.kwarg_only]
         fkw = {s.name: a for s, a in zip(schema_args, args, strict=True) if not s.is_out and s.kwarg_only}
@@ -86,6 +91,37 @@ class Kernel:
                 )
             out.copy_(value)
         return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+    def _contiguous(self, args: Sequence[Any]) -> Any:
+        """The ATen kernel on contiguous copies of channels-last integer tensors, results copied
+        back into the planned outputs.
+
+        torch's CPU kernels refuse some int8 channels-last inputs the device's portable kernels
+        take (``max_pool2d_with_indices`` checks the plane size against the element type's
+        range: any int8 map over 127 values fails). Layout only: the values are the same.
+        """
+        schema_args = self.schema.arguments
+        flat = [a.contiguous() if isinstance(a, torch.Tensor) and a.dim() == 4 else a for a in args]
+        pos = [a for s, a in zip(schema_args, flat, strict=True) if not s.kwarg_only]
+        kw = {s.name: a for s, a in zip(schema_args, flat, strict=True) if s.kwarg_only}
+        self.overload(*pos, **kw)
+        outs = [(a, f) for s, a, f in zip(schema_args, args, flat, strict=True) if s.is_out]
+        for planned, computed in outs:
+            if isinstance(planned, torch.Tensor) and planned is not computed:
+                planned.copy_(computed)
+        planned_outs = [p for p, _ in outs]
+        return planned_outs[0] if len(planned_outs) == 1 else tuple(planned_outs)
+
+
+def _integer_channels_last(t: object) -> bool:
+    return (
+        isinstance(t, torch.Tensor)
+        and t.dim() == 4
+        and not t.is_floating_point()
+        and not t.is_contiguous()
+        and t.is_contiguous(memory_format=torch.channels_last)
+    )
 
 
 def _has_kernel(op: torch._ops.OpOverload) -> bool:
