@@ -61,9 +61,21 @@ def write_raw(out: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
 
 
 def _nhwc(t: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int, int, int]]:
-    """A 4-D NCHW tensor's raw bytes as CMSIS-NN reads them: [N, H, W, C]."""
+    """A 4-D NCHW tensor's bytes as CMSIS-NN reads them: [N, H, W, C]. The wrappers require
+    channels-last inputs; a host caller's contiguous tensor is brought to that layout."""
     n, c, h, w = (int(s) for s in t.shape)
+    if not _is_channels_last(t):
+        t = t.contiguous(memory_format=torch.channels_last)
     return raw(t).view(n, h, w, c), (n, h, w, c)
+
+
+def _like(x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """``x`` in ``out``'s memory layout, so an elementwise kernel can pair their raw buffers
+    (on the device both share the program's dim order; a host caller's input may not)."""
+    if tuple(x.shape) != tuple(out.shape) or x.stride() == out.stride() or not _dense(out):
+        return x
+    y = torch.empty_strided(tuple(out.shape), out.stride(), dtype=x.dtype)
+    return y.copy_(x)
 
 
 def _nhwc_explicit(t: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int, int, int]]:
@@ -80,16 +92,19 @@ def wrap32(x: torch.Tensor) -> torch.Tensor:
     return ((x + 2**31) & (2**32 - 1)) - 2**31
 
 
-def requantize(acc: torch.Tensor, multiplier: Any, shift: Any) -> torch.Tensor:
+def requantize(acc: torch.Tensor, multiplier: Any, shift: Any, bound: int | None = None) -> torch.Tensor:
     """``arm_nn_requantize`` (int64 in, int64 out): ``multiplier``/``shift`` broadcast against ``acc``.
 
     ``val * (1 << LEFT_SHIFT(shift))`` in int32, ``arm_nn_doubling_high_mult_no_sat`` (+2^30, >> 31,
     truncated to int32), then ``arm_nn_divide_by_power_of_two`` (rounding half away from zero).
+    ``bound``: a known bound on ``|acc|`` (saves two passes over it).
     """
     m = torch.as_tensor(multiplier, dtype=torch.int64)
     s = torch.as_tensor(shift, dtype=torch.int64)
     acc = acc.to(torch.int64)
-    if bool((s <= 0).all()) and bool((m >= 0).all()) and acc.numel() and _I32_MIN <= int(acc.min()) and int(acc.max()) <= _I32_MAX:
+    if bound is None and acc.numel():
+        bound = max(-int(acc.min()), int(acc.max()))
+    if bool((s <= 0).all()) and bool((m >= 0).all()) and (bound or 0) <= _I32_MAX:
         # the common case, in fewer passes: no left shift, and no int32 overflow is possible
         # (|acc * m| < 2^62, so the doubling high multiply stays inside int32)
         e = -s
@@ -184,11 +199,13 @@ def _exact_float(bound: float) -> torch.dtype:
 def _int_conv(
     x: torch.Tensor, w: torch.Tensor, stride: Sequence[int], padding: Sequence[int],
     dilation: Sequence[int], groups: int, transposed: bool = False, output_padding: Sequence[int] = (0, 0),
-) -> torch.Tensor:
-    """Integer NCHW convolution (int64 result) through float: float32 when every partial sum is
-    provably below 2**24 (exact), float64 otherwise (exact below 2**53)."""
+) -> tuple[torch.Tensor, int]:
+    """Integer NCHW convolution (int64 result, and a bound on its magnitude) through float:
+    float32 when every partial sum is provably below 2**24 (exact), float64 otherwise (exact
+    below 2**53)."""
     k = (w.shape[0] // groups if transposed else w.shape[1]) * w.shape[2] * w.shape[3]
-    dt = _exact_float(_absmax(x) * _absmax(w) * k)
+    bound = _absmax(x) * _absmax(w) * k
+    dt = _exact_float(bound)
     if transposed:
         y = F.conv_transpose2d(
             x.to(dt), w.to(dt), None, stride=tuple(stride), padding=tuple(padding),
@@ -196,7 +213,7 @@ def _int_conv(
         )
     else:
         y = F.conv2d(x.to(dt), w.to(dt), None, tuple(stride), tuple(padding), tuple(dilation), groups)
-    return y.to(torch.int64)  # integral already: the conversion is exact
+    return y.to(torch.int64), bound  # integral already: the conversion is exact
 
 
 def _int_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -205,8 +222,14 @@ def _int_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.matmul(a.to(dt), b.to(dt)).to(torch.int64)
 
 
-def _finish(acc: torch.Tensor, mult: Any, shift: Any, out_offset: int, lo: int, hi: int) -> torch.Tensor:
-    return _clamp_i8(requantize(wrap32(acc), mult, shift) + out_offset, lo, hi)
+def _finish(
+    acc: torch.Tensor, mult: Any, shift: Any, out_offset: int, lo: int, hi: int, bound: int | None = None
+) -> torch.Tensor:
+    """Requantize, add the output offset, clamp: the tail of every CMSIS-NN int8 MAC kernel
+    (``acc`` wraps to int32 first, as the C accumulator does)."""
+    if bound is None or bound > _I32_MAX:
+        acc, bound = wrap32(acc), None
+    return _clamp_i8(requantize(acc, mult, shift, bound) + out_offset, lo, hi)
 
 
 def _conv(
@@ -217,13 +240,15 @@ def _conv(
     """Shared body of ``arm_convolve_wrapper_s8`` / ``arm_depthwise_conv_wrapper_s8``: returns NHWC int8."""
     xin = x.permute(0, 3, 1, 2).to(torch.int16) + input_offset  # channels-last memory
     w = weight_ohwi.permute(0, 3, 1, 2)
-    acc = _int_conv(xin, w, stride, padding, dilation, groups)
+    acc, bound = _int_conv(xin, w, stride, padding, dilation, groups)
     if bias is not None:
-        acc = acc + raw(bias).to(torch.int64).view(1, -1, 1, 1)
+        b = raw(bias).to(torch.int64)
+        acc = acc + b.view(1, -1, 1, 1)
+        bound += _absmax(b)
     c = acc.shape[1]
     m = raw(mults).to(torch.int64)[:c].view(1, -1, 1, 1)
     s = raw(shifts).to(torch.int64)[:c].view(1, -1, 1, 1)
-    return _finish(acc, m, s, output_offset, lo, hi).permute(0, 2, 3, 1)
+    return _finish(acc, m, s, output_offset, lo, hi, bound).permute(0, 2, 3, 1)
 
 
 # -- the operators (out variants, schema argument order) ---------------------------------------
@@ -235,7 +260,7 @@ def quantize_per_tensor(
 ) -> torch.Tensor:
     """``op_quantize_per_tensor.cpp``: ``zp + nearbyint(x * (1.0f / (float)scale))`` in float32."""
     inv = np.float32(1.0) / np.float32(scale)
-    x = raw(input).to(torch.float32).numpy()
+    x = raw(_like(input, out)).to(torch.float32).numpy()
     q = np.rint(x * inv).astype(np.int64) + int(zero_point)
     q = np.clip(q, quant_min, quant_max)
     return write_raw(out, torch.from_numpy(q).to(out.dtype))
@@ -246,14 +271,14 @@ def dequantize_per_tensor(
     out: torch.Tensor,
 ) -> torch.Tensor:
     """``op_dequantize_per_tensor.cpp``: ``(float)(q - zp) * (float)scale`` in float32."""
-    q = raw(input).to(torch.int32) - int(zero_point)
+    q = raw(_like(input, out)).to(torch.int32) - int(zero_point)
     return write_raw(out, q.to(torch.float32) * torch.tensor(np.float32(scale)))
 
 
 def _broadcast_pair(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, bool]:
     """The wrappers' channel broadcast: the larger operand's raw bytes in chunks of C, each
     combined with the channels-only operand; returns (big, small, swapped)."""
-    ra, rb = raw(a), raw(b)
+    ra, rb = raw(_like(a, out)), raw(_like(b, out))
     if ra.numel() == rb.numel():
         return ra, rb, False
     if ra.numel() < rb.numel():
@@ -301,8 +326,8 @@ def quantized_div(
 ) -> torch.Tensor:
     """``op_quantized_div.cpp``: float32 quotient, ``std::round`` (half away from zero)."""
     info = torch.iinfo(out.dtype)
-    n = (raw(self).to(torch.int32) - self_zero_point).numpy().astype(np.float32)
-    d = (raw(other).to(torch.int32) - other_zero_point).numpy().astype(np.float32)
+    n = (raw(_like(self, out)).to(torch.int32) - self_zero_point).numpy().astype(np.float32)
+    d = (raw(_like(other, out)).to(torch.int32) - other_zero_point).numpy().astype(np.float32)
     with np.errstate(divide="ignore", invalid="ignore"):
         q = np.where(d != 0, n / np.where(d != 0, d, np.float32(1)), np.float32(0)).astype(np.float32)
     scaled = q * np.float32(output_scale)
@@ -313,7 +338,7 @@ def quantized_div(
 
 def quantized_activation(input: torch.Tensor, lut: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     """Table lookup: ``lut[x + 128]``."""
-    idx = raw(input).to(torch.int64) + 128
+    idx = raw(_like(input, out)).to(torch.int64) + 128
     return write_raw(out, raw(lut)[idx])
 
 
@@ -547,8 +572,8 @@ def _tconv_common(nhwc: Callable[[torch.Tensor], tuple[torch.Tensor, tuple[int, 
         groups = c // i
         xin = x.permute(0, 3, 1, 2).to(torch.int64) + input_offset
         wt = raw(weight).view(o, kh, kw, i).permute(3, 0, 1, 2).to(torch.int64)  # IOHW
-        acc = _int_conv(xin, wt, stride, padding, dilation, groups, transposed=True,
-                        output_padding=output_padding)
+        acc, _ = _int_conv(xin, wt, stride, padding, dilation, groups, transposed=True,
+                           output_padding=output_padding)
         if bias is not None:
             acc = acc + raw(bias).to(torch.int64).view(1, -1, 1, 1)
         m = raw(requantize_multipliers).to(torch.int64)[:o].view(1, -1, 1, 1)
