@@ -566,7 +566,18 @@ def _tconv_common(nhwc: Callable[[torch.Tensor], tuple[torch.Tensor, tuple[int, 
         out: torch.Tensor,
     ) -> torch.Tensor:
         """``arm_transpose_conv_wrapper_s8``: int32 sums of the scattered products, bias,
-        per-channel requantize (weight OHWI)."""
+        per-channel requantize (weight OHWI).
+
+        The wrapper passes ``output_padding`` as CMSIS-NN's ``padding_offsets``; where it exceeds
+        ``padding`` the output extends past every kernel tap and CMSIS-NN leaves those rows or
+        columns unwritten (whatever the buffer held): refused rather than guessed.
+        """
+        for axis, op, p in (("height", output_padding[0], padding[0]), ("width", output_padding[1], padding[1])):
+            if int(op) > int(p):
+                raise RuntimeError(
+                    f"output_padding {int(op)} > padding {int(p)} in {axis}: CMSIS-NN leaves the last "
+                    f"{int(op) - int(p)} output {'rows' if axis == 'height' else 'columns'} unwritten on the device"
+                )
         x, (n, h, w, c) = nhwc(input)
         o, kh, kw, i = (int(s) for s in weight.shape)
         groups = c // i
@@ -691,6 +702,14 @@ def _max_common(nhwc: Callable[[torch.Tensor], tuple[torch.Tensor, tuple[int, in
 quantized_max_pool2d = _max_common(_nhwc, True)
 quantized_max_pool2d_nhwc = _max_common(_nhwc_explicit, False)
 
+
+#: Kernels whose equality with the device is not proven for every argument, and why.
+NOT_PROVEN: dict[str, str] = {
+    "cortex_m::quantized_transpose_conv2d": (
+        "with height padding and height stride > 1, CMSIS-NN's arm_transpose_conv_s8 (this commit) "
+        "returns values other than the transposed convolution, which this kernel computes"
+    ),
+}
 
 #: operator name (without overload) -> out-variant kernel taking the schema's arguments in order.
 KERNELS: dict[str, Callable[..., torch.Tensor]] = {

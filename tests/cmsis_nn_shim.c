@@ -209,3 +209,33 @@ void shim_div(const int8_t *a, const int8_t *b, int32_t n, int32_t zp1, int32_t 
         out[i] = (int8_t)clamped;
     }
 }
+
+int shim_tconv(const int8_t *in, int32_t n, int32_t h, int32_t w, int32_t c, const int8_t *wt, int32_t o, int32_t kh,
+               int32_t kw, const int32_t *bias, int32_t oh, int32_t ow, int32_t sh, int32_t sw, int32_t ph, int32_t pw,
+               int32_t oph, int32_t opw, int32_t in_off, int32_t out_off, const int32_t *mult, const int32_t *shift,
+               int32_t amin, int32_t amax, int8_t *out)
+{
+    cmsis_nn_transpose_conv_params p;
+    p.input_offset = in_off;
+    p.output_offset = out_off;
+    p.stride.h = sh;
+    p.stride.w = sw;
+    p.padding.h = ph;
+    p.padding.w = pw;
+    p.padding_offsets.h = oph;
+    p.padding_offsets.w = opw;
+    p.dilation.h = 1;
+    p.dilation.w = 1;
+    p.activation.min = amin;
+    p.activation.max = amax;
+    cmsis_nn_per_channel_quant_params q = {(int32_t *)mult, (int32_t *)shift};
+    cmsis_nn_dims id = {n, h, w, c}, fd = {o, kh, kw, c}, od = {n, oh, ow, o}, bd = {1, 1, 1, o};
+    int32_t size = arm_transpose_conv_s8_get_buffer_size(&p, &id, &fd, &od);
+    int32_t osize = arm_transpose_conv_s8_get_reverse_conv_buffer_size(&p, &id, &fd);
+    cmsis_nn_context ctx = {malloc(size + (1 << 20)), size + (1 << 20)};
+    cmsis_nn_context octx = {malloc(osize + (1 << 20)), osize + (1 << 20)};
+    int status = arm_transpose_conv_wrapper_s8(&ctx, &octx, &p, &q, &id, in, &fd, wt, &bd, bias, &od, out);
+    free(ctx.buf);
+    free(octx.buf);
+    return status;
+}
