@@ -423,3 +423,56 @@ def test_transpose_conv2d(lib: ctypes.CDLL, rng: np.random.Generator) -> None:
         ref = spare[: n * oh * ow * o]
         K.quantized_transpose_conv2d(*args)
         np.testing.assert_array_equal(_bytes(out), ref.reshape(-1), err_msg=f"{(kh, kw, sh, sw, ph, pw, oph, opw)}")
+
+
+class _Residual(torch.nn.Module):
+    """resnet8's tail in small: a residual add and a global average pool (the two cortex_m ops in
+    which ExecuTorch's Python references and the device disagreed)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv0 = torch.nn.Conv2d(3, 16, 3, stride=2, padding=1)  # a 2x2 map: averages of 4 tie often
+        self.conv1 = torch.nn.Conv2d(16, 16, 3, padding=1)
+        self.fc = torch.nn.Linear(16, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(self.conv0(x))
+        x = torch.relu(x + self.conv1(x))
+        return self.fc(torch.nn.functional.adaptive_avg_pool2d(x, 1).flatten(1))
+
+
+def test_program_instructions_equal_cmsis_nn(lib: ctypes.CDLL) -> None:
+    """In a compiled cortex-m33 program, the host interpreter's add and average-pool instructions
+    write what CMSIS-NN's C computes from the same bytes and arguments."""
+    from etforge.core.compiler import compile_model
+    from etforge.core.plugin_manager import registry
+    from etforge.runtime.pte_interpreter import PteInterpreter
+
+    torch.manual_seed(0)
+    calib = [(torch.randn(1, 3, 4, 4),) for _ in range(4)]
+    result = compile_model(_Residual().eval(), calib[0], "cortex-m33", calibration=calib, reg=registry())
+    interp = PteInterpreter(result.pte)
+    seen: set[str] = set()
+    for seed in range(4):
+        trace: list = []
+        x = torch.randn(1, 3, 4, 4, generator=torch.Generator().manual_seed(seed))
+        interp.run((x,), trace=lambda step, read, written: trace.append((step, read, written)))
+        for step, read, written in trace:
+            out = K.raw(written[0][1]).numpy()
+            ref = np.zeros_like(out)
+            if step.name == "cortex_m::quantized_add.out":
+                a, zp1, m1, s1, b, zp2, m2, s2, ozp, om, os_, amin, amax = read
+                assert a.stride() == b.stride() == written[0][1].stride()
+                lib.shim_add(_p8(K.raw(a).numpy()), _p8(K.raw(b).numpy()), a.numel(), zp1, m1, s1, zp2, m2, s2, ozp,
+                             om, os_, amin, amax, _p8(ref))
+            elif step.name == "cortex_m::quantized_avg_pool2d.out":
+                t, k, s, p = read[:4]
+                n, c, h, w = t.shape
+                oh, ow = written[0][1].shape[2:]
+                assert lib.shim_avgpool(_p8(K.raw(t).numpy()), n, h, w, c, oh, ow, k[0], k[1], s[0], s[1], p[0], p[1],
+                                        _p8(ref)) == 0
+            else:
+                continue
+            seen.add(step.name)
+            np.testing.assert_array_equal(out, ref, err_msg=f"instruction {step.index} {step.name}")
+    assert seen == {"cortex_m::quantized_add.out", "cortex_m::quantized_avg_pool2d.out"}
