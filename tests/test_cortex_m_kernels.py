@@ -456,7 +456,7 @@ def test_program_instructions_equal_cmsis_nn(lib: ctypes.CDLL) -> None:
     for seed in range(4):
         trace: list = []
         x = torch.randn(1, 3, 4, 4, generator=torch.Generator().manual_seed(seed))
-        interp.run((x,), trace=lambda step, read, written: trace.append((step, read, written)))
+        interp.run((x,), trace=lambda step, read, written, t=trace: t.append((step, read, written)))
         for step, read, written in trace:
             out = K.raw(written[0][1]).numpy()
             ref = np.zeros_like(out)
