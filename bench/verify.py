@@ -1,6 +1,13 @@
 """Benchmark: int8 parity per zoo model and target (the numbers behind ``etforge verify``).
 
 Run: .venv/bin/python bench/verify.py [--models ...] [--targets ...] [--samples 32]
+     .venv/bin/python bench/verify.py --speed [--models mobilenet_v2_96] [--samples 4]
+``--speed``: per cortex-m33 model, the time per sample of verify's host reference path (the
+``model.pte`` interpreter plus the lowered Edge program, both running every ``cortex_m`` op) with
+etforge's CMSIS-NN-exact kernels and with ExecuTorch's Python reference implementations (what
+verify ran before), on the same inputs in this one run, single-threaded; CPU seconds (the
+machine's load does not inflate them) and wall seconds; the ratio; and whether the two kernel
+sets agree on the outputs (they differ where ExecuTorch's references round unlike the device).
 Per model and target: max/mean |ours - PT2E quantized reference| in output quantization
 steps, top-1 agreement with the quantized reference and with the float model, on seeded
 inputs; NPU partitions run in LiteRT, Cortex-M ops as their reference implementations.
@@ -18,6 +25,8 @@ what the lowered Edge program computes (verify requires all).
 from __future__ import annotations
 
 import argparse
+import time
+from typing import Any
 
 import torch
 
@@ -25,7 +34,9 @@ from etforge import zoo
 from etforge.core.compiler import compile_model
 from etforge.core.plugin_manager import registry
 from etforge.core.report import build_report
+from etforge.runtime import pte_ops
 from etforge.runtime.accuracy import load_labeled
+from etforge.runtime.host import run_program
 from etforge.runtime.pte_agreement import compare_with_edge
 from etforge.runtime.pte_interpreter import PteInterpreter
 from etforge.runtime.verify import _inputs, compare
@@ -38,9 +49,13 @@ def main() -> None:
     parser.add_argument("--targets", default="imxrt700,imxrt700cm,cortex-m33")
     parser.add_argument("--samples", type=int, default=32)
     parser.add_argument("--calibration", type=int, default=16)
+    parser.add_argument("--speed", action="store_true", help="time the cortex-m33 reference path, old vs new")
     args = parser.parse_args()
     torch.set_num_threads(1)
     reg = registry()
+    if args.speed:
+        speed(args.models.split(",") if args.models != ",".join(zoo.ZOO) else ["mobilenet_v2_96"], args.samples)
+        return
     print(
         f"{'model':>18} {'target':>11} {'kernels':>9} {'max steps':>9} {'mean':>7} {'top-1 q':>8} "
         f"{'top-1 f':>8} {'all NPU':>7} {'op steps':>8} {'op values off':>14} {'cpu op':>6} "
@@ -93,6 +108,45 @@ def main() -> None:
                     f"{'pass' if v.ok and agreement.ok else 'FAIL':>6}",
                     flush=True,
                 )
+
+
+def _timed(fn: Any) -> tuple[Any, float, float]:
+    wall, cpu = time.perf_counter(), time.process_time()
+    out = fn()
+    return out, time.process_time() - cpu, time.perf_counter() - wall
+
+
+def speed(models: list[str], samples: int) -> None:
+    """Reference path per sample, etforge kernels vs ExecuTorch's Python references."""
+    reg = registry()
+    print(f"{'model':>18} {'samples':>7} {'new cpu s':>9} {'old cpu s':>9} {'ratio cpu':>9} "
+          f"{'new wall s':>10} {'old wall s':>10} {'ratio wall':>10} {'outputs equal':>13}")
+    for name in models:
+        model, example = zoo.build(name)
+        result = compile_model(model, example, "cortex-m33", calibration=zoo.calibration(name, 16), reg=reg)
+        report = build_report(result, reg, name)
+        interp = PteInterpreter(result.pte)
+        batches = _inputs(report, 0, samples)
+
+        def path(batch: Any, interp: PteInterpreter = interp, program: Any = result.host_program) -> list[Any]:
+            return [*interp.run(list(batch)), *run_program(program, batch)]
+
+        path(batches[0])  # warm both: first calls resolve kernels
+        with pte_ops.executorch_references():
+            path(batches[0])
+        new_cpu = old_cpu = new_wall = old_wall = 0.0
+        equal = 0
+        for batch in batches:  # interleaved, so both see the same load
+            ours, c, w = _timed(lambda b=batch: path(b))
+            new_cpu, new_wall = new_cpu + c, new_wall + w
+            with pte_ops.executorch_references():
+                theirs, c, w = _timed(lambda b=batch: path(b))
+            old_cpu, old_wall = old_cpu + c, old_wall + w
+            equal += all(torch.equal(a, b) for a, b in zip(ours, theirs, strict=True))
+        n = len(batches)
+        print(f"{name:>18} {n:>7} {new_cpu / n:>9.3f} {old_cpu / n:>9.3f} {old_cpu / new_cpu:>8.1f}x "
+              f"{new_wall / n:>10.3f} {old_wall / n:>10.3f} {old_wall / new_wall:>9.1f}x {equal:>9}/{n:<3}",
+              flush=True)
 
 
 if __name__ == "__main__":

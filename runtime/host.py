@@ -16,7 +16,7 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
 from etforge.core import layout, payload
-from etforge.runtime import litert_run
+from etforge.runtime import litert_run, pte_ops
 
 
 def stored_inputs(blob: payload.Blob, args: Sequence[torch.Tensor]) -> list[Any]:
@@ -47,8 +47,10 @@ class _Runner(torch.fx.Interpreter):
     ) -> None:
         super().__init__(gm)
         self.kernels, self.calls, self.observe = kernels, calls, observe
+        self.node: torch.fx.Node | None = None
 
     def run_node(self, n: torch.fx.Node) -> Any:
+        self.node = n
         out = super().run_node(n)
         if self.observe is not None:
             self.observe(n, out)
@@ -59,6 +61,10 @@ class _Runner(torch.fx.Interpreter):
             if self.calls is not None:
                 self.calls.append((args[0], list(args[1:])))
             return _delegate_call(args[0], args[1:], self.kernels)
+        own = pte_ops.own_functional(target)
+        if own is not None:  # the same cortex_m kernels as the model.pte interpreter
+            rest = [kwargs.get(a.name, a.default_value) for a in target._schema.arguments[len(args) :]]
+            return own(*args, *rest, _planned_output(self.node))
         try:
             return super().call_function(target, args, kwargs)
         except NotImplementedError:
@@ -68,6 +74,14 @@ class _Runner(torch.fx.Interpreter):
             if not any(_integer_channels_last(a) for a in args):
                 raise
             return _contiguous_call(target, args, kwargs)
+
+
+def _planned_output(node: torch.fx.Node | None) -> torch.Tensor:
+    """An empty tensor with the shape, dtype and memory layout the Edge program gives ``node``."""
+    val = node.meta.get("val") if node is not None else None
+    if not isinstance(val, torch.Tensor):
+        raise RuntimeError(f"node {getattr(node, 'name', '?')} has no tensor metadata to size its output")
+    return torch.empty_strided(tuple(val.shape), tuple(val.stride()), dtype=val.dtype)
 
 
 @contextlib.contextmanager

@@ -1,16 +1,19 @@
-"""The host kernel for each operator a ``.pte`` names: its reference implementation in torch.
+"""The host kernel for each operator a ``.pte`` names.
 
 An ExecuTorch program calls out variants (``aten::convolution.out``,
-``quantized_decomposed::quantize_per_tensor.out``, ``cortex_m::quantized_conv2d.out``). Where
-torch has a kernel for the out variant (ATen's own, ExecuTorch's quantized kernels loaded by
-``executorch.kernels.quantized``) it writes straight into the planned output tensor; the
-``cortex_m::`` out variants have no host kernel, so their functional reference
-implementation runs and its result is copied into the planned output — the same values.
+``quantized_decomposed::quantize_per_tensor.out``, ``cortex_m::quantized_conv2d.out``). The
+``cortex_m::`` ops run etforge's own kernels (``runtime.cortex_m_kernels``: CMSIS-NN's integer
+arithmetic, bit-exact with the device), not ExecuTorch's Python references, which round
+differently. Other ops: where torch has a kernel for the out variant (ATen's own, ExecuTorch's
+quantized kernels loaded by ``executorch.kernels.quantized``) it writes straight into the planned
+output tensor; otherwise the functional variant runs and its result is copied into the planned
+output — the same values.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -18,8 +21,22 @@ from typing import Any
 import torch
 
 from etforge.core.errors import EtforgeError
+from etforge.runtime import cortex_m_kernels
 
 _KEYS = ("CPU", "CompositeExplicitAutograd", "CompositeImplicitAutograd")
+#: False only inside ``executorch_references()`` (bench/verify.py's before/after timing).
+_OWN = [True]
+
+
+@contextmanager
+def executorch_references() -> Iterator[None]:
+    """Run the ``cortex_m`` ops as ExecuTorch's Python reference implementations instead of
+    etforge's kernels (slower, and not the device's rounding): for measuring the difference."""
+    _OWN[0] = False
+    try:
+        yield
+    finally:
+        _OWN[0] = True
 
 
 def _register_libraries() -> None:
@@ -40,6 +57,8 @@ class Kernel:
     overload: torch._ops.OpOverload
     #: The functional overload run instead when the out variant has no host kernel.
     functional: torch._ops.OpOverload | None
+    #: etforge's own out-variant kernel (every schema argument in order), used when set.
+    own: Callable[..., Any] | None = None
 
     @property
     def schema(self) -> Any:
@@ -48,10 +67,17 @@ class Kernel:
     def __call__(self, args: Sequence[Any]) -> Any:
         """Call with every schema argument in order (out arguments are the planned tensors)."""
         schema_args = self.schema.arguments
+        if self.own is not None and _OWN[0]:
+            return self.own(*args)
         pos = [a for s, a in zip(schema_args, args, strict=True) if not s.kwarg_only]
         kw = {s.name: a for s, a in zip(schema_args, args, strict=True) if s.kwarg_only}
         if self.functional is None:
-            return self.overload(*pos, **kw)
+            try:
+                return self.overload(*pos, **kw)
+            except RuntimeError:
+                if not any(_integer_channels_last(a) for a in args):
+                    raise
+                return self._contiguous(args)
         outs = [a for s, a in zip(schema_args, args, strict=True) if s.is_out]
         fpos = [a for s, a in zip(schema_args, args, strict=True) if not s.is_out and not s.kwarg_only]
         fkw = {s.name: a for s, a in zip(schema_args, args, strict=True) if not s.is_out and s.kwarg_only}
@@ -65,6 +91,37 @@ class Kernel:
                 )
             out.copy_(value)
         return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+    def _contiguous(self, args: Sequence[Any]) -> Any:
+        """The ATen kernel on contiguous copies of channels-last integer tensors, results copied
+        back into the planned outputs.
+
+        torch's CPU kernels refuse some int8 channels-last inputs the device's portable kernels
+        take (``max_pool2d_with_indices`` checks the plane size against the element type's
+        range: any int8 map over 127 values fails). Layout only: the values are the same.
+        """
+        schema_args = self.schema.arguments
+        flat = [a.contiguous() if isinstance(a, torch.Tensor) and a.dim() == 4 else a for a in args]
+        pos = [a for s, a in zip(schema_args, flat, strict=True) if not s.kwarg_only]
+        kw = {s.name: a for s, a in zip(schema_args, flat, strict=True) if s.kwarg_only}
+        self.overload(*pos, **kw)
+        outs = [(a, f) for s, a, f in zip(schema_args, args, flat, strict=True) if s.is_out]
+        for planned, computed in outs:
+            if isinstance(planned, torch.Tensor) and planned is not computed:
+                planned.copy_(computed)
+        planned_outs = [p for p, _ in outs]
+        return planned_outs[0] if len(planned_outs) == 1 else tuple(planned_outs)
+
+
+def _integer_channels_last(t: object) -> bool:
+    return (
+        isinstance(t, torch.Tensor)
+        and t.dim() == 4
+        and not t.is_floating_point()
+        and not t.is_contiguous()
+        and t.is_contiguous(memory_format=torch.channels_last)
+    )
 
 
 def _has_kernel(op: torch._ops.OpOverload) -> bool:
@@ -93,9 +150,21 @@ def kernel(name: str, overload: str) -> Kernel:
         target = getattr(packet, overload or "default")
     except (AttributeError, RuntimeError):
         raise EtforgeError(f"operator {full}: no host implementation is registered in torch") from None
+    own = cortex_m_kernels.KERNELS.get(f"{ns}::{op}") if overload == "out" else None
+    if own is not None:
+        return Kernel(full, target, _functional_of(packet, target), own)
     if _has_kernel(target):
         return Kernel(full, target, None)
     functional = _functional_of(packet, target)
     if functional is None:
         raise EtforgeError(f"operator {full}: neither it nor a functional variant has a host kernel")
     return Kernel(full, target, functional)
+
+
+def own_functional(target: Any) -> Callable[..., Any] | None:
+    """etforge's kernel for a functional ``cortex_m`` op as an Edge graph calls it (``host.py``),
+    taking the functional arguments plus ``out``; None for every other op."""
+    schema = getattr(target, "_schema", None)
+    if schema is None or not schema.name.startswith("cortex_m::") or not _OWN[0]:
+        return None
+    return cortex_m_kernels.KERNELS.get(schema.name)

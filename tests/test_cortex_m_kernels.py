@@ -1,0 +1,478 @@
+"""etforge's cortex_m host kernels equal CMSIS-NN's C, bit for bit.
+
+CMSIS-NN (the commit ExecuTorch pins, from ``ETFORGE_THIRD_PARTY`` — default ``../shared/third_party``
+beside the repository) is compiled for the host with gcc into a shared library, with
+``tests/cmsis_nn_shim.c`` passing each op's arguments the way ExecuTorch's cortex_m C++ wrapper does.
+On x86 the library runs CMSIS-NN's plain C paths; the Cortex-M33 build runs its DSP paths, whose
+integer results are the same (same ``arm_nn_requantize``, same rounded division in average pooling,
+same softmax fixed-point helpers; only the loop order and packing differ).
+Random inputs and random parameters; every output byte is compared.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import math
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from etforge.runtime import cortex_m_kernels as K
+
+REPO = Path(__file__).resolve().parents[1]
+THIRD_PARTY = Path(os.environ.get("ETFORGE_THIRD_PARTY", REPO.parent / "shared" / "third_party"))
+NN = THIRD_PARTY / "cmsis-nn"
+SHIM = Path(__file__).with_name("cmsis_nn_shim.c")
+TRIALS = 40  # random cases per op
+
+P8 = ctypes.POINTER(ctypes.c_int8)
+P32 = ctypes.POINTER(ctypes.c_int32)
+
+
+def _sources() -> list[Path]:
+    """The int8 CMSIS-NN sources (float, int16-only, int4, LSTM and SVDF parts left out)."""
+    skip = ("_f16", "_f32", "_flt", "_s4", "lstm", "svdf")
+    out = []
+    for p in sorted((NN / "Source").glob("*/*.c")):
+        name = p.name.lower()
+        if any(s in name for s in skip) or (name.endswith("s16.c") and "s8_s16" not in name):
+            continue
+        out.append(p)
+    return out
+
+
+@pytest.fixture(scope="module")
+def lib(request: pytest.FixtureRequest) -> ctypes.CDLL:
+    if not (NN / "Include" / "arm_nnfunctions.h").is_file():
+        pytest.skip(f"CMSIS-NN sources not found at {NN} (set ETFORGE_THIRD_PARTY)")
+    sources = [*_sources(), SHIM]
+    digest = hashlib.sha256()
+    for p in sources:
+        digest.update(p.name.encode() + p.read_bytes())
+    cache = Path(request.config.cache.mkdir("cmsis-nn-host"))
+    so = cache / f"libcmsisnn-{digest.hexdigest()[:16]}.so"
+    if not so.exists():
+        tmp = so.with_suffix(".tmp")
+        cmd = ["gcc", "-O1", "-shared", "-fPIC", "-w", f"-I{NN / 'Include'}", "-DARM_NN_ENABLE_F32=0",
+               "-DARM_NN_ENABLE_F16=0", "-o", str(tmp), *map(str, sources), "-lm"]
+        subprocess.run(cmd, check=True, capture_output=True)
+        tmp.replace(so)
+    return ctypes.CDLL(str(so))
+
+
+@pytest.fixture
+def rng() -> Iterator[np.random.Generator]:
+    yield np.random.default_rng(1234)
+
+
+def _p8(a: np.ndarray) -> ctypes._Pointer:
+    return a.ctypes.data_as(P8)
+
+
+def _p32(a: np.ndarray | None) -> ctypes._Pointer | None:
+    return None if a is None else a.ctypes.data_as(P32)
+
+
+def _i8(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    return rng.integers(-128, 128, size=shape, dtype=np.int8)
+
+
+def _requant_params(rng: np.random.Generator, n: int, lo: int = -12, hi: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    mult = rng.integers(1 << 30, (1 << 31) - 1, size=n, dtype=np.int64).astype(np.int32)
+    shift = rng.integers(lo, hi + 1, size=n).astype(np.int32)
+    return mult, shift
+
+
+def _nchw_cl(nhwc: np.ndarray) -> torch.Tensor:
+    """An NHWC buffer as the interpreter holds it: logical NCHW, channels-last memory."""
+    return torch.from_numpy(nhwc.copy()).permute(0, 3, 1, 2)
+
+
+def _out_cl(n: int, c: int, h: int, w: int) -> torch.Tensor:
+    return torch.empty((n, c, h, w), dtype=torch.int8).contiguous(memory_format=torch.channels_last)
+
+
+def _bytes(t: torch.Tensor) -> np.ndarray:
+    return K.raw(t).numpy()
+
+
+def test_add(lib: ctypes.CDLL, rng: np.random.Generator) -> None:
+    for _ in range(TRIALS):
+        n = int(rng.integers(1, 300))
+        a, b = _i8(rng, (n,)), _i8(rng, (n,))
+        (m1, m2, mo), (s1, s2, so) = _requant_params(rng, 3, -20, 0)
+        zp1, zp2, ozp = (int(x) for x in rng.integers(-128, 128, 3))
+        amin, amax = sorted(int(x) for x in rng.integers(-128, 128, 2))
+        ref = np.zeros(n, np.int8)
+        lib.shim_add(_p8(a), _p8(b), n, zp1, int(m1), int(s1), zp2, int(m2), int(s2), ozp, int(mo), int(so),
+                     amin, amax, _p8(ref))
+        out = torch.empty(n, dtype=torch.int8)
+        K.quantized_add(torch.from_numpy(a), zp1, int(m1), int(s1), torch.from_numpy(b), zp2, int(m2), int(s2),
+                        ozp, int(mo), int(so), amin, amax, out)
+        np.testing.assert_array_equal(out.numpy(), ref)
+
+
+def test_mul(lib: ctypes.CDLL, rng: np.random.Generator) -> None:
+    for _ in range(TRIALS):
+        n = int(rng.integers(1, 300))
+        a, b = _i8(rng, (n,)), _i8(rng, (n,))
+        (mo,), (so,) = _requant_params(rng, 1, -20, 0)
+        zp1, zp2, ozp = (int(x) for x in rng.integers(-128, 128, 3))
+        ref = np.zeros(n, np.int8)
+        lib.shim_mul(_p8(a), _p8(b), n, zp1, zp2, ozp, int(mo), int(so), _p8(ref))
+        out = torch.empty(n, dtype=torch.int8)
+        K.quantized_mul(torch.from_numpy(a), zp1, torch.from_numpy(b), zp2, ozp, int(mo), int(so), out)
+        np.testing.assert_array_equal(out.numpy(), ref)
+
+
+def _conv_case(rng: np.random.Generator, depthwise: bool) -> dict[str, int]:
+    k = [int(x) for x in rng.integers(1, 4, 2)]
+    if rng.random() < 0.3:
+        k = [1, int(rng.integers(1, 5))]  # the 1xN path
+    d = [1, 1] if rng.random() < 0.7 else [int(x) for x in rng.integers(1, 3, 2)]
+    s = [int(x) for x in rng.integers(1, 3, 2)]
+    p = [int(rng.integers(0, k[0])), int(rng.integers(0, k[1]))]
+    h = int(rng.integers(d[0] * (k[0] - 1) + 1, 10))
+    w = int(rng.integers(d[1] * (k[1] - 1) + 1, 10))
+    oh = (h + 2 * p[0] - d[0] * (k[0] - 1) - 1) // s[0] + 1
+    ow = (w + 2 * p[1] - d[1] * (k[1] - 1) - 1) // s[1] + 1
+    return dict(n=int(rng.integers(1, 3)), h=h, w=w, kh=k[0], kw=k[1], sh=s[0], sw=s[1], ph=p[0], pw=p[1],
+                dh=d[0], dw=d[1], oh=oh, ow=ow)
+
+
+def test_conv2d(lib: ctypes.CDLL, rng: np.random.Generator) -> None:
+    for trial in range(TRIALS):
+        g = _conv_case(rng, False)
+        groups = 1 if trial % 3 else 2
+        ki = int(rng.integers(1, 9))
+        c, o = ki * groups, int(rng.integers(1, 5)) * groups
+        x = _i8(rng, (g["n"], g["h"], g["w"], c))
+        wt = _i8(rng, (o, g["kh"], g["kw"], ki))
+        # no bias only ungrouped: arm_convolve_s8 advances a NULL bias pointer per group
+        bias = rng.integers(-5000, 5000, size=o).astype(np.int32) if trial % 4 or groups > 1 else None
+        mult, shift = _requant_params(rng, o, -11, 1)
+        in_off, out_off = int(rng.integers(-127, 129)), int(rng.integers(-128, 128))
+        amin, amax = (-128, 127) if trial % 2 else (0, 100)
+        ref = np.zeros((g["n"], g["oh"], g["ow"], o), np.int8)
+        status = lib.shim_conv(_p8(x), g["n"], g["h"], g["w"], c, _p8(wt), o, g["kh"], g["kw"], ki, _p32(bias),
+                               g["oh"], g["ow"], g["sh"], g["sw"], g["ph"], g["pw"], g["dh"], g["dw"], in_off,
+                               out_off, _p32(mult), _p32(shift), amin, amax, _p8(ref))
+        if status != 0:
+            continue  # a shape CMSIS-NN refuses (e.g. grouped with dilation)
+        out = _out_cl(g["n"], o, g["oh"], g["ow"])
+        K.quantized_conv2d(_nchw_cl(x), torch.from_numpy(wt), None if bias is None else torch.from_numpy(bias),
+                           [g["sh"], g["sw"]], [g["ph"], g["pw"]], [g["dh"], g["dw"]], in_off, out_off,
+                           torch.from_numpy(mult), torch.from_numpy(shift), amin, amax, torch.empty(0), out)
+        np.testing.assert_array_equal(_bytes(out), ref.reshape(-1), err_msg=str(g))
+
+
+def test_depthwise_conv2d(lib: ctypes.CDLL, rng: np.random.Generator) -> None:
+    for trial in range(TRIALS):
+        g = _conv_case(rng, True)
+        if trial % 4 == 0:  # the 3x3 path
+            g.update(kh=3, kw=3, dh=1, dw=1, ph=1, pw=1, h=max(g["h"], 3), w=max(g["w"], 3))
+            g["oh"] = (g["h"] + 2 - 3) // g["sh"] + 1
+            g["ow"] = (g["w"] + 2 - 3) // g["sw"] + 1
+        c = int(rng.integers(1, 12))
+        ch_mult = 1 if trial % 3 else 2
+        co = c * ch_mult
+        x = _i8(rng, (g["n"], g["h"], g["w"], c))
+        wt = _i8(rng, (1, g["kh"], g["kw"], co))
+        bias = rng.integers(-5000, 5000, size=co).astype(np.int32) if trial % 5 else None
+        mult, shift = _requant_params(rng, co, -11, 1)
+        in_off, out_off = int(rng.integers(-127, 129)), int(rng.integers(-128, 128))
+        amin, amax = (-128, 127) if trial % 2 else (-50, 90)
+        ref = np.zeros((g["n"], g["oh"], g["ow"], co), np.int8)
+        status = lib.shim_dw(_p8(x), g["n"], g["h"], g["w"], c, _p8(wt), g["kh"], g["kw"], co, _p32(bias),
+                             g["oh"], g["ow"], g["sh"], g["sw"], g["ph"], g["pw"], g["dh"], g["dw"], ch_mult,
+                             in_off, out_off, _p32(mult), _p32(shift), amin, amax, _p8(ref))
+        assert status == 0
+        out = _out_cl(g["n"], co, g["oh"], g["ow"])
+        K.quantized_depthwise_conv2d(
+            _nchw_cl(x), torch.from_numpy(wt), None if bias is None else torch.from_numpy(bias),
+            [g["sh"], g["sw"]], [g["ph"], g["pw"]], [g["dh"], g["dw"]], ch_mult, in_off, out_off,
+            torch.from_numpy(mult), torch.from_numpy(shift), amin, amax, torch.empty(0), out)
+        np.testing.assert_array_equal(_bytes(out), ref.reshape(-1), err_msg=str(g))
+
+
+def test_linear(lib: ctypes.CDLL, rng: np.random.Generator) -> None:
+    for trial in range(TRIALS):
+        b, k, o = int(rng.integers(1, 4)), int(rng.integers(1, 60)), int(rng.integers(1, 14))
+        x, wt = _i8(rng, (b, k)), _i8(rng, (o, k))
+        bias = rng.integers(-20000, 20000, size=o).astype(np.int32) if trial % 3 else None
+        (mult,), (shift,) = _requant_params(rng, 1, -12, 1)
+        in_off, out_off = int(rng.integers(-127, 129)), int(rng.integers(-128, 128))
+        f_off = 0 if trial % 2 else int(rng.integers(-20, 20))
+        amin, amax = (-128, 127) if trial % 2 else (-10, 120)
+        ref = np.zeros((b, o), np.int8)
+        lib.shim_fc(_p8(x), b, k, _p8(wt), o, _p32(bias), in_off, f_off, out_off, int(mult), int(shift), amin, amax,
+                    _p8(ref))
+        out = torch.empty((b, o), dtype=torch.int8)
+        K.quantized_linear(torch.from_numpy(x), torch.from_numpy(wt), None if bias is None else torch.from_numpy(bias),
+                           None, in_off, f_off, out_off, [int(mult)], [int(shift)], amax, amin, out)
+        np.testing.assert_array_equal(out.numpy(), ref)
+
+
+def _pool_case(rng: np.random.Generator) -> dict[str, int]:
+    kh, kw = (int(x) for x in rng.integers(1, 5, 2))
+    sh, sw = (int(x) for x in rng.integers(1, 4, 2))
+    ph, pw = int(rng.integers(0, (kh + 1) // 2)), int(rng.integers(0, (kw + 1) // 2))
+    h, w = int(rng.integers(kh, 12)), int(rng.integers(kw, 12))
+    return dict(kh=kh, kw=kw, sh=sh, sw=sw, ph=ph, pw=pw, h=h, w=w)
+
+
+def test_avg_pool2d(lib: ctypes.CDLL, rng: np.random.Generator) -> None:
+    for trial in range(TRIALS):
+        g = _pool_case(rng)
+        ceil = bool(trial % 2)
+        oh = K._pool_out(g["h"], g["kh"], g["sh"], g["ph"], ceil)
+        ow = K._pool_out(g["w"], g["kw"], g["sw"], g["pw"], ceil)
+        n, c = int(rng.integers(1, 3)), int(rng.integers(1, 20))
+        x = _i8(rng, (n, g["h"], g["w"], c))
+        ref = np.zeros((n, oh, ow, c), np.int8)
+        status = lib.shim_avgpool(_p8(x), n, g["h"], g["w"], c, oh, ow, g["kh"], g["kw"], g["sh"], g["sw"],
+                                  g["ph"], g["pw"], _p8(ref))
+        assert status == 0
+        out = _out_cl(n, c, oh, ow)
+        K.quantized_avg_pool2d(_nchw_cl(x), [g["kh"], g["kw"]], [g["sh"], g["sw"]], [g["ph"], g["pw"]], ceil,
+                               3, 1 << 30, -2, torch.empty(0), out)
+        np.testing.assert_array_equal(_bytes(out), ref.reshape(-1), err_msg=str(g))
+
+
+def test_avg_pool2d_global_rounds_half_away_from_zero(lib: ctypes.CDLL) -> None:
+    """The resnet8 case: a global 8x8 average whose sums land on x.5 — float round-half-even
+    (ExecuTorch's Python reference) and CMSIS-NN disagree there; these kernels follow the C."""
+    x = np.zeros((1, 8, 8, 4), np.int8)
+    x[0, 0, 0] = [32, -32, 96, -96]  # sums 32, -32, 96, -96 over 64: 0.5, -0.5, 1.5, -1.5
+    ref = np.zeros((1, 1, 1, 4), np.int8)
+    lib.shim_avgpool(_p8(x), 1, 8, 8, 4, 1, 1, 8, 8, 8, 8, 0, 0, _p8(ref))
+    out = _out_cl(1, 4, 1, 1)
+    K.quantized_avg_pool2d(_nchw_cl(x), [8, 8], [8, 8], [0, 0], False, 0, 1 << 30, 0, torch.empty(0), out)
+    assert _bytes(out).tolist() == ref.reshape(-1).tolist() == [1, -1, 2, -2]
+
+
+def test_max_pool2d(lib: ctypes.CDLL, rng: np.random.Generator) -> None:
+    for trial in range(TRIALS):
+        g = _pool_case(rng)
+        oh = K._pool_out(g["h"], g["kh"], g["sh"], g["ph"], False)
+        ow = K._pool_out(g["w"], g["kw"], g["sw"], g["pw"], False)
+        n, c = int(rng.integers(1, 3)), int(rng.integers(1, 20))
+        x = _i8(rng, (n, g["h"], g["w"], c))
+        amin, amax = (-128, 127) if trial % 2 else (-20, 60)
+        ref = np.zeros((n, oh, ow, c), np.int8)
+        lib.shim_maxpool(_p8(x), n, g["h"], g["w"], c, oh, ow, g["kh"], g["kw"], g["sh"], g["sw"], g["ph"], g["pw"],
+                         amin, amax, _p8(ref))
+        out = _out_cl(n, c, oh, ow)
+        K.quantized_max_pool2d(_nchw_cl(x), [g["kh"], g["kw"]], [g["sh"], g["sw"]], [g["ph"], g["pw"]], [1, 1],
+                               False, 5, 5, amin, amax, out)
+        np.testing.assert_array_equal(_bytes(out), ref.reshape(-1), err_msg=str(g))
+
+
+def _softmax_params(scale: float) -> tuple[int, int, int]:
+    """TFLite's PreprocessSoftmaxScaling (beta 1, 5 integer bits) and CalculateInputRadius."""
+    real = min(scale * (1 << 26), (1 << 31) - 1.0)
+    m, e = math.frexp(real)
+    mult = round(m * (1 << 31))
+    if mult == 1 << 31:
+        mult, e = mult // 2, e + 1
+    diff_min = -math.floor(31 * (1 << 26) / (1 << e))
+    return mult, e, diff_min
+
+
+def test_softmax(lib: ctypes.CDLL, rng: np.random.Generator) -> None:
+    for _ in range(TRIALS):
+        rows, row = int(rng.integers(1, 5)), int(rng.integers(1, 40))
+        x = _i8(rng, (rows, row))
+        mult, shift, diff_min = _softmax_params(float(rng.uniform(0.005, 0.6)))
+        ref = np.zeros((rows, row), np.int8)
+        lib.shim_softmax(_p8(x), rows, row, mult, shift, diff_min, _p8(ref))
+        out = torch.empty((rows, row), dtype=torch.int8)
+        K.softmax(torch.from_numpy(x), -1, 0, -128, mult, shift, diff_min, out)
+        np.testing.assert_array_equal(out.numpy(), ref)
+
+
+def test_batch_matmul(lib: ctypes.CDLL, rng: np.random.Generator) -> None:
+    for _ in range(TRIALS):
+        b, m, k, n = (int(x) for x in rng.integers(1, 12, 4))
+        lhs, rhs = _i8(rng, (b, m, k)), _i8(rng, (b, n, k))
+        (mult,), (shift,) = _requant_params(rng, 1, -14, 0)
+        lo, ro, oo = int(rng.integers(-127, 129)), int(rng.integers(-127, 129)), int(rng.integers(-128, 128))
+        ref = np.zeros((b, m, n), np.int8)
+        assert lib.shim_bmm(_p8(lhs), b, m, k, _p8(rhs), n, lo, ro, oo, int(mult), int(shift), _p8(ref)) == 0
+        out = torch.empty((b, m, n), dtype=torch.int8)
+        K.quantized_batch_matmul(torch.from_numpy(lhs), lo, torch.from_numpy(rhs), ro, oo, int(mult), int(shift),
+                                 torch.empty(0), out)
+        np.testing.assert_array_equal(out.numpy(), ref)
+
+
+def test_pad_and_transpose(lib: ctypes.CDLL, rng: np.random.Generator) -> None:
+    for _ in range(TRIALS):
+        n, c, h, w = (int(x) for x in rng.integers(1, 6, 4))
+        x = _i8(rng, (n, h, w, c))
+        pre = rng.integers(0, 3, 4).astype(np.int32)
+        post = rng.integers(0, 3, 4).astype(np.int32)
+        value = int(rng.integers(-128, 128))
+        dims = np.array([n, h, w, c], np.int32)
+        od = dims + pre + post
+        ref = np.zeros(tuple(od), np.int8)
+        assert lib.shim_pad(_p8(x), _p32(dims), _p32(pre), _p32(post), value, _p8(ref)) == 0
+        out = _out_cl(int(od[0]), int(od[3]), int(od[1]), int(od[2]))
+        K.pad(_nchw_cl(x), pre.tolist(), post.tolist(), value, out)
+        np.testing.assert_array_equal(_bytes(out), ref.reshape(-1))
+
+        perm = rng.permutation(4).astype(np.uint32)
+        y = _i8(rng, (n, c, h, w))
+        in_dims = np.array(y.shape, np.int32)
+        out_dims = in_dims[perm.astype(np.int64)].astype(np.int32)
+        ref = np.zeros(tuple(out_dims), np.int8)
+        assert lib.shim_transpose(_p8(y), _p32(in_dims), _p32(out_dims), perm.ctypes.data_as(
+            ctypes.POINTER(ctypes.c_uint32)), 4, _p8(ref)) == 0
+        out = torch.empty(tuple(int(d) for d in out_dims), dtype=torch.int8)
+        K.transpose(torch.from_numpy(y), perm.tolist(), out)
+        np.testing.assert_array_equal(out.numpy(), ref)
+
+
+def test_minimum_maximum(lib: ctypes.CDLL, rng: np.random.Generator) -> None:
+    for trial in range(TRIALS):
+        shape = tuple(int(x) for x in rng.integers(1, 5, 4))
+        other = tuple(1 if rng.random() < 0.4 else s for s in shape)
+        if rng.random() < 0.5:
+            shape, other = other, shape
+        out_shape = tuple(max(x, y) for x, y in zip(shape, other, strict=True))
+        a, b = _i8(rng, shape), _i8(rng, other)
+        ref = np.zeros(out_shape, np.int8)
+        ad, bd, od = (np.array(s, np.int32) for s in (shape, other, out_shape))
+        assert lib.shim_minmax(trial % 2, _p8(a), _p32(ad), _p8(b), _p32(bd), _p8(ref), _p32(od)) == 0
+        out = torch.empty(out_shape, dtype=torch.int8)
+        try:
+            (K.maximum if trial % 2 else K.minimum)(torch.from_numpy(a), torch.from_numpy(b), out)
+        except RuntimeError as exc:  # CMSIS-NN's walk leaves the buffer: the C read garbage
+            assert "outside an input buffer" in str(exc)
+            continue
+        np.testing.assert_array_equal(out.numpy(), ref, err_msg=f"{shape} {other}")
+
+
+def test_quantize_dequantize_div(lib: ctypes.CDLL, rng: np.random.Generator) -> None:
+    for _ in range(TRIALS):
+        n = int(rng.integers(1, 500))
+        scale = float(rng.uniform(1e-3, 0.5))
+        zp = int(rng.integers(-128, 128))
+        x = (rng.standard_normal(n) * 30 * scale).astype(np.float32)
+        x[: n // 4] = (np.round(x[: n // 4] / scale) + 0.5) * scale  # near-ties
+        ref = np.zeros(n, np.int8)
+        lib.shim_quantize(x.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), n, ctypes.c_double(scale), zp, -128,
+                          127, _p8(ref))
+        out = torch.empty(n, dtype=torch.int8)
+        K.quantize_per_tensor(torch.from_numpy(x), scale, zp, -128, 127, torch.int8, out)
+        np.testing.assert_array_equal(out.numpy(), ref)
+
+        q = _i8(rng, (n,))
+        fref = np.zeros(n, np.float32)
+        lib.shim_dequantize(_p8(q), n, ctypes.c_double(scale), zp, fref.ctypes.data_as(ctypes.POINTER(ctypes.c_float)))
+        fout = torch.empty(n, dtype=torch.float32)
+        K.dequantize_per_tensor(torch.from_numpy(q), scale, zp, -128, 127, torch.int8, fout)
+        assert fout.numpy().tobytes() == fref.tobytes()
+
+        a, b = _i8(rng, (n,)), _i8(rng, (n,))
+        zp1, zp2, ozp = (int(v) for v in rng.integers(-128, 128, 3))
+        s = float(rng.uniform(0.5, 40))
+        ref = np.zeros(n, np.int8)
+        lib.shim_div(_p8(a), _p8(b), n, zp1, zp2, ozp, ctypes.c_double(s), _p8(ref))
+        out = torch.empty(n, dtype=torch.int8)
+        K.quantized_div(torch.from_numpy(a), zp1, torch.from_numpy(b), zp2, ozp, s, out)
+        np.testing.assert_array_equal(out.numpy(), ref)
+
+
+def test_transpose_conv2d(lib: ctypes.CDLL, rng: np.random.Generator) -> None:
+    """Proven where CMSIS-NN computes the transposed convolution; with height padding and height
+    stride > 1 it does not (``cortex_m_kernels.NOT_PROVEN``), so those cases are left out."""
+    for _ in range(TRIALS):
+        kh, kw = (int(x) for x in rng.integers(1, 4, 2))
+        sh, sw = (int(x) for x in rng.integers(1, 3, 2))
+        ph, pw = int(rng.integers(0, kh)), int(rng.integers(0, kw))
+        if sh > 1:
+            ph = 0
+        oph, opw = int(rng.integers(0, sh)), int(rng.integers(0, sw))
+        n, h, w = 1, int(rng.integers(2, 7)), int(rng.integers(2, 7))
+        c, o = int(rng.integers(1, 6)), int(rng.integers(1, 6))
+        oh, ow = (h - 1) * sh - 2 * ph + kh + oph, (w - 1) * sw - 2 * pw + kw + opw
+        if oh < 1 or ow < 1:
+            continue
+        x, wt = _i8(rng, (n, h, w, c)), _i8(rng, (o, kh, kw, c))
+        bias = rng.integers(-5000, 5000, size=o).astype(np.int32)
+        mult, shift = _requant_params(rng, o, -11, 0)
+        in_off, out_off = int(rng.integers(-127, 129)), int(rng.integers(-128, 128))
+        out = _out_cl(n, o, oh, ow)
+        args = (_nchw_cl(x), torch.from_numpy(wt), torch.from_numpy(bias), [sh, sw], [ph, pw], [oph, opw], [1, 1],
+                in_off, out_off, torch.from_numpy(mult), torch.from_numpy(shift), -128, 127, torch.empty(0),
+                torch.empty(0), out)
+        if oph > ph or opw > pw:  # CMSIS-NN leaves output past the last kernel tap unwritten
+            with pytest.raises(RuntimeError, match="unwritten"):
+                K.quantized_transpose_conv2d(*args)
+            continue  # (and the C writes past its output buffer there: not called)
+        spare = np.zeros(n * (oh + kh + sh) * (ow + kw + sw) * o + 4096, np.int8)  # CMSIS-NN writes past
+        status = lib.shim_tconv(_p8(x), n, h, w, c, _p8(wt), o, kh, kw, _p32(bias), oh, ow, sh, sw, ph, pw, oph, opw,
+                                in_off, out_off, _p32(mult), _p32(shift), -128, 127, _p8(spare))
+        assert status == 0
+        ref = spare[: n * oh * ow * o]
+        K.quantized_transpose_conv2d(*args)
+        np.testing.assert_array_equal(_bytes(out), ref.reshape(-1), err_msg=f"{(kh, kw, sh, sw, ph, pw, oph, opw)}")
+
+
+class _Residual(torch.nn.Module):
+    """resnet8's tail in small: a residual add and a global average pool (the two cortex_m ops in
+    which ExecuTorch's Python references and the device disagreed)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv0 = torch.nn.Conv2d(3, 16, 3, stride=2, padding=1)  # a 2x2 map: averages of 4 tie often
+        self.conv1 = torch.nn.Conv2d(16, 16, 3, padding=1)
+        self.fc = torch.nn.Linear(16, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(self.conv0(x))
+        x = torch.relu(x + self.conv1(x))
+        return self.fc(torch.nn.functional.adaptive_avg_pool2d(x, 1).flatten(1))
+
+
+def test_program_instructions_equal_cmsis_nn(lib: ctypes.CDLL) -> None:
+    """In a compiled cortex-m33 program, the host interpreter's add and average-pool instructions
+    write what CMSIS-NN's C computes from the same bytes and arguments."""
+    from etforge.core.compiler import compile_model
+    from etforge.core.plugin_manager import registry
+    from etforge.runtime.pte_interpreter import PteInterpreter
+
+    torch.manual_seed(0)
+    calib = [(torch.randn(1, 3, 4, 4),) for _ in range(4)]
+    result = compile_model(_Residual().eval(), calib[0], "cortex-m33", calibration=calib, reg=registry())
+    interp = PteInterpreter(result.pte)
+    seen: set[str] = set()
+    for seed in range(4):
+        trace: list = []
+        x = torch.randn(1, 3, 4, 4, generator=torch.Generator().manual_seed(seed))
+        interp.run((x,), trace=lambda step, read, written, t=trace: t.append((step, read, written)))
+        for step, read, written in trace:
+            out = K.raw(written[0][1]).numpy()
+            ref = np.zeros_like(out)
+            if step.name == "cortex_m::quantized_add.out":
+                a, zp1, m1, s1, b, zp2, m2, s2, ozp, om, os_, amin, amax = read
+                assert a.stride() == b.stride() == written[0][1].stride()
+                lib.shim_add(_p8(K.raw(a).numpy()), _p8(K.raw(b).numpy()), a.numel(), zp1, m1, s1, zp2, m2, s2, ozp,
+                             om, os_, amin, amax, _p8(ref))
+            elif step.name == "cortex_m::quantized_avg_pool2d.out":
+                t, k, s, p = read[:4]
+                n, c, h, w = t.shape
+                oh, ow = written[0][1].shape[2:]
+                assert lib.shim_avgpool(_p8(K.raw(t).numpy()), n, h, w, c, oh, ow, k[0], k[1], s[0], s[1], p[0], p[1],
+                                        _p8(ref)) == 0
+            else:
+                continue
+            seen.add(step.name)
+            np.testing.assert_array_equal(out, ref, err_msg=f"instruction {step.index} {step.name}")
+    assert seen == {"cortex_m::quantized_add.out", "cortex_m::quantized_avg_pool2d.out"}
