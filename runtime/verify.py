@@ -209,7 +209,7 @@ def _per_op(found: list[OpParity]) -> tuple[list[dict[str, Any]], list[dict[str,
 
 
 def rebuild(
-    out: Path, report: dict[str, Any], reg: Registry
+    out: Path, report: dict[str, Any], reg: Registry, parts_out: list[Any] | None = None
 ) -> tuple[ExportedProgram, ExportedProgram, ExportedProgram | None, dict[bytes, Any]]:
     """(lowered host program, float program, quantized program, host stand-ins) from a
     compile's outputs; the stand-ins map each device payload (NPU microcode) to the LiteRT
@@ -222,6 +222,8 @@ def rebuild(
     target = reg.target(report["target"])
     options = {k: tuple(v) if isinstance(v, list) else v for k, v in report["options"].items()}
     edge, _, parts, _ = lower(qep if qep is not None else float_ep, target, options, reg)
+    if parts_out is not None:
+        parts_out.extend(parts)
     for p in parts:
         saved = out / "partitions" / f"{p.name}.tflite"
         if not saved.is_file() or saved.read_bytes() != p.converted.tflite:
@@ -267,6 +269,9 @@ def verify(
             f"{out}: no compiled program here (missing {output.PTE} or {output.REPORT}); run etforge compile first"
         )
     report = output.load_report(report_path)  # corrupt or foreign: named, not a traceback
+    from etforge.runtime import artifact
+
+    hash_notes = artifact.check_hashes(out, report)  # a side file from another compile: named
     check_program_file(out / output.FLOAT_PROGRAM)  # truncated programs: named, not a zip traceback
     if report["quantized"]:
         check_program_file(out / output.QUANTIZED_PROGRAM)
@@ -277,7 +282,13 @@ def verify(
         from etforge.runtime.accuracy import load_labeled
 
         labeled = load_labeled(data, report)  # bad data fails before the long rebuild
-    program, float_ep, qep, stand_ins = rebuild(out, report, registry())
+    parts: list[Any] = []
+    program, float_ep, qep, stand_ins = rebuild(out, report, registry(), parts)
+    byte_failures = artifact.compare_payloads(pte_path, interp.program, {p.name: p.processed for p in parts})
+    byte_failures += [
+        f"{f}: not a partition of the program in {pte_path.name}; remove it or recompile"
+        for f in artifact.stray_partition_files(out, [p.name for p in parts])
+    ]
     edge_outputs: list[list[torch.Tensor]] = []
     with payload.host_stand_ins(stand_ins):
         result, agreement = _run_checks(
@@ -290,6 +301,8 @@ def verify(
             f"NPU partitions {names} are device microcode, which runs on the NPU only: verified "
             "the LiteRT partitions the NPU compiler compiled them from, in their place"
         )
+    result.notes.extend(hash_notes)
+    result.failures[:0] = byte_failures
     if not agreement.ok:
         result.failures.insert(
             0,
