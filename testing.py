@@ -70,11 +70,13 @@ def check_op(
     options: dict[str, Any] | None = None,
     seed: int = 0,
     plugins: Sequence[object] = (),
+    float_check: bool = True,
 ) -> OpCheck:
     """Assert that ``module`` lowers to LiteRT and matches its torch reference.
 
     int8: at most ``max_steps`` output quantization steps from the PT2E quantized
-    reference. float32: ``rtol``/``atol`` against the eager module. With
+    reference. float32: ``rtol``/``atol`` against the eager module; an int8 check also runs
+    the float one (``float_check``): a wrong constant hides inside one int8 step. With
     ``expect_delegated`` every compute node must be on the NPU side. ``plugins``: plugin
     modules to use as if installed (test a plugin before packaging it).
     """
@@ -83,7 +85,7 @@ def check_op(
 
         with extra_plugins(*plugins):
             return check_op(module, example_inputs, target, quantize, max_steps, rtol, atol, calibration,
-                            expect_delegated, options, seed)  # fmt: skip
+                            expect_delegated, options, seed, float_check=float_check)  # fmt: skip
     from etforge.core import pipeline
     from etforge.core.plugin_manager import registry
     from etforge.runtime.host import run_program
@@ -147,6 +149,13 @@ def check_op(
                         f"output {i}: max abs error {float(diff.max()):.3g} beyond rtol={rtol}, atol={atol} "
                         f"with LiteRT's {kernels} kernels; LiteRT ops {ops}"
                     )
+    if quantize and float_check:  # the same converters on float32 tensors
+        try:
+            floats = check_op(module, example, target, False, max_steps, rtol, atol, None, False,
+                              options, seed, float_check=False)  # fmt: skip
+        except OpCheckError as exc:
+            raise OpCheckError(f"float form: {exc}") from None
+        worst_rel = floats.max_rel
     return OpCheck(worst_steps, mean_steps, worst_rel, ops, delegated, refused, outputs, reference)
 
 

@@ -93,6 +93,10 @@ class Verification:
     #: NPU values compared with their device-exact reference, and how many of them were off.
     exact_values: int = 0
     exact_values_off: int = 0
+    #: The float check (``runtime.float_check``): each NPU op of the float-lowered program
+    #: against its float Edge op; worst relative error and the ops checked.
+    float_max_rel: float | None = None
+    float_ops: int = 0
     #: Values the per-op check could not compare (counted, never dropped), and per node why.
     skipped_values: int = 0
     skipped: list[dict[str, Any]] = field(default_factory=list)
@@ -442,6 +446,7 @@ def compare(
         result.op_off_by_one = sum(o["off_by_one"] for o in npu_ops)
         _gate_npu_ops(result, npu_ops)
     _gate_cpu_ops(result, cpu_summary)
+    _float_check(result, float_ep, report, samples, seed)
     need = result.top1_required = min_top1 if min_top1 is not None else top1_required(samples)
     agree, against = (
         (top1_exact, "the quantized reference (exact value)")
@@ -519,3 +524,24 @@ def _gate_cpu_ops(result: Verification, cpu_ops: list[dict[str, Any]]) -> None:
                 f"(> {CPU_OP_MAX_STEPS}; {o['values_off']:,} of {o['values']:,} values off, first at "
                 f"{o['first_off']}): a lowering or kernel error"
             )
+
+
+#: Samples the float check runs (each op's float form is deterministic arithmetic: a few
+#: inputs cover its range; more only cost time).
+FLOAT_CHECK_SAMPLES = 4
+
+
+def _float_check(result: Verification, float_ep: ExportedProgram, report: dict[str, Any], samples: int, seed: int) -> None:
+    """Every NPU converter in float form against the float Edge ops (``runtime.float_check``)."""
+    from etforge.runtime import float_check
+
+    reg = registry()
+    target = reg.target(report["target"])
+    if target.npu is None:
+        return
+    options = {k: tuple(v) if isinstance(v, list) else v for k, v in report["options"].items()}
+    batches = _inputs(report, seed, min(samples, FLOAT_CHECK_SAMPLES))
+    ops = float_check.check_float_program(float_ep, target, options, reg, batches)
+    result.float_ops = len(ops)
+    result.float_max_rel = max((o.rel_error for o in ops), default=None)
+    result.failures.extend(float_check.failures(ops))

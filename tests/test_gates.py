@@ -153,6 +153,29 @@ def test_exact_gate_fails_the_approximate_gelu_swap(gelu_runs: dict[bool, Any]) 
     assert "first at index (" in failure
 
 
+def test_float_check_fails_the_approximate_gelu_swap(gelu_runs: dict[bool, Any]) -> None:
+    """The same converters on float32 tensors: exact GELU within float noise of torch's, the
+    tanh approximation far outside ``FLOAT_REL_TOL``."""
+    from etforge.runtime.float_check import FLOAT_REL_TOL
+
+    exact, approx = gelu_runs[False], gelu_runs[True]
+    assert exact.float_ops > 0 and exact.float_max_rel <= FLOAT_REL_TOL
+    assert approx.float_max_rel > 5 * FLOAT_REL_TOL
+    assert [f for f in approx.failures if re.search(r"NPU op etforge_\d+:gelu\w* in float form", f)], approx.failures
+
+
+def test_check_op_fails_the_approximate_gelu_swap() -> None:
+    """check_op runs int8 (within a step: passes) and float (fails) by default."""
+    from etforge.testing import OpCheckError, check_op
+
+    x = (8 * torch.rand(1, 8, 16, 16, generator=torch.Generator().manual_seed(0)) - 4,)
+    gelu = torch.nn.GELU()
+    check_op(gelu, x, target="imxrt700", plugins=[_gelu_plugin(False)])
+    check_op(gelu, x, target="imxrt700", plugins=[_gelu_plugin(True)], float_check=False)  # int8 alone: passes
+    with pytest.raises(OpCheckError, match="float form"):
+        check_op(gelu, x, target="imxrt700", plugins=[_gelu_plugin(True)])
+
+
 def test_skipped_values_are_counted_and_reported(gelu_runs: dict[bool, Any]) -> None:
     """The flatten before the classifier is kept in channels-last column order on imxrt700cm:
     the per-op check cannot compare it, and says so with the count."""
