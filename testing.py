@@ -93,6 +93,10 @@ def check_op(
 
     reg = registry()
     tgt = reg.target(target)
+    if not quantize:  # the converters on float tensors, whatever dtypes the NPU runs
+        from etforge.runtime.float_check import float_target
+
+        tgt = float_target(tgt)
     example = tuple(example_inputs)
     module = module.eval()
     ep = pipeline.export(module, example)

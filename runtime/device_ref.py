@@ -136,7 +136,11 @@ class Reference:
         """The device-exact int8 value of quantize node ``q``; ``NotExact`` when there is no rule."""
         if not is_quantize(q) or "per_tensor" not in node_op(q):
             raise NotExact("not a per-tensor quantize")
-        out = Out(float(ti.f32(self._num(q.args[1]))), int(self._num(q.args[2])), int(q.args[3]), int(q.args[4]))
+        # The device tensor is int8 with no narrower range: a quantize to [-127, 127] (a
+        # symmetric operand) is [-128, 127] on the device, whose kernels clamp to the type.
+        out = Out(float(ti.f32(self._num(q.args[1]))), int(self._num(q.args[2])), -128, 127)
+        if q.args[5] != torch.int8:
+            raise NotExact(f"quantize to {q.args[5]}")
         src = q.args[0]
         if not isinstance(src, Node):
             raise NotExact("quantizes a constant")
@@ -169,15 +173,23 @@ class Reference:
 
     # -- rules -------------------------------------------------------------------------------
     def _requantize(self, x: Any, out: Out) -> np.ndarray:
-        """int8 -> int8 with other qparams (QUANTIZE, and RELU-family kernels): one MBQM."""
+        """int8 -> int8 with other qparams: the device rescales as MUL by a unit operand
+        (127 at scale 1/127, as etforge lowers a requantize: LiteRT's QUANTIZE kernel sets are
+        not consistent with each other), i.e. (x - zp) * 127 by s_in * (1/127) / s_out."""
         if not isinstance(x, Q) or x.axis is not None:
             raise NotExact("requantize of a non-per-tensor operand")
-        real = float(x.scale) / out.scale
-        return out.zero_point + ti.requantize(x.codes - x.zero_point, real)
+        real = float(x.scale) * float(ti.f32(1 / 127)) / out.scale
+        return out.zero_point + ti.requantize((x.codes - x.zero_point) * 127, real)
+
+    def _relu_requantize(self, x: Any, out: Out) -> np.ndarray:
+        """RELU-family kernels (QuantizedReluX): one MBQM by s_in / s_out."""
+        if not isinstance(x, Q) or x.axis is not None:
+            raise NotExact("activation of a non-per-tensor operand")
+        return out.zero_point + ti.requantize(x.codes - x.zero_point, float(x.scale) / out.scale)
 
     def _activation(self, node: Node, out: Out) -> np.ndarray:
         """A standalone relu / clamp: requantize (QuantizedReluX), clamp at the real bounds."""
-        codes = self._requantize(self.operand(node.args[0]), out)
+        codes = self._relu_requantize(self.operand(node.args[0]), out)
         rlo, rhi = _bounds(node)
         lo = out.qmin if rlo is None else max(out.qmin, ti.quantize_value(rlo, out.scale, out.zero_point))
         hi = out.qmax if rhi is None else min(out.qmax, ti.quantize_value(rhi, out.scale, out.zero_point))

@@ -69,6 +69,18 @@ def float_op_check(lowered: Any, args: Sequence[torch.Tensor]) -> list[FloatOp]:
     return found
 
 
+def float_target(target: Any) -> Any:
+    """``target`` whose NPU side takes float32 too and compiles nothing for the device: the
+    same converters and constraints, run on float tensors (an NPU that runs int8 only, as
+    Neutron, would refuse every float node and leave nothing to check)."""
+    import dataclasses
+
+    if target.npu is None:
+        return target
+    dtypes = tuple(dict.fromkeys((*target.npu.dtypes, "float32")))
+    return dataclasses.replace(target, npu=dataclasses.replace(target.npu, dtypes=dtypes, compiler=None))
+
+
 def check_float_program(
     float_ep: Any, target: Any, options: dict[str, Any] | None, reg: Any, batches: Sequence[tuple[torch.Tensor, ...]]
 ) -> list[FloatOp]:
@@ -77,7 +89,7 @@ def check_float_program(
     from etforge.core.pipeline import lower
     from etforge.runtime.host import run_program
 
-    edge, _, _, _ = lower(float_ep, target, options, reg)
+    edge, _, _, _ = lower(float_ep, float_target(target), options, reg)
     program = edge.exported_program()
     worst: dict[tuple[str, str], FloatOp] = {}
     for batch in batches:
