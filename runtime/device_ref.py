@@ -76,14 +76,19 @@ _MOVES = {
     "aten._to_copy.default", "aten.split_with_sizes_copy.default", "aten.unbind_copy.int",
 }  # fmt: skip
 #: Activations a kernel fuses (clamp of the output codes) and their real bounds.
-_ACTIVATIONS = {"aten.relu.default", "aten.hardtanh.default", "aten.clamp.default"}
+_ACTIVATIONS = {
+    "aten.relu.default", "aten.relu_.default", "aten.hardtanh.default", "aten.hardtanh_.default",
+    "aten.clamp.default", "aten.relu6.default", "aten.relu6_.default",
+}  # fmt: skip
 
 
 def _bounds(node: Node) -> tuple[float | None, float | None]:
     op = node_op(node)
-    if op == "aten.relu.default":
+    if op in ("aten.relu.default", "aten.relu_.default"):
         return 0.0, None
-    if op == "aten.hardtanh.default":
+    if op in ("aten.relu6.default", "aten.relu6_.default"):
+        return 0.0, 6.0
+    if op in ("aten.hardtanh.default", "aten.hardtanh_.default"):
         lo = node.args[1] if len(node.args) > 1 else node.kwargs.get("min_val", -1.0)
         hi = node.args[2] if len(node.args) > 2 else node.kwargs.get("max_val", 1.0)
         return float(lo), float(hi)
@@ -233,6 +238,17 @@ class Reference:
         stride, padding, dilation, transposed, _, groups = node.args[3:9]
         if transposed:
             raise NotExact("transposed convolution")
+        acc = self._accumulate(x, w, lambda a, b: _conv_nd(a, b, stride, padding, dilation, groups))
+        return self._finish(acc, x, w, bias, out, axis=1)
+
+    def _conv2d(self, node: Node, out: Out) -> np.ndarray:
+        """ATen's conv2d / conv1d (the PT2E program's spelling of a convolution)."""
+        x, w = self.operand(node.args[0]), self.operand(node.args[1])
+        bias = self.operand(_arg(node, 2, "bias"))
+        stride, padding = _arg(node, 3, "stride", 1), _arg(node, 4, "padding", 0)
+        dilation, groups = _arg(node, 5, "dilation", 1), _arg(node, 6, "groups", 1)
+        if isinstance(padding, str):
+            raise NotExact("string padding")
         acc = self._accumulate(x, w, lambda a, b: _conv_nd(a, b, stride, padding, dilation, groups))
         return self._finish(acc, x, w, bias, out, axis=1)
 
@@ -431,6 +447,13 @@ _RULES: dict[str, Callable[[Reference, Node, Out], np.ndarray]] = {
     "aten.mean.dim": Reference._mean,
     "aten.sum.dim_IntList": Reference._sum,
     "aten.constant_pad_nd.default": Reference._pad,
+    "aten.conv2d.default": Reference._conv2d,
+    "aten.conv1d.default": Reference._conv2d,
+    "aten.add_.Tensor": Reference._add,
+    "aten.relu_.default": Reference._activation,
+    "aten.relu6.default": Reference._activation,
+    "aten.relu6_.default": Reference._activation,
+    "aten.hardtanh_.default": Reference._activation,
     "aten.relu.default": Reference._activation,
     "aten.hardtanh.default": Reference._activation,
     "aten.clamp.default": Reference._activation,

@@ -24,6 +24,7 @@ from etforge.runtime.host import run_program
 from etforge.runtime.pte_agreement import Agreement, compare_with_edge
 from etforge.runtime.pte_interpreter import PteInterpreter
 from etforge.runtime.reference import run_float64
+from etforge.runtime.simulate import SIM_MAX_STEPS, output_steps, simulate
 from etforge.runtime.stepwise import HostInt8Values, OpParity, op_parity
 
 # The gates. Each is a fixed number, never a figure measured from the model under test (a
@@ -101,6 +102,10 @@ class Verification:
     #: against its float Edge op; worst relative error and the ops checked.
     float_max_rel: float | None = None
     float_ops: int = 0
+    #: The whole program in device arithmetic (``runtime.simulate``): the compiled program's
+    #: worst output distance from it in steps, and the quantize nodes simulated by torch.
+    sim_max_steps: float | None = None
+    sim_not_exact: list[str] = field(default_factory=list)
     #: Values the per-op check could not compare (counted, never dropped), and per node why.
     skipped_values: int = 0
     skipped: list[dict[str, Any]] = field(default_factory=list)
@@ -388,6 +393,7 @@ def compare(
     max_abs_f = 0.0
     ops: list[OpParity] = []
     cpu_ops: list[OpParity] = []
+    sim_worst, sim_not_exact = 0.0, {}
     for batch in _inputs(report, seed, samples):
         calls: list[Any] = []
         values = HostInt8Values()
@@ -395,6 +401,11 @@ def compare(
         if edge_outputs is not None:  # the .pte interpreter is compared with them (``verify``)
             edge_outputs.append(outs)
         ours = outs[0].float()
+        if q_fn is not None and scale:
+            device_outs = outs if kernels == "reference" else run_program(program, batch, "reference")
+            sim = simulate(q_fn, batch)
+            sim_worst = max(sim_worst, output_steps(device_outs[0].float(), sim.outputs[0].float(), scale))
+            sim_not_exact.update(sim.not_exact)
         for lowered, args in calls:
             ops.extend(op_parity(lowered, args))  # always the device's arithmetic
         if q_fn is not None:
@@ -451,6 +462,8 @@ def compare(
         _gate_npu_ops(result, npu_ops)
     _gate_cpu_ops(result, cpu_summary)
     _float_check(result, float_ep, report, samples, seed)
+    if q_fn is not None and scale:
+        _gate_simulation(result, sim_worst, sim_not_exact)
     need = result.top1_required = min_top1 if min_top1 is not None else top1_required(samples)
     agree, against = (
         (top1_exact, "the quantized reference (exact value)")
@@ -549,3 +562,22 @@ def _float_check(result: Verification, float_ep: ExportedProgram, report: dict[s
     result.float_ops = len(ops)
     result.float_max_rel = max((o.rel_error for o in ops), default=None)
     result.failures.extend(float_check.failures(ops))
+
+
+def _gate_simulation(result: Verification, worst: float, not_exact: dict[str, str]) -> None:
+    """The compiled program's output equals the device-arithmetic simulation: exactly when
+    every op is on the NPU and has a device-exact rule, else within ``SIM_MAX_STEPS``."""
+    result.sim_max_steps = worst
+    result.sim_not_exact = sorted(not_exact)
+    exact = not not_exact and result.whole_model_on_npu
+    bound = 0.0 if exact else float(SIM_MAX_STEPS)
+    if worst > bound + 1e-6:
+        why = (
+            "every op has a device-exact rule"
+            if exact
+            else f"{len(not_exact)} quantized values without a device-exact rule or CPU ops in the program"
+        )
+        result.failures.append(
+            f"the output is {worst:.1f} steps from the whole program simulated in the device's arithmetic "
+            f"(> {bound:g}: {why}): the compiled program does not compute the quantized model"
+        )
