@@ -27,6 +27,12 @@ class OpCheck:
     reference: list[torch.Tensor] = field(default_factory=list)
 
 
+#: Absolute tolerance of the float form an int8 ``check_op`` also runs: float32 evaluation
+#: order (a conv + add: ~2e-6 on unit-scale values) stays below it, a wrong constant does not
+#: (tanh-approximate GELU for exact GELU: 5e-4).
+FLOAT_FORM_ATOL = 1e-5
+
+
 class OpCheckError(AssertionError):
     pass
 
@@ -70,11 +76,13 @@ def check_op(
     options: dict[str, Any] | None = None,
     seed: int = 0,
     plugins: Sequence[object] = (),
+    float_check: bool = True,
 ) -> OpCheck:
     """Assert that ``module`` lowers to LiteRT and matches its torch reference.
 
     int8: at most ``max_steps`` output quantization steps from the PT2E quantized
-    reference. float32: ``rtol``/``atol`` against the eager module. With
+    reference. float32: ``rtol``/``atol`` against the eager module; an int8 check also runs
+    the float one (``float_check``): a wrong constant hides inside one int8 step. With
     ``expect_delegated`` every compute node must be on the NPU side. ``plugins``: plugin
     modules to use as if installed (test a plugin before packaging it).
     """
@@ -83,7 +91,7 @@ def check_op(
 
         with extra_plugins(*plugins):
             return check_op(module, example_inputs, target, quantize, max_steps, rtol, atol, calibration,
-                            expect_delegated, options, seed)  # fmt: skip
+                            expect_delegated, options, seed, float_check=float_check)  # fmt: skip
     from etforge.core import pipeline
     from etforge.core.plugin_manager import registry
     from etforge.runtime.host import run_program
@@ -91,6 +99,10 @@ def check_op(
 
     reg = registry()
     tgt = reg.target(target)
+    if not quantize:  # the converters on float tensors, whatever dtypes the NPU runs
+        from etforge.runtime.float_check import float_target
+
+        tgt = float_target(tgt)
     example = tuple(example_inputs)
     module = module.eval()
     ep = pipeline.export(module, example)
@@ -147,6 +159,13 @@ def check_op(
                         f"output {i}: max abs error {float(diff.max()):.3g} beyond rtol={rtol}, atol={atol} "
                         f"with LiteRT's {kernels} kernels; LiteRT ops {ops}"
                     )
+    if quantize and float_check:  # the same converters on float32 tensors
+        try:
+            floats = check_op(module, example, target, False, max_steps, rtol, max(atol, FLOAT_FORM_ATOL), None, False,
+                              options, seed, float_check=False)  # fmt: skip
+        except OpCheckError as exc:
+            raise OpCheckError(f"float form: {exc}") from None
+        worst_rel = floats.max_rel
     return OpCheck(worst_steps, mean_steps, worst_rel, ops, delegated, refused, outputs, reference)
 
 

@@ -146,6 +146,8 @@ class ConversionContext:
         #: Edge quantize node -> (LiteRT tensor, layout) holding its int8 value: lets a host
         #: check compare every op with the reference op fed the same inputs.
         self.int8_values: dict[str, Value] = {}
+        #: float values an op produced (float partitions): verify's float check reads them
+        self.float_values: dict[str, Value] = {}
 
     def input_columns(self, arg: object) -> Value:
         """Like ``input`` in identity layout, but may return a column-reordered flatten."""
@@ -327,6 +329,8 @@ class ConversionContext:
         if q_users:
             self.values[q_users[0]] = v
             self.int8_values[q_users[0].name] = v
+        elif dtype == "float32":
+            self.float_values[node.name] = v
         return v
 
     def alias(self, node: Node, v: Value) -> None:
@@ -655,6 +659,9 @@ def convert_program(
         {k: [v.tensor, list(v.perm)] for k, v in ctx.int8_values.items() if v.columns is None},
         sort_keys=True,
     ).encode()
+    floats = {k: [v.tensor, list(v.perm)] for k, v in ctx.float_values.items() if v.columns is None}
+    if floats:  # float partitions only: int8 partitions' bytes stay as they were
+        ctx.builder.metadata["etforge_float_values"] = json.dumps(floats, sort_keys=True).encode()
     tflite = ctx.builder.finish(ctx.debug_map)
     ops = [ctx.builder.opcodes[o.opcodeIndex].builtinCode for o in ctx.builder.operators]
     names = {v: k for k, v in vars(_schema_ops()).items() if k.isupper()}

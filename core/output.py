@@ -266,6 +266,9 @@ def write_outputs(out: Path, result: CompileResult, report: dict[str, Any], prog
     ):
         if program is not None and programs:
             torch.export.save(program, str(out / name))
+    from etforge.runtime.artifact import record_hashes
+
+    record_hashes(out, report)  # the hash chain verify checks: report.json -> each side file
     (out / REPORT).write_text(json.dumps(report, indent=2, sort_keys=False) + "\n")
     (out / PTE).write_bytes(result.pte)
     kill_point("pte")

@@ -1,4 +1,4 @@
-"""Per-op parity of an NPU partition: each op against the reference op fed the same inputs.
+"""Per-op parity of an NPU partition: each op against its device-exact reference, same inputs.
 
 End to end, a deep int8 network amplifies single-element rounding differences (a value one
 step off in an early layer becomes tens of steps at the output of a random-weight
@@ -6,7 +6,13 @@ MobileNet; the PT2E reference evaluated in float32 and in float64 already disagr
 much). Here the partition's Edge program runs as the reference, but every int8 value the
 LiteRT model also computed is checked against it and then *replaced* by LiteRT's (teacher
 forcing), so each op is measured on exactly the inputs LiteRT gave it: a conversion error
-shows up at the op that has it, rounding noise stays at one step.
+shows up at the op that has it.
+
+The reference of a quantize node is its op computed in the device's integer arithmetic
+(``runtime.device_ref``) from the Edge op and its qparams, and LiteRT runs its reference
+kernels (the device's arithmetic): a correct conversion is then exact, 0 values off. An op
+with no device-exact rule yet is compared with torch's float evaluation (the <= 1 step rule)
+and marked ``device_exact=False``; the torch comparison is kept as a figure for every op.
 """
 
 from __future__ import annotations
@@ -37,14 +43,32 @@ class OpParity:
     #: values of this node the check could not compare, and why (never silently dropped)
     skipped: int = 0
     skip_reason: str = ""
+    #: compared with the device-exact reference (False: with torch, and ``reason`` says why)
+    device_exact: bool = False
+    reason: str = ""
+    #: the first value off: "index (i, j, ...): ours a, reference b"
+    first_off: str = ""
+    #: the same values against torch's float evaluation of the quantized op (a figure)
+    torch_max_steps: int = 0
+    torch_values_off: int = 0
 
 
-def _measure(partition: str, node: str, ours: torch.Tensor, ref: torch.Tensor) -> OpParity:
+def _measure(
+    partition: str, node: str, ours: torch.Tensor, ref: torch.Tensor, **extra: Any
+) -> OpParity:
     off = (ours.to(torch.int32) - ref.to(torch.int32)).abs()
+    first = ""
+    if off.numel() and bool((off > 0).any()):
+        idx = tuple(int(i) for i in torch.nonzero(off > 0)[0])
+        first = f"index {idx}: {int(ours[idx])} vs reference {int(ref[idx])}"
     return OpParity(
         partition, node, int(off.max()) if off.numel() else 0, int((off > 0).sum()), off.numel(),
-        off_by_one=int((off == 1).sum()),
+        off_by_one=int((off == 1).sum()), first_off=first, **extra,
     )  # fmt: skip
+
+
+#: LiteRT kernels that compute as the device does: the per-op check always runs these.
+DEVICE_KERNELS = "reference"
 
 
 def _skipped(partition: str, node: str, ref: torch.Tensor, reason: str) -> OpParity:
@@ -56,8 +80,13 @@ SHAPE_MISMATCH = "LiteRT tensor shape differs from the reference value"
 NOT_RECORDED = "no LiteRT tensor holds it in logical order: a channels-last flatten or an alias"
 
 
-def op_parity(lowered: Any, args: Sequence[torch.Tensor], kernels: str = "default") -> list[OpParity]:
-    """Compare every int8 value of one delegate call with its reference op (teacher-forced)."""
+def op_parity(lowered: Any, args: Sequence[torch.Tensor], kernels: str = DEVICE_KERNELS) -> list[OpParity]:
+    """Compare every int8 value of one delegate call with its reference op (teacher-forced).
+
+    ``kernels``: LiteRT's kernel set; the device-exact references reproduce ``reference``.
+    """
+    from etforge.runtime.device_ref import NotExact, Reference
+
     blob = payload.unpack_for_host(bytes(lowered.processed_bytes))
     if not blob.format.startswith("litert"):
         return []
@@ -66,6 +95,9 @@ def op_parity(lowered: Any, args: Sequence[torch.Tensor], kernels: str = "defaul
     litert_run.set_inputs(it, stored_inputs(blob, args))
     it.invoke()
     found: list[OpParity] = []
+
+    def perm_of(node: torch.fx.Node) -> Any:
+        return values[node.name][1] if node.name in values else None
 
     class Forced(torch.fx.Interpreter):
         def run_node(self, n: torch.fx.Node) -> Any:
@@ -81,12 +113,20 @@ def op_parity(lowered: Any, args: Sequence[torch.Tensor], kernels: str = "defaul
             if tuple(ours.shape) != tuple(ref.shape):
                 found.append(_skipped(blob.partition, src.name, ref, SHAPE_MISMATCH))
                 return ref
-            found.append(_measure(blob.partition, src.name, ours, ref))
+            off = (ours.to(torch.int32) - ref.to(torch.int32)).abs()
+            vs_torch = {"torch_max_steps": int(off.max()) if off.numel() else 0,
+                        "torch_values_off": int((off > 0).sum())}  # fmt: skip
+            try:
+                exact = Reference(lambda a: self.env[a], perm_of)(n)
+            except NotExact as why:
+                found.append(_measure(blob.partition, src.name, ours, ref, reason=str(why), **vs_torch))
+                return ours
+            found.append(_measure(blob.partition, src.name, ours, exact, device_exact=True, **vs_torch))
             return ours
 
     program = lowered.original_module
     with torch.no_grad():
-        Forced(program.graph_module).run(*program_inputs(program, list(args)))
+        Forced(program.graph_module, garbage_collect_values=False).run(*program_inputs(program, list(args)))
     return found
 
 

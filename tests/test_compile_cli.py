@@ -57,7 +57,8 @@ def test_verify_fails_when_outputs_were_tampered_with(compiled: dict[str, Path],
     tflite = next((out / "partitions").glob("*.tflite"))
     tflite.write_bytes(tflite.read_bytes()[:-1] + b"\x01")
     proc = run_cli("verify", str(out))
-    assert proc.returncode == 1 and "does not match the program rebuilt" in proc.stderr
+    # caught first by report.json's hash chain, naming the file
+    assert proc.returncode == 1 and "etforge_0.tflite is not the file its report.json records" in proc.stderr
 
 
 def test_compile_is_deterministic(compiled: dict[str, Path], tmp_path: Path) -> None:

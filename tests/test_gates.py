@@ -126,8 +126,8 @@ def _gelu_op(v: Any) -> dict[str, Any]:
 def test_per_op_gate_names_a_converter_many_steps_off(wrong_relu: Any) -> None:
     v = _compare(_ReluPlusInput(), _relu_calibration(), "imxrt700", wrong_relu, samples=4)
     assert not v.ok
-    failure = next(f for f in v.failures if f.startswith("NPU op") and "steps from the reference op" in f)
-    assert re.search(r"NPU op etforge_\d+:\w*relu\w* is \d+ steps", failure), failure
+    failure = next(f for f in v.failures if f.startswith("NPU op") and "device-exact reference" in f)
+    assert re.search(r"NPU op etforge_\d+:\w*relu\w* has [\d,]+ of [\d,]+ values off .*max \d+ steps", failure)
     # the end-to-end distance is reported; it is a gate only when asked for (fixed S, strict)
     assert v.max_steps_vs_exact > 3
     assert not [f for f in v.failures if f.startswith("max difference")]
@@ -135,23 +135,45 @@ def test_per_op_gate_names_a_converter_many_steps_off(wrong_relu: Any) -> None:
     assert [f for f in asked.failures if f.startswith("max difference") and f.endswith("> 3")]
 
 
-def test_off_by_one_gate_fails_the_approximate_gelu_swap(gelu_runs: dict[bool, Any]) -> None:
-    """tanh-approximate GELU for exact GELU: never more than one step off, so the max-steps
-    rule passes it; the share of values one step off is what gives it away."""
+def test_exact_gate_fails_the_approximate_gelu_swap(gelu_runs: dict[bool, Any]) -> None:
+    """tanh-approximate GELU for exact GELU: never more than one step off torch's op, so a
+    <= 1 step rule passes it; against the device-exact reference (the Edge op's exact GELU in
+    the kernel's table arithmetic) the correct converter is bit-exact and the swap is not."""
     exact, approx = gelu_runs[False], gelu_runs[True]
     right, wrong = _gelu_op(exact), _gelu_op(approx)
     assert right["values"] == wrong["values"] == 8 * 8 * 16 * 16
-    assert right["max_steps"] <= 1 and wrong["max_steps"] == 1
-    # the correct converter: (almost) nothing one step off; the swap: ~0.8% of its values
-    assert right["off_by_one"] <= right["values"] // 1000
-    assert wrong["off_by_one"] > 10 * max(right["off_by_one"], 1)
-    assert wrong["off_by_one"] > 4 * wrong["values"] // 1000
+    assert right["device_exact"] and wrong["device_exact"]
+    assert right["values_off"] == 0 and right["max_steps"] == 0
+    assert wrong["values_off"] > 0 and wrong["max_steps"] == 1
+    assert wrong["torch_max_steps"] <= 1  # what the old gate saw
     assert exact.ok, exact.failures
     assert not approx.ok
-    failure = next(f for f in approx.failures if "one step off" in f)
-    assert re.search(r"NPU op etforge_\d+:\w*gelu\w* has", failure), failure
-    assert f"{wrong['off_by_one']:,} of {wrong['values']:,}" in failure
-    assert not [f for f in approx.failures if "steps from the reference op" in f]  # max-steps rule passes it
+    failure = next(f for f in approx.failures if "device-exact reference" in f)
+    assert re.search(r"NPU op etforge_\d+:\w*gelu\w* has [\d,]+ of 16,384 values off", failure), failure
+    assert "first at index (" in failure
+
+
+def test_float_check_fails_the_approximate_gelu_swap(gelu_runs: dict[bool, Any]) -> None:
+    """The same converters on float32 tensors: exact GELU within float noise of torch's, the
+    tanh approximation far outside ``FLOAT_REL_TOL``."""
+    from etforge.runtime.float_check import FLOAT_REL_TOL
+
+    exact, approx = gelu_runs[False], gelu_runs[True]
+    assert exact.float_ops > 0 and exact.float_max_rel <= FLOAT_REL_TOL
+    assert approx.float_max_rel > 5 * FLOAT_REL_TOL
+    assert [f for f in approx.failures if re.search(r"NPU op etforge_\d+:\w*gelu\w* in float form", f)], approx.failures
+
+
+def test_check_op_fails_the_approximate_gelu_swap() -> None:
+    """check_op runs int8 (within a step: passes) and float (fails) by default."""
+    from etforge.testing import OpCheckError, check_op
+
+    x = (8 * torch.rand(1, 8, 16, 16, generator=torch.Generator().manual_seed(0)) - 4,)
+    gelu = torch.nn.GELU()
+    check_op(gelu, x, target="imxrt700", plugins=[_gelu_plugin(False)])
+    check_op(gelu, x, target="imxrt700", plugins=[_gelu_plugin(True)], float_check=False)  # int8 alone: passes
+    with pytest.raises(OpCheckError, match="float form"):
+        check_op(gelu, x, target="imxrt700", plugins=[_gelu_plugin(True)])
 
 
 def test_skipped_values_are_counted_and_reported(gelu_runs: dict[bool, Any]) -> None:

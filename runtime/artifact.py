@@ -1,0 +1,113 @@
+"""Every byte of a compile's output is the compiled one.
+
+``verify`` rebuilds the lowered program from ``quantized.pt2`` and runs that; this module
+checks that what it ran is what the output holds:
+
+* a hash chain: ``report.json`` records the sha256 of ``model.pte`` and of each side file
+  (``float.pt2``, ``quantized.pt2``, ``partitions/*``) — a file from another compile, or
+  changed after it, is named;
+* every delegate payload inside ``model.pte`` equals, byte for byte, the payload the rebuild
+  produced for its partition (a flipped weight bit inside the NPU payload is found even when
+  ``report.json``'s own hash was updated to match);
+* ``partitions/`` holds only files of this program's partitions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from etforge.core import output
+from etforge.core.errors import EtforgeError
+
+#: report.json key: relative path -> sha256 of each side file (``model.pte`` is ``pte_sha256``).
+FILES_KEY = "files_sha256"
+
+
+def side_files(out: Path) -> list[str]:
+    """The side files a compile wrote into ``out`` (relative paths, sorted)."""
+    names = [n for n in (output.FLOAT_PROGRAM, output.QUANTIZED_PROGRAM) if (out / n).is_file()]
+    parts = out / output.PARTITIONS
+    if parts.is_dir():
+        names += [f"{output.PARTITIONS}/{p.name}" for p in sorted(parts.iterdir()) if p.is_file()]
+    return sorted(names)
+
+
+def record_hashes(out: Path, report: dict[str, Any]) -> None:
+    """Add the side files' sha256 to ``report`` (call once they are written, before report.json)."""
+    report[FILES_KEY] = {name: _sha256(out / name) for name in side_files(out)}
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def check_hashes(out: Path, report: dict[str, Any]) -> list[str]:
+    """Side files against report.json's hashes; raises naming the first that does not belong.
+
+    Returns notes (a report from before the hash chain: nothing to check against)."""
+    recorded = report.get(FILES_KEY)
+    if recorded is None:
+        return [f"{out / output.REPORT} records no side-file hashes (an older compile): side files not hash-checked"]
+    for name, digest in sorted(recorded.items()):
+        path = out / name
+        if not path.is_file():
+            raise EtforgeError(f"{path}: missing (report.json records it); recompile {out}")
+        actual = _sha256(path)
+        if actual != digest:
+            raise EtforgeError(
+                f"{path} is not the file its report.json records (sha256 {actual[:12]}… != {digest[:12]}…): "
+                f"from another compile or modified; recompile {out}"
+            )
+    return []
+
+
+def stray_partition_files(out: Path, partition_names: Sequence[str]) -> list[str]:
+    """Files in ``partitions/`` that belong to no partition of the program."""
+    parts = out / output.PARTITIONS
+    if not parts.is_dir():
+        return []
+    own = set()
+    for name in partition_names:
+        own |= {f"{name}.tflite", f"{name}_kernel_selection.c"}
+    return [str(p) for p in sorted(parts.iterdir()) if p.name not in own]
+
+
+def compare_payloads(pte_path: Path, program: Any, rebuilt: dict[str, bytes]) -> list[str]:
+    """Each delegate payload in ``model.pte`` (``program``: its deserialized form) against the
+    rebuilt one of its partition. ``rebuilt``: partition name -> processed bytes. Returns
+    failures, one line each."""
+    from etforge.core import payload
+
+    found = [bytes(d.data) for d in program.backend_delegate_data]
+    failures = []
+    wanted = dict(rebuilt)
+    by_bytes = {v: k for k, v in rebuilt.items()}
+    for i, raw in enumerate(found):
+        name = by_bytes.get(raw)
+        if name is not None:
+            wanted.pop(name, None)
+            continue
+        try:
+            name = payload.unpack(raw).partition
+        except Exception:  # not etforge's framing: name it by index
+            name = None
+        ref = rebuilt.get(name) if name is not None else None
+        if ref is None:
+            failures.append(f"{pte_path}: delegate payload {i} is not the payload of any partition rebuilt from {output.QUANTIZED_PROGRAM}")
+            continue
+        wanted.pop(name, None)
+        at = next((k for k, (a, b) in enumerate(zip(raw, ref, strict=False)) if a != b), min(len(raw), len(ref)))
+        failures.append(
+            f"{pte_path}: delegate payload {i} (partition {name}) differs from the rebuilt partition at byte "
+            f"{at:,} of {len(ref):,}: the program's NPU bytes are not the compiled ones; recompile"
+        )
+    for name in sorted(wanted):
+        failures.append(f"{pte_path}: holds no payload of partition {name}")
+    return failures

@@ -1,0 +1,461 @@
+"""Device-exact references: a quantized Edge op computed in the device's integer arithmetic.
+
+An NPU partition's Edge program holds each op between its dequantize and quantize nodes
+(``dq -> op [-> relu/clamp] -> q``). Torch evaluates that in float and rounds half to even;
+the device kernels (TFLite's reference kernels, which TFLite Micro and the NPU compiler
+follow) accumulate in int32, requantize with a fixed-point multiplier and shift, and round
+halves away from zero in MEAN and AVERAGE_POOL_2D. ``reference(q)`` computes the int8 value of
+quantize node ``q`` from the *Edge op* — its semantics, its constants and the qparams of its
+dequantize / quantize nodes — in that arithmetic (``runtime.tflite_int``), never from the
+converted LiteRT op, so a wrong conversion (constant, axis, epsilon, scale) differs from it.
+
+The stored layout is a device fact the Edge op does not carry: where a kernel's path depends
+on it (MEAN over NHWC H, W), the LiteRT tensor's dim order is passed in. An op with no rule
+here returns ``None`` and a reason; ``runtime.stepwise`` keeps the <= 1 step rule for it and
+lists it (the goal is an empty list). Each rule is proved against LiteRT's reference kernel
+interpreter bit for bit in ``tests/test_device_ref.py``.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch.fx import Node
+
+from etforge.core.graph_utils import is_dequantize, is_quantize, node_op
+from etforge.runtime import tflite_int as ti
+
+
+@dataclass
+class Q:
+    """An int8/int32 operand: integer codes and their (float32-stored) qparams."""
+
+    codes: np.ndarray
+    scale: np.ndarray  # scalar array, or per-channel along ``axis``
+    zero_point: np.ndarray
+    axis: int | None = None
+
+    def channel(self, rank: int, axis: int) -> tuple[np.ndarray, np.ndarray]:
+        """scale, zero point shaped to broadcast along ``axis`` of a rank-``rank`` tensor."""
+        if self.axis is None:
+            return self.scale, self.zero_point
+        shape = [1] * rank
+        shape[axis] = -1
+        return self.scale.reshape(shape), self.zero_point.reshape(shape)
+
+
+@dataclass
+class Out:
+    scale: float
+    zero_point: int
+    qmin: int
+    qmax: int
+
+
+class NotExact(Exception):
+    """The op (or this use of it) has no device-exact rule yet: the reason says why."""
+
+
+#: Ops that move or select values without arithmetic: with every input on the output's grid
+#: the device copies codes, so the op applied to the codes is exact.
+_MOVES = {
+    "aten.view_copy.default", "aten.view.default", "aten._unsafe_view.default", "aten.reshape.default",
+    "aten.permute_copy.default", "aten.permute.default", "aten.transpose_copy.int", "aten.transpose.int",
+    "aten.t_copy.default", "aten.t.default", "aten.squeeze_copy.dims", "aten.squeeze_copy.dim",
+    "aten.squeeze.dim", "aten.squeeze.dims", "aten.unsqueeze_copy.default", "aten.unsqueeze.default",
+    "aten.expand_copy.default", "aten.expand.default", "aten.clone.default", "aten.slice_copy.Tensor",
+    "aten.slice.Tensor", "aten.select_copy.int", "aten.select.int", "aten.cat.default",
+    "aten.max_pool2d.default", "aten.max_pool2d_with_indices.default", "aten.upsample_nearest2d.vec",
+    "aten.upsample_nearest2d.default", "aten.pixel_shuffle.default", "aten.pixel_unshuffle.default",
+    "aten.flatten.using_ints", "aten.maximum.default", "aten.minimum.default", "aten.alias_copy.default",
+    "aten._to_copy.default", "aten.split_with_sizes_copy.default", "aten.unbind_copy.int",
+}  # fmt: skip
+#: Activations a kernel fuses (clamp of the output codes) and their real bounds.
+_ACTIVATIONS = {
+    "aten.relu.default", "aten.relu_.default", "aten.hardtanh.default", "aten.hardtanh_.default",
+    "aten.clamp.default", "aten.relu6.default", "aten.relu6_.default",
+}  # fmt: skip
+
+
+def _bounds(node: Node) -> tuple[float | None, float | None]:
+    op = node_op(node)
+    if op in ("aten.relu.default", "aten.relu_.default"):
+        return 0.0, None
+    if op in ("aten.relu6.default", "aten.relu6_.default"):
+        return 0.0, 6.0
+    if op in ("aten.hardtanh.default", "aten.hardtanh_.default"):
+        lo = node.args[1] if len(node.args) > 1 else node.kwargs.get("min_val", -1.0)
+        hi = node.args[2] if len(node.args) > 2 else node.kwargs.get("max_val", 1.0)
+        return float(lo), float(hi)
+    lo = node.args[1] if len(node.args) > 1 else node.kwargs.get("min")
+    hi = node.args[2] if len(node.args) > 2 else node.kwargs.get("max")
+    return (None if lo is None else float(lo)), (None if hi is None else float(hi))
+
+
+def _arg(node: Node, i: int, name: str, default: Any = None) -> Any:
+    if len(node.args) > i:
+        return node.args[i]
+    return node.kwargs.get(name, default)
+
+
+class Reference:
+    """Device-exact values of an Edge program's quantize nodes.
+
+    ``value(node)``: a node's runtime value (the interpreter's environment: int8 inputs are
+    the values the device computed, i.e. teacher-forced, or the simulation's own);
+    ``perm(node)``: the dim order the device stores ``node``'s int8 value in (None: logical).
+    """
+
+    def __init__(self, value: Callable[[Node], Any], perm: Callable[[Node], Any] | None = None) -> None:
+        self.value, self.perm = value, perm or (lambda n: None)
+
+    # -- operands ----------------------------------------------------------------------------
+    def _num(self, x: Any) -> np.ndarray:
+        v = self.value(x) if isinstance(x, Node) else x
+        if isinstance(v, torch.Tensor):
+            v = v.detach().double().numpy()
+        return np.asarray(v, np.float64)
+
+    def operand(self, a: Any) -> Q | np.ndarray | Any:
+        """A dequantize node's integer operand; a float constant as float64; others as is."""
+        if isinstance(a, Node) and is_dequantize(a):
+            codes = self.value(a.args[0])
+            codes = codes.detach().to(torch.int64).numpy() if isinstance(codes, torch.Tensor) else codes
+            per_channel = "per_channel" in node_op(a)
+            scale, zp = ti.f32(self._num(a.args[1])), self._num(a.args[2]).astype(np.int64)
+            return Q(np.asarray(codes, np.int64), scale, zp, int(a.args[3]) if per_channel else None)
+        if isinstance(a, Node):
+            v = self.value(a)
+            if isinstance(v, torch.Tensor) and v.is_floating_point():
+                return v.detach().double().numpy()
+            return v
+        return a
+
+    # -- the entry point ---------------------------------------------------------------------
+    def __call__(self, q: Node) -> torch.Tensor:
+        """The device-exact int8 value of quantize node ``q``; ``NotExact`` when there is no rule."""
+        if not is_quantize(q) or "per_tensor" not in node_op(q):
+            raise NotExact("not a per-tensor quantize")
+        # The device tensor is int8 with no narrower range: a quantize to [-127, 127] (a
+        # symmetric operand) is [-128, 127] on the device, whose kernels clamp to the type.
+        out = Out(float(ti.f32(self._num(q.args[1]))), int(self._num(q.args[2])), -128, 127)
+        if q.args[5] != torch.int8:
+            raise NotExact(f"quantize to {q.args[5]}")
+        src = q.args[0]
+        if not isinstance(src, Node):
+            raise NotExact("quantizes a constant")
+        acts: list[Node] = []
+        while node_op(src) in _ACTIVATIONS and isinstance(src.args[0], Node) and not is_dequantize(src.args[0]):
+            acts.append(src)
+            src = src.args[0]
+        lo, hi = out.qmin, out.qmax
+        for a in acts:  # fused activations: a clamp of the output codes (CalculateActivationRange)
+            rlo, rhi = _bounds(a)
+            if rlo is not None:
+                lo = max(lo, ti.quantize_value(rlo, out.scale, out.zero_point))
+            if rhi is not None:
+                hi = min(hi, ti.quantize_value(rhi, out.scale, out.zero_point))
+        codes = self.compute(src, out)
+        return torch.from_numpy(np.clip(codes, lo, hi).astype(np.int8))
+
+    def compute(self, node: Node, out: Out) -> np.ndarray:
+        if is_dequantize(node):
+            return self._requantize(self.operand(node), out)
+        if node.target is operator.getitem and node.args[1] == 0 and isinstance(node.args[0], Node):
+            node = node.args[0]  # max_pool2d_with_indices' values
+        op = node_op(node)
+        rule = _RULES.get(op)
+        if rule is not None:
+            return rule(self, node, out)
+        if op in _MOVES:
+            return self._move(node, out)
+        raise NotExact(f"no device-exact rule for {op}")
+
+    # -- rules -------------------------------------------------------------------------------
+    def _requantize(self, x: Any, out: Out) -> np.ndarray:
+        """int8 -> int8 with other qparams: the device rescales as MUL by a unit operand
+        (127 at scale 1/127, as etforge lowers a requantize: LiteRT's QUANTIZE kernel sets are
+        not consistent with each other), i.e. (x - zp) * 127 by s_in * (1/127) / s_out."""
+        if not isinstance(x, Q) or x.axis is not None:
+            raise NotExact("requantize of a non-per-tensor operand")
+        real = float(x.scale) * float(ti.f32(1 / 127)) / out.scale
+        return out.zero_point + ti.requantize((x.codes - x.zero_point) * 127, real)
+
+    def _relu_requantize(self, x: Any, out: Out) -> np.ndarray:
+        """RELU-family kernels (QuantizedReluX): one MBQM by s_in / s_out."""
+        if not isinstance(x, Q) or x.axis is not None:
+            raise NotExact("activation of a non-per-tensor operand")
+        return out.zero_point + ti.requantize(x.codes - x.zero_point, float(x.scale) / out.scale)
+
+    def _activation(self, node: Node, out: Out) -> np.ndarray:
+        """A standalone relu / clamp: requantize (QuantizedReluX), clamp at the real bounds."""
+        codes = self._relu_requantize(self.operand(node.args[0]), out)
+        rlo, rhi = _bounds(node)
+        lo = out.qmin if rlo is None else max(out.qmin, ti.quantize_value(rlo, out.scale, out.zero_point))
+        hi = out.qmax if rhi is None else min(out.qmax, ti.quantize_value(rhi, out.scale, out.zero_point))
+        return np.clip(codes, lo, hi)
+
+    def _move(self, node: Node, out: Out) -> np.ndarray:
+        """Copy/select ops: the op on the codes, when every input is on the output's grid."""
+        def codes(a: Any) -> Any:
+            if isinstance(a, (list, tuple)):
+                return type(a)(codes(x) for x in a)
+            if not isinstance(a, Node):
+                return a
+            x = self.operand(a)
+            if not isinstance(x, Q):
+                raise NotExact(f"{node_op(node)}: an operand is not an int8 value")
+            if x.axis is not None or float(x.scale) != out.scale or int(x.zero_point) != out.zero_point:
+                raise NotExact(f"{node_op(node)}: an input's qparams differ from the output's")
+            return torch.from_numpy(x.codes.astype(np.float64))
+
+        args = codes(list(node.args))
+        kwargs = {k: codes(v) for k, v in node.kwargs.items()}
+        with torch.no_grad():
+            res = node.target(*args, **kwargs)
+        if isinstance(res, (tuple, list)):
+            res = res[0]
+        return res.round().to(torch.int64).numpy()
+
+    def _pad(self, node: Node, out: Out) -> np.ndarray:
+        x = self.operand(node.args[0])
+        if not isinstance(x, Q) or float(x.scale) != out.scale or int(x.zero_point) != out.zero_point:
+            raise NotExact("pad: input qparams differ from the output's")
+        value = float(_arg(node, 2, "value", 0.0))
+        fill = int(np.clip(ti.quantize_value(value, out.scale, out.zero_point), out.qmin, out.qmax))
+        res = torch.nn.functional.pad(torch.from_numpy(x.codes), list(node.args[1]), value=fill)
+        return res.numpy()
+
+    def _conv(self, node: Node, out: Out) -> np.ndarray:
+        """CONV_2D / DEPTHWISE_CONV_2D (ConvPerChannel): int32 sums, bias, per-channel MBQM."""
+        x, w = self.operand(node.args[0]), self.operand(node.args[1])
+        bias = self.operand(node.args[2]) if len(node.args) > 2 else None
+        stride, padding, dilation, transposed, _, groups = node.args[3:9]
+        if transposed:
+            raise NotExact("transposed convolution")
+        acc = self._accumulate(x, w, lambda a, b: _conv_nd(a, b, stride, padding, dilation, groups))
+        return self._finish(acc, x, w, bias, out, axis=1)
+
+    def _conv2d(self, node: Node, out: Out) -> np.ndarray:
+        """ATen's conv2d / conv1d (the PT2E program's spelling of a convolution)."""
+        x, w = self.operand(node.args[0]), self.operand(node.args[1])
+        bias = self.operand(_arg(node, 2, "bias"))
+        stride, padding = _arg(node, 3, "stride", 1), _arg(node, 4, "padding", 0)
+        dilation, groups = _arg(node, 5, "dilation", 1), _arg(node, 6, "groups", 1)
+        if isinstance(padding, str):
+            raise NotExact("string padding")
+        acc = self._accumulate(x, w, lambda a, b: _conv_nd(a, b, stride, padding, dilation, groups))
+        return self._finish(acc, x, w, bias, out, axis=1)
+
+    def _linear(self, node: Node, out: Out) -> np.ndarray:
+        """FULLY_CONNECTED: int32 sums, bias, MBQM (per-tensor or per-channel)."""
+        x, w = self.operand(node.args[0]), self.operand(node.args[1])
+        bias = self.operand(node.args[2]) if len(node.args) > 2 else None
+        acc = self._accumulate(x, w, lambda a, b: a @ b.T)
+        return self._finish(acc, x, w, bias, out, axis=-1)
+
+    def _accumulate(self, x: Any, w: Any, fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> np.ndarray:
+        if not isinstance(x, Q) or not isinstance(w, Q) or x.axis is not None:
+            raise NotExact("float weights or a per-channel input")
+        if np.any(w.zero_point != 0):
+            raise NotExact("asymmetric weights")
+        a = torch.from_numpy((x.codes - x.zero_point).astype(np.float64))
+        b = torch.from_numpy(w.codes.astype(np.float64))
+        with torch.no_grad():
+            return fn(a, b).round().to(torch.int64).numpy()  # float64 holds these sums exactly
+
+    def _finish(self, acc: np.ndarray, x: Q, w: Q, bias: Any, out: Out, axis: int) -> np.ndarray:
+        channels = acc.shape[axis]
+        w_scale = np.broadcast_to(w.scale.reshape(-1), (channels,))
+        acc_scale = float(x.scale) * w_scale  # float32 scales multiplied in double, as Prepare does
+        shape = [1] * acc.ndim
+        shape[axis] = channels
+        if isinstance(bias, Q):
+            got = np.broadcast_to(bias.scale.reshape(-1), (channels,))
+            b = bias.codes.reshape(-1).astype(np.int64)
+            if not np.allclose(got, acc_scale, rtol=1e-5):  # a bias on other scales is requantized
+                b = np.round(b * got / acc_scale).astype(np.int64)
+            acc = acc + b.reshape(shape)
+        elif bias is not None and not (isinstance(bias, float) and bias == 0.0):
+            if not isinstance(bias, np.ndarray):
+                raise NotExact("bias is neither quantized nor a constant")
+            acc = acc + np.round(bias.reshape(-1) / acc_scale).astype(np.int64).reshape(shape)
+        real = (acc_scale / out.scale).reshape(shape)
+        if axis == -1:  # LiteRT's FULLY_CONNECTED requantizes with one rounding (proved in tests)
+            m, sh = ti.multipliers(real)
+            return out.zero_point + ti.multiply_by_quantized_multiplier_single(acc, m, sh)
+        return out.zero_point + ti.requantize(acc, real)
+
+    def _binary(self, node: Node) -> tuple[Q, Q]:
+        a, b = self.operand(node.args[0]), self.operand(node.args[1])
+        qs = []
+        for v in (a, b):
+            if isinstance(v, np.ndarray):  # a float constant meeting int8: symmetric, own scale
+                scale = float(ti.f32(float(np.abs(v).max()) / 127.0 or 1.0))
+                v = Q(np.clip(np.round(v / scale), -127, 127).astype(np.int64), np.float64(scale), np.int64(0))
+            if not isinstance(v, Q) or v.axis is not None:
+                raise NotExact(f"{node_op(node)}: an operand is not a per-tensor int8 value")
+            qs.append(v)
+        return qs[0], qs[1]
+
+    def _add(self, node: Node, out: Out, sign: int = 1) -> np.ndarray:
+        """ADD / SUB (AddElementwise): both inputs to a common scale with left shift 20."""
+        if len(node.args) > 2 or node.kwargs.get("alpha", 1) != 1:
+            raise NotExact("alpha != 1")
+        a, b = self._binary(node)
+        twice_max = 2.0 * max(float(a.scale), float(b.scale))
+        left = 20
+        m1, m2 = float(a.scale) / twice_max, float(b.scale) / twice_max
+        mo = twice_max / ((1 << left) * out.scale)
+        s1 = ti.requantize((a.codes - a.zero_point) * (1 << left), m1)
+        s2 = ti.requantize((b.codes - b.zero_point) * (1 << left), m2)
+        return out.zero_point + ti.requantize(s1 + sign * s2, mo)
+
+    def _sub(self, node: Node, out: Out) -> np.ndarray:
+        return self._add(node, out, -1)
+
+    def _mul(self, node: Node, out: Out) -> np.ndarray:
+        """MUL: the product of offset inputs, one MBQM by s1 * s2 / s_out."""
+        a, b = self._binary(node)
+        real = float(a.scale) * float(b.scale) / out.scale
+        return out.zero_point + ti.requantize((a.codes - a.zero_point) * (b.codes - b.zero_point), real)
+
+    def _avg_pool(self, node: Node, out: Out) -> np.ndarray:
+        """AVERAGE_POOL_2D: sum of codes / count, halves away from zero; padding as the
+        Edge op counts it (count_include_pad: padded with the zero point)."""
+        x = self._shared(node, out)
+        kernel = _pair(node.args[1])
+        stride = _pair(_arg(node, 2, "stride", None) or kernel)
+        padding = _pair(_arg(node, 3, "padding", 0))
+        ceil_mode = bool(_arg(node, 4, "ceil_mode", False))
+        include = bool(_arg(node, 5, "count_include_pad", True))
+        if _arg(node, 6, "divisor_override", None) is not None:
+            raise NotExact("divisor_override")
+        t = torch.from_numpy(x.codes.astype(np.float64))
+        if include and any(padding):
+            p = [padding[1], padding[1], padding[0], padding[0]]
+            t = torch.nn.functional.pad(t, p, value=float(x.zero_point))
+            ones = torch.nn.functional.pad(torch.ones_like(t[..., padding[0]:t.shape[-2] - padding[0], padding[1]:t.shape[-1] - padding[1]]), p, value=1.0)  # fmt: skip
+            padding = (0, 0)
+        else:
+            ones = torch.ones_like(t)
+        pool = dict(kernel_size=kernel, stride=stride, padding=padding, ceil_mode=ceil_mode, divisor_override=1)
+        sums = torch.nn.functional.avg_pool2d(t, **pool)  # type: ignore[arg-type]
+        counts = torch.nn.functional.avg_pool2d(ones, **pool)  # type: ignore[arg-type]
+        return ti.divide_round_away(sums.round().long().numpy(), counts.round().long().numpy())
+
+    def _adaptive_avg(self, node: Node, out: Out) -> np.ndarray:
+        x = self._shared(node, out)
+        h, w = x.codes.shape[-2:]
+        oh, ow = _pair(node.args[1])
+        if (oh, ow) == (1, 1):
+            return self._mean_codes(x, out, (2, 3), True, node.args[0])
+        if h % oh or w % ow:
+            raise NotExact("adaptive pool with uneven windows")
+        kernel = (h // oh, w // ow)
+        t = torch.from_numpy(x.codes.astype(np.float64))
+        sums = torch.nn.functional.avg_pool2d(t, kernel, kernel, divisor_override=1)
+        return ti.divide_round_away(sums.round().long().numpy(), kernel[0] * kernel[1])
+
+    def _mean(self, node: Node, out: Out) -> np.ndarray:
+        x = self.operand(node.args[0])
+        if not isinstance(x, Q) or x.axis is not None:
+            raise NotExact("mean of a non-per-tensor operand")
+        rank = x.codes.ndim
+        dims = tuple(sorted({int(d) % rank for d in (_arg(node, 1, "dim") or range(rank))}))
+        keep = bool(_arg(node, 2, "keepdim", False))
+        return self._mean_codes(x, out, dims, keep, node.args[0])
+
+    def _sum(self, node: Node, out: Out) -> np.ndarray:
+        """SUM is computed by the device as a MEAN quantized at s_out / count."""
+        x = self.operand(node.args[0])
+        if not isinstance(x, Q) or x.axis is not None:
+            raise NotExact("sum of a non-per-tensor operand")
+        rank = x.codes.ndim
+        dims = tuple(sorted({int(d) % rank for d in (_arg(node, 1, "dim") or range(rank))}))
+        count = int(np.prod([x.codes.shape[d] for d in dims]))
+        mean_out = Out(float(ti.f32(out.scale / count)), out.zero_point, out.qmin, out.qmax)
+        return self._mean_codes(x, mean_out, dims, bool(_arg(node, 2, "keepdim", False)), node.args[0])
+
+    def _mean_codes(self, x: Q, out: Out, dims: tuple[int, ...], keep: bool, src: Any) -> np.ndarray:
+        """MEAN (reduce.h QuantizedMeanOrSum): the sum of the offset codes, one MBQM whose
+        multiplier s_in / s_out has 1/n folded in as an integer division of the Q31 value
+        (``shift`` bits of headroom); its two roundings put halves away from zero."""
+        count = int(np.prod([x.codes.shape[d] for d in dims]))
+        acc = (x.codes - int(x.zero_point)).sum(axis=dims, keepdims=keep)
+        multiplier, shift = ti.quantize_multiplier(float(x.scale) / out.scale)
+        headroom = min(count.bit_length() - 1, 32, 31 + shift)
+        multiplier = (multiplier << headroom) // count
+        return ti.multiply_by_quantized_multiplier(acc, multiplier, shift - headroom) + out.zero_point
+
+    def _gelu(self, node: Node, out: Out) -> np.ndarray:
+        """GELU (gelu.cc): a 256-entry table filled in float32 (LUTPopulate), exact or tanh
+        as the Edge op's ``approximate`` says."""
+        x = self.operand(node.args[0])
+        if not isinstance(x, Q) or x.axis is not None:
+            raise NotExact("gelu of a non-per-tensor operand")
+        approximate = _arg(node, 1, "approximate", "none")
+        v = torch.arange(-128, 128, dtype=torch.float32)
+        deq = torch.tensor(np.float32(x.scale), dtype=torch.float32) * (v - float(x.zero_point))
+        if approximate == "tanh":
+            k = float(np.float32(np.sqrt(2.0 / np.pi)))
+            y = 0.5 * deq * (1.0 + torch.tanh(k * (deq + 0.044715 * deq * deq * deq)))
+        else:
+            y = 0.5 * deq * (1.0 + torch.erf(deq * float(np.float32(np.sqrt(0.5)))))
+        inv = np.float32(1.0) / np.float32(out.scale)
+        table = ti.round_away((y.numpy() * inv).astype(np.float32)) + out.zero_point
+        table = np.clip(table, out.qmin, out.qmax).astype(np.int64)
+        return table[x.codes + 128]
+
+    def _shared(self, node: Node, out: Out) -> Q:
+        x = self.operand(node.args[0])
+        if not isinstance(x, Q) or x.axis is not None:
+            raise NotExact(f"{node_op(node)} of a non-per-tensor operand")
+        if float(x.scale) != out.scale or int(x.zero_point) != out.zero_point:
+            raise NotExact(f"{node_op(node)}: input and output qparams differ")
+        return x
+
+
+def _pair(v: Any) -> tuple[int, int]:
+    if isinstance(v, int):
+        return v, v
+    v = list(v)
+    return (int(v[0]), int(v[0])) if len(v) == 1 else (int(v[0]), int(v[1]))
+
+
+def _conv_nd(a: torch.Tensor, b: torch.Tensor, stride: Any, padding: Any, dilation: Any, groups: int) -> torch.Tensor:
+    fn = {3: torch.nn.functional.conv1d, 4: torch.nn.functional.conv2d}.get(a.dim())
+    if fn is None:
+        raise NotExact(f"{a.dim() - 2}-D convolution")
+    return fn(a, b, None, stride, padding, dilation, groups)
+
+
+_RULES: dict[str, Callable[[Reference, Node, Out], np.ndarray]] = {
+    "aten.convolution.default": Reference._conv,
+    "aten.linear.default": Reference._linear,
+    "aten.add.Tensor": Reference._add,
+    "aten.sub.Tensor": Reference._sub,
+    "aten.mul.Tensor": Reference._mul,
+    "aten.avg_pool2d.default": Reference._avg_pool,
+    "aten._adaptive_avg_pool2d.default": Reference._adaptive_avg,
+    "aten.adaptive_avg_pool2d.default": Reference._adaptive_avg,
+    "aten.mean.dim": Reference._mean,
+    "aten.sum.dim_IntList": Reference._sum,
+    "aten.constant_pad_nd.default": Reference._pad,
+    "aten.conv2d.default": Reference._conv2d,
+    "aten.conv1d.default": Reference._conv2d,
+    "aten.add_.Tensor": Reference._add,
+    "aten.relu_.default": Reference._activation,
+    "aten.relu6.default": Reference._activation,
+    "aten.relu6_.default": Reference._activation,
+    "aten.hardtanh_.default": Reference._activation,
+    "aten.relu.default": Reference._activation,
+    "aten.hardtanh.default": Reference._activation,
+    "aten.clamp.default": Reference._activation,
+    "aten.gelu.default": Reference._gelu,
+}

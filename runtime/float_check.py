@@ -1,0 +1,113 @@
+"""The float check of every converter: each NPU partition's float form against its float Edge ops.
+
+An int8 step hides a wrong constant smaller than the step (tanh-approximate GELU for exact
+GELU is < 1 step almost everywhere). The same converters run on float32 tensors show it: the
+float program is lowered with the compile's target and options (as ``compile --float``
+does), each partition runs in LiteRT, and every float value an op produced is compared with
+the Edge op's float value on the same inputs (teacher-forced: each op gets LiteRT's inputs).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from etforge.core import layout, payload
+from etforge.core.litert import read_metadata
+from etforge.runtime import litert_run
+from etforge.runtime.host import program_inputs, stored_inputs
+
+#: Largest |LiteRT - Edge| of one op's float values, relative to the largest |Edge value| of
+#: that op. float32 evaluation-order noise is ~1e-7..1e-6 of the range on one op (a few
+#: thousand products summed); a wrong constant is far above it (tanh-approximate GELU for
+#: exact GELU: 5e-4 at x = 2.7, ~1e-4 of a [-4, 4] range). 1e-5 sits between them.
+FLOAT_REL_TOL = 1e-5
+
+
+@dataclass(frozen=True)
+class FloatOp:
+    partition: str
+    node: str
+    rel_error: float
+    values: int
+
+
+def float_op_check(lowered: Any, args: Sequence[torch.Tensor]) -> list[FloatOp]:
+    """Every recorded float value of one float delegate call against its Edge op."""
+    blob = payload.unpack_for_host(bytes(lowered.processed_bytes))
+    if not blob.format.startswith("litert"):
+        return []
+    values = json.loads(read_metadata(blob.data).get("etforge_float_values", b"{}"))
+    if not values:
+        return []
+    it = litert_run.interpreter(blob.data, "reference", preserve_all_tensors=True)
+    litert_run.set_inputs(it, stored_inputs(blob, args))
+    it.invoke()
+    found: list[FloatOp] = []
+
+    class Forced(torch.fx.Interpreter):
+        def run_node(self, n: torch.fx.Node) -> Any:
+            ref = super().run_node(n)
+            if n.name not in values or not isinstance(ref, torch.Tensor) or not ref.is_floating_point():
+                return ref
+            index, perm = values[n.name]
+            ours = torch.from_numpy(it.get_tensor(index).copy()).permute(layout.inverse(perm))
+            if tuple(ours.shape) != tuple(ref.shape):
+                return ref
+            scale = float(ref.abs().max()) if ref.numel() else 0.0
+            err = float((ours.double() - ref.double()).abs().max()) if ref.numel() else 0.0
+            found.append(FloatOp(blob.partition, n.name, err / scale if scale else err, ref.numel()))
+            return ours.to(ref.dtype)
+
+    program = lowered.original_module
+    with torch.no_grad():
+        Forced(program.graph_module).run(*program_inputs(program, list(args)))
+    return found
+
+
+def float_target(target: Any) -> Any:
+    """``target`` whose NPU side takes float32 too and compiles nothing for the device: the
+    same converters and constraints, run on float tensors (an NPU that runs int8 only, as
+    Neutron, would refuse every float node and leave nothing to check)."""
+    import dataclasses
+
+    if target.npu is None:
+        return target
+    dtypes = tuple(dict.fromkeys((*target.npu.dtypes, "float32")))
+    return dataclasses.replace(target, npu=dataclasses.replace(target.npu, dtypes=dtypes, compiler=None))
+
+
+def check_float_program(
+    float_ep: Any, target: Any, options: dict[str, Any] | None, reg: Any, batches: Sequence[tuple[torch.Tensor, ...]]
+) -> list[FloatOp]:
+    """Lower ``float_ep`` (the float program) as ``compile --float`` would and check every
+    NPU op of it on ``batches``; per op, the worst relative error over the batches."""
+    from etforge.core.pipeline import lower
+    from etforge.runtime.host import run_program
+
+    edge, _, _, _ = lower(float_ep, float_target(target), options, reg)
+    program = edge.exported_program()
+    worst: dict[tuple[str, str], FloatOp] = {}
+    for batch in batches:
+        calls: list[Any] = []
+        run_program(program, batch, "reference", calls)
+        for lowered, args in calls:
+            for f in float_op_check(lowered, args):
+                key = (f.partition, f.node)
+                if key not in worst or f.rel_error > worst[key].rel_error:
+                    worst[key] = f
+    return list(worst.values())
+
+
+def failures(ops: Sequence[FloatOp]) -> list[str]:
+    return [
+        f"NPU op {o.partition}:{o.node} in float form is {o.rel_error:.2g} (relative to its largest value) "
+        f"from its float Edge op on the same inputs (> {FLOAT_REL_TOL:g}): the converter computes "
+        "another function (a wrong constant, epsilon, axis or approximation)"
+        for o in ops
+        if o.rel_error > FLOAT_REL_TOL
+    ]

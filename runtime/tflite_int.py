@@ -1,0 +1,116 @@
+"""TFLite's integer arithmetic, vectorized: the rounding primitives the device kernels use.
+
+These are the building blocks of ``runtime.device_ref``. Each follows LiteRT's reference
+kernels (``tensorflow/lite/kernels/internal/common.h`` and ``quantization_util.cc``): a real
+multiplier becomes a Q31 fixed-point multiplier and a shift (``QuantizeMultiplier``), a
+product is requantized with two roundings (``SaturatingRoundingDoublingHighMul`` then
+``RoundingDivideByPOT``), and quantization parameters are float32, as the flatbuffer stores
+them. ``tests/test_device_ref.py`` proves the ops built from them against LiteRT's reference
+kernel interpreter (``OpResolverType.BUILTIN_REF``) bit for bit.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+
+
+def f32(x: Any) -> Any:
+    """A scale as the flatbuffer stores it (float32), back as a float64 array/scalar."""
+    return np.asarray(x, np.float32).astype(np.float64)
+
+
+def round_away(x: Any) -> Any:
+    """``std::round`` / ``TfLiteRound``: halves away from zero (numpy rounds them to even)."""
+    x = np.asarray(x)
+    return np.sign(x) * np.floor(np.abs(x) + 0.5)
+
+
+def quantize_multiplier(real: float) -> tuple[int, int]:
+    """``QuantizeMultiplier``: ``real`` = q / 2^31 * 2^shift with q in [2^30, 2^31)."""
+    if real == 0.0:
+        return 0, 0
+    q, shift = math.frexp(real)
+    q_fixed = int(round_away(q * (1 << 31)))
+    if q_fixed == 1 << 31:
+        q_fixed //= 2
+        shift += 1
+    if shift < -31:
+        return 0, 0
+    if shift > 30:  # TFLite saturates; no int8 kernel gets here
+        return INT32_MAX, 30
+    return q_fixed, shift
+
+
+def multipliers(reals: Any) -> tuple[np.ndarray, np.ndarray]:
+    """``quantize_multiplier`` over an array (per-channel), as int64 arrays."""
+    pairs = [quantize_multiplier(float(r)) for r in np.asarray(reals, np.float64).reshape(-1)]
+    shape = np.shape(reals)
+    return (
+        np.asarray([p[0] for p in pairs], np.int64).reshape(shape),
+        np.asarray([p[1] for p in pairs], np.int64).reshape(shape),
+    )
+
+
+def _trunc_div(a: np.ndarray, b: int) -> np.ndarray:
+    """C integer division (toward zero)."""
+    q = np.abs(a) // b
+    return np.where(a < 0, -q, q)
+
+
+def srdhm(a: np.ndarray, b: Any) -> np.ndarray:
+    """``SaturatingRoundingDoublingHighMul`` of int32 values (held in int64)."""
+    a = np.asarray(a, np.int64)
+    b = np.asarray(b, np.int64)
+    ab = a * b
+    nudge = np.where(ab >= 0, 1 << 30, 1 - (1 << 30))
+    out = _trunc_div(ab + nudge, 1 << 31)
+    return np.where((a == INT32_MIN) & (b == INT32_MIN), INT32_MAX, out)
+
+
+def rounding_divide_by_pot(x: np.ndarray, exponent: Any) -> np.ndarray:
+    """``RoundingDivideByPOT``: x / 2^exponent, halves away from zero."""
+    x = np.asarray(x, np.int64)
+    e = np.asarray(exponent, np.int64)
+    mask = (np.int64(1) << e) - 1
+    remainder = x & mask
+    threshold = (mask >> 1) + (x < 0)
+    return (x >> e) + (remainder > threshold)
+
+
+def multiply_by_quantized_multiplier(x: Any, multiplier: Any, shift: Any) -> np.ndarray:
+    """``MultiplyByQuantizedMultiplier`` (two roundings; TFLITE_SINGLE_ROUNDING unset)."""
+    shift = np.asarray(shift, np.int64)
+    left = np.where(shift > 0, shift, 0)
+    right = np.where(shift > 0, 0, -shift)
+    x = np.asarray(x, np.int64) * (np.int64(1) << left)
+    return rounding_divide_by_pot(srdhm(x, multiplier), right)
+
+
+def multiply_by_quantized_multiplier_single(x: Any, multiplier: Any, shift: Any) -> np.ndarray:
+    """The single-rounding form (TFLITE_SINGLE_ROUNDING): (x * M + 2^(k-1)) >> k, k = 31 - shift."""
+    total = 31 - np.asarray(shift, np.int64)
+    x = np.asarray(x, np.int64) * np.asarray(multiplier, np.int64)
+    return (x + (np.int64(1) << (total - 1))) >> total
+
+
+def requantize(acc: Any, real: Any) -> np.ndarray:
+    """int32 accumulators scaled by ``real`` (scalar or broadcastable per-channel array)."""
+    m, s = multipliers(real)
+    return multiply_by_quantized_multiplier(acc, m, s)
+
+
+def quantize_value(value: float, scale: float, zero_point: int) -> int:
+    """A real bound on the output grid as the kernels compute it (float32, round away)."""
+    return int(zero_point + round_away(np.float32(value) / np.float32(scale)))
+
+
+def divide_round_away(acc: np.ndarray, count: Any) -> np.ndarray:
+    """``acc > 0 ? (acc + n/2) / n : (acc - n/2) / n`` in C integer arithmetic."""
+    acc = np.asarray(acc, np.int64)
+    n = np.asarray(count, np.int64)
+    return np.sign(acc) * ((np.abs(acc) + n // 2) // n)
