@@ -47,6 +47,11 @@ def kind_of(value: Any) -> str:
     return "float" if value.is_floating_point() else "integer"
 
 
+def first_float(leaves: list[Any]) -> int | None:
+    """Index of the first floating-point output leaf with values (the primary output)."""
+    return next((i for i, v in enumerate(leaves) if kind_of(v) == "float"), None)
+
+
 def flatten(program: ExportedProgram, value: Any) -> list[Any]:
     """A module's structured output as the program's output leaves (its ``out_spec``)."""
     spec = program.call_spec.out_spec
