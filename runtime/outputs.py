@@ -39,6 +39,10 @@ def rows(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(t.shape[0], -1) if t.dim() >= 2 else t.reshape(1, -1)
 
 
+def same_shape(a: Any, b: Any) -> bool:
+    return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape
+
+
 def kind_of(value: Any) -> str:
     if not isinstance(value, torch.Tensor):
         return "constant"
@@ -167,7 +171,7 @@ class OutputCheck:
             leaf.agreed += int(same)
             if not same and leaf.first_difference is None:
                 leaf.first_difference = f"sample {leaf.samples - 1}: {why}"
-            if leaf.kind == "float" and leaf.scale and isinstance(got, torch.Tensor):
+            if leaf.kind == "float" and leaf.scale and same_shape(got, want):
                 steps = float((got.double() - want.double()).abs().max()) / leaf.scale
                 leaf.max_steps = max(leaf.max_steps or 0.0, steps)
 
