@@ -1150,6 +1150,11 @@ def verify(
         )
     table.add_row("max |ours - float|", f"{v.max_abs_vs_float:.4g}")
     table.add_row("whole model on the NPU", "yes" if v.whole_model_on_npu else "no")
+    if len(v.outputs) > 1 or any(o["kind"] != "float" for o in v.outputs):  # runtime.outputs
+        table.add_row(
+            "outputs: compared as, samples agreeing",
+            "\n".join(f"{o['name']}: {o['compared_as']}, {o['agreed']}/{o['samples']}" for o in v.outputs),
+        )
     _print_table(table)
     for note in v.notes:
         console.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)

@@ -23,6 +23,18 @@ class KernelEntry:
     after_call: str  # return-value handling
 
 
+def _tags(op: str) -> set[str]:
+    """The tags torch gives the operator (``native_functions.yaml``'s), none for ops torch
+    does not know (``cortex_m::``, ``quantized_decomposed::`` out variants may be absent)."""
+    import torch
+
+    ns, _, rest = op.partition("::")
+    name, _, overload = rest.partition(".")
+    packet = getattr(getattr(torch.ops, ns, None), name, None)
+    overload_obj = getattr(packet, overload or "default", None) if packet is not None else None
+    return {t.name for t in getattr(overload_obj, "tags", ())}
+
+
 def build_entry(kernel: KernelInfo) -> KernelEntry:
     from executorch.codegen.api.et_cpp import argumenttype_type
     from executorch.codegen.api.types import ExecutorchCppSignature
@@ -31,9 +43,17 @@ def build_entry(kernel: KernelInfo) -> KernelEntry:
     from torchgen.model import Location, NativeFunction
 
     _, _, rest = kernel.schema.partition("::")
+    tags = _tags(kernel.op)
     with local.parametrize(use_const_ref_for_mutable_tensors=False, use_ilistref_for_tensor_lists=False):
         f, _ = NativeFunction.from_yaml(
-            {"func": rest, "variants": "function"}, Location("etforge", 0), valid_tags=set()
+            # ``dispatch: {}`` as ExecuTorch's own yaml declares ``full_like.out``: torchgen
+            # otherwise asserts that a factory-like op (``*_like``, ``new_*``) names its
+            # CompositeExplicitAutograd kernel, an authoring rule for ATen that says nothing
+            # about the unboxing this needs. The op's own tags (``nondeterministic_seeded`` on
+            # ``rand.out``, ``native_dropout.out``) satisfy torchgen's tag checks.
+            {"func": rest, "variants": "function", "dispatch": {}, "tags": sorted(tags)},
+            Location("etforge", 0),
+            valid_tags=tags | {"out"},
         )
         sig = ExecutorchCppSignature.from_native_function(f)
         bindings, code = Unboxing(argument_type_gen=argumenttype_type).convert_arguments(

@@ -12,7 +12,7 @@ import torch
 from executorch.exir import EdgeProgramManager, ExecutorchProgramManager
 from torch.export import ExportedProgram
 
-from etforge.core import boundaries, kernel_check, pipeline
+from etforge.core import boundaries, kernel_check, pipeline, signature
 from etforge.core.front import Front, NchwAtEdges, adapt_layout, front_end
 from etforge.core.partitioner import Decision
 from etforge.core.pipeline import Partition
@@ -41,6 +41,8 @@ class CompileResult:
     lower_breakdown: dict[str, float] = field(default_factory=dict)
     #: Things the user should know that are not errors.
     notes: list[str] = field(default_factory=list)
+    #: Per input, [min, max] of an integer input over example and calibration (``core.signature``).
+    input_ranges: list[list[int] | None] = field(default_factory=list)
 
 
 @contextlib.contextmanager
@@ -157,4 +159,5 @@ def compile_model(
         stage_seconds=times,
         lower_breakdown=breakdown,
         notes=notes,
+        input_ranges=signature.input_ranges(example_inputs, calib),
     )

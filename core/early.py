@@ -115,9 +115,18 @@ def _trace(node: Node, table: dict[Any, Any]) -> GraphModule:
         a, k = pytree.tree_unflatten(args, spec)
         return node.target(*a, **k)
 
-    fake = detect_fake_mode(values)
+    # A factory (``torch.ones(...)``: no tensor inputs) traces in the graph's own fake mode,
+    # or its values would come from a new one, which ExportedProgram refuses to mix.
+    fake = detect_fake_mode(values) if values else _graph_fake_mode(node)
     with fake if fake is not None else contextlib.nullcontext():
         return make_fx(call, decomposition_table=table)(*values)
+
+
+def _graph_fake_mode(node: Node) -> Any:
+    from torch._guards import detect_fake_mode
+
+    vals = [n.meta.get("val") for n in node.graph.nodes if n.op == "placeholder"]
+    return detect_fake_mode([v for v in vals if isinstance(v, torch.Tensor)])
 
 
 def _decompose(gm: GraphModule, node: Node, table: dict[Any, Any], memo: dict[Any, Any]) -> None:

@@ -18,6 +18,7 @@ from torch.export import ExportedProgram
 from etforge.core.errors import EtforgeError
 from etforge.core.load import as_float32, has_float64, refuse_float64
 from etforge.core.plugin_manager import Registry, registry
+from etforge.core.signature import check_example
 from etforge.core.target import TargetSpec
 
 
@@ -141,6 +142,7 @@ def front_end(
     of the same module would see another program. ``owned``: the caller built the module for
     this compile alone (the command does), no copy is needed."""
     notes: list[str] = []
+    check_example(example, what)  # a zero-size input: refused here, naming it
     calib = list(calibration) if calibration is not None else None
     if program is not None:
         refuse_float64(program, what)

@@ -12,7 +12,7 @@ from typing import Any
 from torch.export import ExportedProgram
 
 from etforge import __version__
-from etforge.core import boundaries, npu_memory
+from etforge.core import boundaries, npu_memory, signature
 from etforge.core.compiler import CompileResult
 from etforge.core.cpu_backend import CpuBackend
 from etforge.core.graph_utils import node_op
@@ -152,8 +152,13 @@ def build_report(result: CompileResult, reg: Registry, model: str) -> dict[str, 
         "npu_figures": result.target.npu.figures() if result.target.npu is not None else {},
         "host_only": any(p.host_only for p in result.partitions),
         "inputs": [
-            {"shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")} for t in _example(result)
+            {"shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")}
+            # an integer input's [min, max] over example and calibration: verify samples it
+            | ({"range": r} if (r := _range(result, i)) is not None else {})
+            for i, t in enumerate(_example(result))
         ],
+        # the pytree leaves of what forward returns, in the .pte's output order (core.signature)
+        "outputs": signature.describe_outputs(result.host_program),
         "stages": {k: round(v, 4) for k, v in result.stage_seconds.items()},
         "nodes": nodes,
         "macs": {"total": total, "npu": on_npu, "npu_share": (on_npu / total) if total else 0.0},
@@ -202,6 +207,11 @@ def _named(node: Any, op: str) -> bool:
     """``node`` calls ``<namespace>.<op>.<overload>`` (any namespace: q/dq ops or a CPU backend's)."""
     parts = node_op(node).split(".") if getattr(node, "op", None) == "call_function" else []
     return len(parts) == 3 and parts[1] == op
+
+
+def _range(result: CompileResult, i: int) -> list[int] | None:
+    ranges = getattr(result, "input_ranges", None) or []
+    return ranges[i] if i < len(ranges) else None
 
 
 def _example(result: CompileResult) -> tuple[Any, ...]:

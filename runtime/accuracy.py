@@ -169,6 +169,7 @@ def evaluate(
     """Top-1 accuracy of the float model and of the compiled program, sample by sample
     (the programs are exported for a batch of 1)."""
     from etforge.runtime.host import run_program
+    from etforge.runtime.outputs import first_float, flatten, rows
 
     channels_last = report["options"].get("dim_order") == "channels_last"
     float_fn = float_ep.module()
@@ -177,10 +178,19 @@ def evaluate(
         x = data.x[i : i + 1]
         return x.contiguous(memory_format=torch.channels_last) if channels_last and x.dim() == 4 else x
 
+    with torch.no_grad():
+        first = flatten(float_ep, float_fn(sample(0)))
+    at = first_float(first)  # the class scores: the first floating-point output (runtime.outputs)
+    if at is None or rows(first[at]).shape[0] != 1:
+        why = "no floating-point output" if at is None else f"output {at} has shape {list(first[at].shape)}"
+        raise EtforgeError(
+            f"--data {data.source}: top-1 accuracy needs one row of class scores per sample, "
+            f"the model's first floating-point output; {why}"
+        )
+
     def scores(i: int) -> torch.Tensor:
         with torch.no_grad():
-            f = float_fn(sample(i))
-        return (f[0] if isinstance(f, (tuple, list)) else f).flatten(1)
+            return rows(flatten(float_ep, float_fn(sample(i)))[at])
 
     classes = scores(0).shape[1]
     if int(data.y.max()) >= classes:
@@ -196,7 +206,7 @@ def evaluate(
         for i in range(len(data.y)):
             label = int(data.y[i])
             right_f += int(int(scores(i).argmax(1)) == label)
-            right_c += int(int(run_program(program, (sample(i),), kernels)[0].flatten(1).argmax(1)) == label)
+            right_c += int(int(rows(run_program(program, (sample(i),), kernels)[at]).argmax(1)) == label)
     finally:
         torch.set_num_threads(threads)
     n = len(data.y)

@@ -16,6 +16,7 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
 from etforge.core import layout, payload
+from etforge.core.signature import user_output_positions
 from etforge.runtime import litert_run, pte_ops
 
 
@@ -172,6 +173,10 @@ def run_program(
 ) -> list[torch.Tensor]:
     """Run an (Edge, possibly delegated) program on the host; returns its user outputs.
 
+    The outputs are the pytree leaves of what the model returns, in the ``.pte``'s output
+    order (``core.signature``): tensors, and the constants a model may return beside them
+    (``None``, a Python number) as themselves.
+
     ``kernels``: which LiteRT kernels run the NPU partitions (see ``litert_run``);
     ``calls`` collects each delegate call as (lowered module, input tensors); ``observe``
     sees every node with the value it produced.
@@ -180,4 +185,4 @@ def run_program(
         out = _Runner(ep.graph_module, kernels, calls, observe).run(*program_inputs(ep, inputs))
     if isinstance(out, torch.Tensor):
         return [out]
-    return [o for o in out if isinstance(o, torch.Tensor)]
+    return [out[i] for i in user_output_positions(ep)]

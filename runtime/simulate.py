@@ -31,6 +31,8 @@ class Simulation:
     outputs: list[Any]
     #: quantize nodes computed by torch for want of a device-exact rule: node -> reason
     not_exact: dict[str, str] = field(default_factory=dict)
+    #: what the module returned, structured as ``forward`` returns it (``runtime.outputs.flatten``)
+    raw: Any = None
 
 
 def simulate(module: torch.fx.GraphModule, inputs: Sequence[torch.Tensor]) -> Simulation:
@@ -56,7 +58,7 @@ def simulate(module: torch.fx.GraphModule, inputs: Sequence[torch.Tensor]) -> Si
     with torch.no_grad():
         out = Device(module, garbage_collect_values=False).run(*inputs)
     outs = list(out) if isinstance(out, (list, tuple)) else [out]
-    return Simulation(outs, not_exact)
+    return Simulation(outs, not_exact, raw=out)
 
 
 def output_steps(ours: torch.Tensor, sim: torch.Tensor, scale: float) -> float:

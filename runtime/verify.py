@@ -17,13 +17,13 @@ from torch.export import ExportedProgram
 
 from etforge.core import output, payload
 from etforge.core.errors import EtforgeError
-from etforge.core.graph_utils import node_op
 from etforge.core.plugin_manager import Registry, registry
 from etforge.runtime.accuracy import DEFAULT_MAX_ACCURACY_DROP, Labeled, evaluate
 from etforge.runtime.host import run_program
+from etforge.runtime.inputs import seeded_inputs
+from etforge.runtime.outputs import OutputCheck, exact_leaves, flatten, leaf_scales, rows
 from etforge.runtime.pte_agreement import Agreement, compare_with_edge
 from etforge.runtime.pte_interpreter import PteInterpreter
-from etforge.runtime.reference import run_float64
 from etforge.runtime.simulate import SIM_MAX_STEPS, output_steps, simulate
 from etforge.runtime.stepwise import HostInt8Values, OpParity, op_parity
 
@@ -121,39 +121,16 @@ class Verification:
     failures: list[str] = field(default_factory=list)
     #: What the user should know about how this was verified (not failures).
     notes: list[str] = field(default_factory=list)
+    #: Per output leaf (``runtime.outputs``): name, kind, what it was compared as, agreement.
+    outputs: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
         return not self.failures
 
 
-def _output_scale(program: ExportedProgram) -> float | None:
-    out = next(n for n in program.graph_module.graph.nodes if n.op == "output")
-    arg = out.args[0][0]
-    if hasattr(arg, "op") and node_op(arg).split(".")[-2:] == ["dequantize_per_tensor", "default"]:
-        scale = arg.args[1]
-        return float(scale) if isinstance(scale, float) else None
-    return None
-
-
 def _inputs(report: dict[str, Any], seed: int, count: int) -> list[tuple[torch.Tensor, ...]]:
-    g = torch.Generator().manual_seed(seed)
-    channels_last = report["options"].get("dim_order") == "channels_last"
-    batches = []
-    for _ in range(count):
-        batch = []
-        for spec in report["inputs"]:
-            t = torch.randn(spec["shape"], generator=g).to(getattr(torch, spec["dtype"]))
-            if channels_last and t.dim() == 4:
-                t = t.to(memory_format=torch.channels_last)
-            batch.append(t)
-        batches.append(tuple(batch))
-    return batches
-
-
-def _first_output(out: Any) -> torch.Tensor:
-    """A module's (first) output tensor: multi-output models return a tuple."""
-    return out[0] if isinstance(out, (tuple, list)) else out
+    return seeded_inputs(report, seed, count)  # integer inputs within their recorded range
 
 
 def top1_agrees(ours: torch.Tensor, ref: torch.Tensor) -> bool:
@@ -163,7 +140,7 @@ def top1_agrees(ours: torch.Tensor, ref: torch.Tensor) -> bool:
     side's top value is shared by several classes, picking any of them agrees (``argmax``
     alone would count a tie broken by index as a disagreement).
     """
-    a, b = ours.flatten(1), ref.flatten(1)
+    a, b = rows(ours), rows(ref)  # a 0-D or 1-D output is one row
     pick_a, pick_b = a.argmax(1, keepdim=True), b.argmax(1, keepdim=True)
     tied_in_ref = b.gather(1, pick_a).eq(b.amax(1, keepdim=True))
     tied_in_ours = a.gather(1, pick_b).eq(a.amax(1, keepdim=True))
@@ -388,7 +365,7 @@ def compare(
     reported, not gated: on random weights they measure how the network amplifies legitimate
     one-step rounding (MobileNetV2-96: 23 steps with every op within one), not the conversion.
     """
-    scale = _output_scale(program)
+    check = OutputCheck(program)
     float_fn = float_ep.module()
     q_fn = qep.module() if qep is not None else None
     worst, total, count = 0.0, 0.0, 0
@@ -404,21 +381,26 @@ def compare(
         outs = run_program(program, batch, kernels, calls, values)
         if edge_outputs is not None:  # the .pte interpreter is compared with them (``verify``)
             edge_outputs.append(outs)
-        ours = outs[0].float()
-        if q_fn is not None and scale:
-            device_outs = outs if kernels == "reference" else run_program(program, batch, "reference")
-            sim = simulate(q_fn, batch)
-            sim_worst = max(sim_worst, output_steps(device_outs[0].float(), sim.outputs[0].float(), scale))
-            sim_not_exact.update(sim.not_exact)
         for lowered, args in calls:
             ops.extend(op_parity(lowered, args))  # always the device's arithmetic
         if q_fn is not None:
             cpu_ops.extend(values.compare(q_fn, batch))
-        with torch.no_grad():
-            # The first output of a multi-output model, as ``ours`` (run_program(...)[0]).
-            ref_f = _first_output(float_fn(*batch))
-            ref_q = _first_output(q_fn(*batch)) if q_fn is not None else ref_f
-        exact = run_float64(q_fn, batch)[0] if q_fn is not None else ref_q
+        with torch.no_grad():  # every output leaf, in the program's order (``runtime.outputs``)
+            flat_f = flatten(program, float_fn(*batch))
+            flat_q = flatten(program, q_fn(*batch)) if q_fn is not None else flat_f
+        flat_exact = exact_leaves(program, q_fn, batch) if q_fn is not None else flat_q
+        check.add(outs, flat_exact)
+        if check.primary is None:  # no float output: the leaves' own checks are all there is
+            continue
+        p = check.primary
+        ours, ref_f, ref_q, exact = outs[p].float(), flat_f[p], flat_q[p], flat_exact[p]
+        scale = leaf_scales(program)[p]
+        if q_fn is not None and scale:  # the whole program in the device's arithmetic
+            device_outs = outs if kernels == "reference" else run_program(program, batch, "reference")
+            sim = simulate(q_fn, batch)
+            sim_out = flatten(program, sim.raw)[p]
+            sim_worst = max(sim_worst, output_steps(device_outs[p].float(), sim_out.float(), scale))
+            sim_not_exact.update(sim.not_exact)
         max_abs_f = max(max_abs_f, float((ours - ref_f).abs().max()))
         if scale:
             steps = (ours - ref_q).abs() / scale
@@ -432,16 +414,18 @@ def compare(
         top1_q += int(top1_agrees(ours, ref_q))
         top1_f += int(top1_agrees(ours, ref_f))
     on_npu = all(n["placement"] == "npu" for n in report["nodes"]) and bool(report["nodes"])
+    scale = leaf_scales(program)[check.primary] if check.primary is not None else None
     result = Verification(
         samples=samples,
         max_steps=worst if scale else None,
         mean_steps=(total / count) if count else None,
-        top1_vs_quantized=top1_q,
-        top1_vs_float=top1_f,
+        top1_vs_quantized=top1_q if check.primary is not None else None,
+        top1_vs_float=top1_f if check.primary is not None else None,
         max_abs_vs_float=max_abs_f,
         whole_model_on_npu=on_npu,
     )
-    if q_fn is not None:
+    result.outputs = [leaf.as_dict() for leaf in check.leaves]
+    if q_fn is not None and check.primary is not None:
         result.reference_spread_top1, result.top1_vs_exact = top1_spread, top1_exact
     if scale and q_fn is not None:
         result.reference_spread_steps, result.max_steps_vs_exact = spread, vs_exact
@@ -474,7 +458,10 @@ def compare(
         if q_fn is not None
         else (top1_f, "the float model")
     )
-    if agree < need:
+    result.failures += check.failures(need, against, max_steps, skip=check.primary)
+    if check.primary is not None and not check.leaves[check.primary].top1:
+        need = result.top1_required = 0  # one value per row: nothing for top-1 to disagree on
+    if agree < need and check.primary is not None:
         every_op_close = max(result.op_max_steps or 0, result.cpu_op_max_steps or 0) <= OP_MAX_STEPS
         why = (
             f" (every op is within {OP_MAX_STEPS} step of its reference op on the same inputs: the "

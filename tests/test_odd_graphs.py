@@ -1,0 +1,64 @@
+"""Graph shapes from real models that broke a stage: a factory tensor, an SE gate.
+
+``x * torch.ones(...)``: the early path decomposes ``ones`` (a node with no tensor inputs)
+in the program's own fake mode. An SE gate ``x * gate`` with ``gate`` [N, C, 1, 1]
+broadcast over H x W runs as CMSIS-NN's channel-broadcast ``quantized_mul`` on cortex-m33.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import etforge
+from etforge.runtime.verify import compare
+
+
+class MulOnes(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(x) * torch.ones(1, 8, 1, 1)
+
+
+class SqueezeExcite(nn.Module):
+    """torchvision's SqueezeExcitation form: pool, 1x1 conv, ReLU, 1x1 conv, sigmoid, scale."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.fc1 = nn.Conv2d(8, 4, 1)
+        self.fc2 = nn.Conv2d(4, 8, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.relu(self.conv(x))
+        gate = torch.sigmoid(self.fc2(F.relu(self.fc1(F.adaptive_avg_pool2d(y, 1)))))
+        return y * gate
+
+
+def _compile_and_compare(model: nn.Module, target: str) -> tuple[Any, Any]:
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(1)
+    calib = [(torch.randn(1, 3, 8, 8, generator=g),) for _ in range(8)]
+    c = etforge.compile(model.eval(), calib[0], target, calibration=calib)
+    r = c.result
+    return c, compare(r.host_program, r.float_program, r.quantized_program, c.report, samples=8)
+
+
+def test_a_product_with_torch_ones_compiles_and_verifies_on_imxrt700() -> None:
+    torch.manual_seed(0)
+    c, v = _compile_and_compare(MulOnes(), "imxrt700")
+    assert v.ok, v.failures
+    assert any(n["op"] == "aten.mul.Tensor" and n["placement"] == "npu" for n in c.report["nodes"])
+
+
+def test_an_se_gate_broadcast_over_hxw_runs_as_cmsis_nn_mul_on_cortex_m33() -> None:
+    torch.manual_seed(0)
+    c, v = _compile_and_compare(SqueezeExcite(), "cortex-m33")
+    assert v.ok, v.failures
+    assert c.report["cpu_ops"].get("cortex_m.quantized_mul.default") == 1
