@@ -44,7 +44,7 @@ from typing import Any
 from etforge.core import cache
 
 #: Bump when the manifest layout or the front key's composition changes.
-DIRECT_FORMAT = 1
+DIRECT_FORMAT = 2
 DIRECT_DIR = "direct"
 #: Directories whose files are never dependencies: they are not files (``/proc``) or they
 #: are covered otherwise (the interpreter and site-packages by the distributions' versions).
@@ -113,22 +113,63 @@ def front_key(
     return fp.hexdigest()
 
 
-# --- recording the files a build reads ------------------------------------------------------
+# --- recording what a build reads ------------------------------------------------------------
 
 #: The recorder the audit hook feeds, or None. Audit hooks cannot be removed, so the hook
 #: stays installed for the process and does nothing while this is None.
 _RECORDER: Recorder | None = None
 _HOOK_LOCK = threading.Lock()
 _HOOK_INSTALLED = False
+#: Audit events after which the build's inputs are not all known: a child process, the
+#: network, native code called through ctypes. The entry is not eligible for direct mode.
+_OPAQUE_EVENTS = {
+    "subprocess.Popen": "started a process",
+    "os.system": "started a process",
+    "os.exec": "started a process",
+    "os.posix_spawn": "started a process",
+    "os.spawn": "started a process",
+    "os.fork": "forked",
+    "os.forkpty": "forked",
+    "pty.spawn": "started a process",
+    "socket.connect": "used the network",
+    "socket.bind": "used the network",
+    "socket.sendto": "used the network",
+    "socket.getaddrinfo": "used the network",
+    "urllib.Request": "used the network",
+    "ctypes.dlopen": "loaded a native library through ctypes",
+    "ctypes.dlsym": "called native code through ctypes",
+    "ctypes.call_function": "called native code through ctypes",
+    "ctypes.addressof": "read memory through ctypes",
+    "ctypes.string_at": "read memory through ctypes",
+    "os.getxattr": "read extended attributes",
+}
+#: Distributions whose compiled modules read files only through Python's ``open`` or the
+#: entry points wrapped while recording (``torch.from_file``, ``numpy.fromfile``, mmap).
+#: A compiled module of any other distribution, imported by the model, may read files from
+#: native code, which nothing observes: the entry is not eligible for direct mode.
+_OBSERVED_NATIVE = ("torch", "numpy", "PIL", "executorch", "torchao", "ai_edge_litert", "flatbuffers",
+                    "yaml", "_yaml", "markupsafe", "sympy", "mpmath", "jinja2", "rich", "click")
+_NATIVE_SUFFIXES = (".so", ".pyd", ".dylib")
 
 
 def _audit(event: str, args: tuple[Any, ...]) -> None:
     rec = _RECORDER
-    if rec is None or event != "open":
+    if rec is None:
         return
     try:
-        rec.saw(*args[:3])
-    except Exception:  # noqa: BLE001  (an audit hook must never break the open it watches)
+        if event == "open":
+            rec.saw(*args[:3])
+        elif event in ("os.listdir", "os.scandir"):
+            rec.listed_dir(args[0] if args else ".")
+        elif event == "os.remove" or event == "os.rename" or event == "os.rmdir":
+            rec.removed.add(_abs(args[0]))
+        elif event == "import":
+            rec.imports.add(str(args[0]))
+        elif event == "mmap.__new__":
+            rec.mapped(int(args[0]))
+        elif event in _OPAQUE_EVENTS:
+            rec.opaque(f"the model {_OPAQUE_EVENTS[event]} ({event})")
+    except Exception:  # noqa: BLE001  (an audit hook must never break the call it watches)
         rec.broken = True
 
 
@@ -140,39 +181,98 @@ def _install_hook() -> None:
             _HOOK_INSTALLED = True
 
 
+def _abs(path: Any) -> str:
+    """The path as the build named it, made absolute — never resolved: a symlink re-pointed
+    later is another input, so the path opened is what is recorded and checked."""
+    if isinstance(path, int):
+        return os.path.realpath(f"/proc/self/fd/{path}")
+    return os.path.abspath(os.fsdecode(os.fspath(path)))
+
+
 class Recorder:
-    """The files opened for reading, and the modules imported, between :meth:`start` and :meth:`stop`."""
+    """What a build reads between :meth:`start` and :meth:`stop`: files opened (as named),
+    paths probed (existing or not), directories listed, environment variables, modules
+    imported and imports that failed; and whether it did something nothing observes
+    (:attr:`ineligible` says what)."""
 
     def __init__(self, exclude: Iterable[Path | str] = ()) -> None:
         self.read: set[str] = set()
         self.written: set[str] = set()
+        self.removed: set[str] = set()
+        self.absent_at_open: set[str] = set()
+        self.probed: set[str] = set()
+        self.listed: set[str] = set()
+        self.imports: set[str] = set()
+        self.env: dict[str, str | None] = {}
+        self.ineligible: str | None = None
         self.broken = False
         self._exclude = list(exclude)
+        self._excluded: _Excluded | None = None
         self._modules: set[str] = set()
         self._new_modules: list[Any] = []
+        self._undo: list[tuple[Any, str, Any]] = []
         self.start_ns = 0
+
+    def opaque(self, why: str) -> None:
+        if self.ineligible is None:
+            self.ineligible = why
+
+    def _mine(self, name: str) -> bool:
+        """Whether ``name`` may be an input (the prefix test only: cheap enough for every open)."""
+        ex = self._excluded
+        return ex is None or not name.startswith(ex.prefixes)
 
     def saw(self, path: Any, mode: Any = None, flags: Any = None) -> None:
         if isinstance(path, int) or path is None:  # an already open descriptor
             return
-        name = os.path.abspath(os.fsdecode(os.fspath(path)))
+        name = _abs(path)
         if isinstance(mode, str):
             writes = any(c in mode for c in "wax+")
         else:
             writes = isinstance(flags, int) and bool(flags & _WRITE_FLAGS)
-        (self.written if writes else self.read).add(name)
+        if writes:
+            self.written.add(name)
+            return
+        self.read.add(name)
+        if self._mine(name) and not os.path.exists(name):
+            self.absent_at_open.add(name)  # a failed open: the build saw "no such file"
+
+    def probe(self, path: Any) -> None:
+        if isinstance(path, int):
+            return
+        name = _abs(path)
+        if self._mine(name):
+            self.probed.add(name)
+
+    def listed_dir(self, path: Any) -> None:
+        if isinstance(path, int) or path is None:
+            return
+        name = _abs(path)
+        if self._mine(name):
+            self.listed.add(name)
+
+    def mapped(self, fileno: int) -> None:
+        """A memory map of a file: covered when that file was opened (and so recorded) here."""
+        if fileno < 0:
+            return  # anonymous memory
+        target = os.path.realpath(f"/proc/self/fd/{fileno}")
+        if not any(os.path.realpath(p) == target for p in self.read):
+            self.opaque(f"the model memory-mapped {target}, which it did not open through Python")
 
     def start(self) -> None:
         global _RECORDER
         _install_hook()
+        self._excluded = _Excluded(self._exclude)
         self._modules = set(sys.modules)
         self.start_ns = time.time_ns()
+        self._wrap()
         _RECORDER = self
 
     def stop(self) -> None:
         global _RECORDER
         if _RECORDER is self:
             _RECORDER = None
+        self._unwrap()
         self._new_modules = [m for name, m in list(sys.modules.items()) if name not in self._modules]
 
     @contextlib.contextmanager
@@ -183,9 +283,83 @@ class Recorder:
         finally:
             self.stop()
 
+    # Reads no audit event reports: stat probes, the environment, native file readers.
+    def _wrap(self) -> None:
+        rec = self
+
+        def patch(owner: Any, attr: str, make: Any) -> None:
+            real = getattr(owner, attr, None)
+            if real is None:
+                return
+            self._undo.append((owner, attr, real))
+            setattr(owner, attr, make(real))
+
+        def probing(real: Any) -> Any:
+            def wrapper(path: Any, *args: Any, **kwargs: Any) -> Any:
+                if _RECORDER is rec:
+                    rec.probe(path)
+                return real(path, *args, **kwargs)
+
+            return wrapper
+
+        def reading(real: Any) -> Any:
+            def wrapper(file: Any, *args: Any, **kwargs: Any) -> Any:
+                if _RECORDER is rec and isinstance(file, (str, bytes, os.PathLike)):
+                    rec.saw(file, "rb")
+                return real(file, *args, **kwargs)
+
+            return wrapper
+
+        for attr in ("stat", "lstat", "access", "readlink"):
+            patch(os, attr, probing)
+        env_cls = type(os.environ)
+
+        def getitem(real: Any) -> Any:
+            def wrapper(mapping: Any, key: Any) -> Any:
+                try:
+                    value = real(mapping, key)
+                except KeyError:
+                    if _RECORDER is rec:
+                        rec.env[os.fsdecode(key)] = None
+                    raise
+                if _RECORDER is rec:
+                    rec.env[os.fsdecode(key)] = os.fsdecode(value)
+                return value
+
+            return wrapper
+
+        def iterating(real: Any) -> Any:
+            def wrapper(mapping: Any) -> Any:
+                if _RECORDER is rec:
+                    rec.opaque("the model read the whole environment (iterated os.environ)")
+                return real(mapping)
+
+            return wrapper
+
+        patch(env_cls, "__getitem__", getitem)
+        patch(env_cls, "__iter__", iterating)
+        torch_mod = sys.modules.get("torch")
+        if torch_mod is not None:
+            patch(torch_mod, "from_file", reading)
+            patch(torch_mod.UntypedStorage, "from_file", lambda real: staticmethod(reading(real)))
+        numpy_mod = sys.modules.get("numpy")
+        if numpy_mod is not None:
+            patch(numpy_mod, "fromfile", reading)
+
+    def _unwrap(self) -> None:
+        while self._undo:
+            owner, attr, real = self._undo.pop()
+            setattr(owner, attr, real)
+
     def dependencies(self, extra: Iterable[str] = ()) -> dict[str, dict[str, Any]] | None:
-        """Each recorded file (path → size, mtime, ctime, inode, SHA-256), or None when one was
-        changed while the build ran (its recorded hash might not be what the build read)."""
+        """Each input (path as opened → its facts), or None when the build's inputs are not all
+        known: a file changed while the build ran (its recorded hash might not be what the build
+        read), one it read vanished, or it read something nothing observes (:attr:`ineligible`)."""
+        if self.ineligible is not None:
+            return None
+        if (native := self._unobserved_native()) is not None:
+            self.opaque(f"the model imported {native}, compiled code whose file reads are not observed")
+            return None
         extra = [os.path.abspath(p) for p in extra]
         candidates = (self.read - self.written) | set(extra)
         for module in self._new_modules:
@@ -194,25 +368,77 @@ class Recorder:
                 candidates.add(os.path.abspath(origin))
         excluded = _Excluded(self._exclude)
         written = {os.path.realpath(p) for p in self.written}
+        removed = self.removed | {os.path.realpath(p) for p in self.removed}
         deps: dict[str, dict[str, Any]] = {}
         extra_paths = set(extra)
-        wanted = {os.path.realpath(p) for p in extra}
         for name in sorted(candidates):
             if name.startswith(excluded.prefixes) and name not in extra_paths:
                 continue  # the common case, without resolving links
             real = os.path.realpath(name)
-            if real not in wanted and (real in written or excluded(real)):
+            if name not in extra_paths and (real in written or excluded(real)):
                 continue
             try:
-                st = os.stat(real)
+                st = os.stat(name)
             except OSError:
-                continue  # gone by the end of the build: a temporary
+                if name in self.absent_at_open:
+                    deps[name] = {"absent": True}
+                    continue
+                if name in removed or real in removed:
+                    continue  # the build's own temporary
+                self.opaque(f"{name}, which the model read, vanished during the build")
+                return None
             if not stat.S_ISREG(st.st_mode):
                 continue
             if _too_new(st, self.start_ns):
                 return None  # changed while the build ran (ccache: "file too new")
-            deps[real] = file_facts(real, st)
+            deps[name] = file_facts(name, st)
+        for name in sorted(self.probed - set(deps) - self.written - removed):
+            if excluded(name) or excluded(os.path.realpath(name)):
+                continue
+            deps[name] = {"probe": path_kind(name)}
+        for name in sorted(self.listed):
+            if not excluded(os.path.realpath(name)):
+                deps[name] = {"listing": listing_hash(name)}
         return deps
+
+    def environment(self) -> dict[str, str | None]:
+        return dict(sorted(self.env.items()))
+
+    def missing_modules(self) -> list[str]:
+        """Imports tried and not found: installing one later is another build."""
+        return sorted(m for m in self.imports if m not in sys.modules and "." not in m)
+
+    def _unobserved_native(self) -> str | None:
+        for module in self._new_modules:
+            origin = getattr(module, "__file__", None)
+            name = getattr(module, "__name__", "") or ""
+            if (
+                isinstance(origin, str)
+                and origin.endswith(_NATIVE_SUFFIXES)
+                and name.split(".", 1)[0].lstrip("_") not in {n.lstrip("_") for n in _OBSERVED_NATIVE}
+            ):
+                return name
+        return None
+
+
+def path_kind(path: str) -> str:
+    """What a probe of ``path`` finds: absent, a directory, a file (with its size), other."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return "absent"
+    if stat.S_ISDIR(st.st_mode):
+        return "dir"
+    return f"file {st.st_size}" if stat.S_ISREG(st.st_mode) else "other"
+
+
+def listing_hash(path: str) -> str:
+    """The names in a directory the build listed (a file added there may change the build)."""
+    try:
+        names = sorted(os.listdir(path))
+    except OSError:
+        return "unreadable"
+    return hashlib.sha256("\0".join(names).encode("utf-8", "surrogateescape")).hexdigest()
 
 
 def _too_new(st: os.stat_result, since_ns: int) -> bool:
@@ -322,6 +548,40 @@ def _version(dist: str) -> str | None:
 # --- the manifests ---------------------------------------------------------------------------
 
 
+def _known_facts(facts: dict[str, Any]) -> bool:
+    return (
+        isinstance(facts.get("sha256"), str)
+        or facts.get("absent") is True
+        or isinstance(facts.get("probe"), str)
+        or isinstance(facts.get("listing"), str)
+    )
+
+
+def _changed(path: str, facts: dict[str, Any]) -> str | None:
+    """How ``path`` differs from what the build saw (None: the same)."""
+    if facts.get("absent"):
+        return None if not os.path.lexists(path) else "exists now (it was absent)"
+    if "probe" in facts:
+        return None if path_kind(path) == facts["probe"] else "is another kind or size now"
+    if "listing" in facts:
+        return None if listing_hash(path) == facts["listing"] else "lists other names now"
+    try:
+        st = os.stat(path)
+    except OSError:
+        return "is gone"
+    if not stat.S_ISREG(st.st_mode) or st.st_size != facts.get("size"):
+        return "changed"  # the fast negative: another size is another file
+    if os.name == "posix" and _stat_facts(st) == {k: facts.get(k) for k in _stat_facts(st)}:
+        # Untouched since it was hashed: every write changes ctime, which no one can set back,
+        # and the file's ctime predates the recording build, so no write raced it.
+        return None
+    try:
+        return None if _sha256_file(path) == facts["sha256"] else "changed"
+    except OSError:
+        return "is unreadable"
+
+
+
 def _checksum(body: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
@@ -332,6 +592,8 @@ class DirectCache:
     def __init__(self, build_cache: cache.BuildCache | None = None) -> None:
         self.build_cache = build_cache or cache.BuildCache()
         self.root = self.build_cache.root / DIRECT_DIR
+        #: Why the last :meth:`lookup` answered as it did (for the report).
+        self.why = ""
 
     def _path(self, front: str) -> Path:
         return self.root / front[:2] / f"{front}.json"
@@ -354,50 +616,67 @@ class DirectCache:
             or not isinstance(body.get("build_key"), str)
             or not isinstance(files, dict)
             or not isinstance(dists, dict)
-            or not all(isinstance(v, dict) and isinstance(v.get("sha256"), str) for v in files.values())
+            or not isinstance(body.get("env"), dict)
+            or not isinstance(body.get("missing_modules"), list)
+            or not all(isinstance(v, dict) and _known_facts(v) for v in files.values())
         ):
             return None
         return body
 
     def lookup(self, front: str) -> str | None:
-        """The build key the manifest names, if every recorded file and distribution is unchanged."""
+        """The build key the manifest names, if every recorded input is unchanged; else None,
+        with :attr:`why` saying what differed."""
+        self.why = "no direct-mode manifest for this command line"
         body = self._read(front)
         if body is None:
             return None
         refreshed = False
         for path, facts in body["files"].items():
-            try:
+            changed = _changed(path, facts)
+            if changed is not None:
+                self.why = f"{path} {changed} since the cached build"
+                return None
+            if "sha256" in facts:
                 st = os.stat(path)
-            except OSError:
+                if _stat_facts(st) != {k: facts.get(k) for k in _stat_facts(st)} and not _too_new(st, time.time_ns()):
+                    facts.update(_stat_facts(st))  # touched, same bytes: remember the new stat
+                    refreshed = True
+        for name, value in body["env"].items():
+            if os.environ.get(name) != value:
+                self.why = f"environment variable {name} changed since the cached build"
                 return None
-            if not stat.S_ISREG(st.st_mode) or st.st_size != facts.get("size"):
-                return None  # the fast negative: another size is another file
-            if os.name == "posix" and _stat_facts(st) == {k: facts.get(k) for k in _stat_facts(st)}:
-                # Untouched since it was hashed: every write changes ctime, which no one can set
-                # back, and the file's ctime predates the recording build, so no write raced it.
-                continue
-            try:
-                if _sha256_file(path) != facts["sha256"]:
-                    return None
-            except OSError:
+        for module in body["missing_modules"]:
+            if cache.module_origin(str(module)) is not None:
+                self.why = f"module {module} is importable now (it was not for the cached build)"
                 return None
-            if not _too_new(st, time.time_ns()):  # touched, same bytes: remember the new stat
-                facts.update(_stat_facts(st))
-                refreshed = True
-        if any(_version(d) != v for d, v in body["dists"].items()):
-            return None
+        for dist, version in body["dists"].items():
+            if _version(dist) != version:
+                self.why = f"{dist} is {_version(dist) or 'not installed'} now, {version} for the cached build"
+                return None
         if refreshed:
             with contextlib.suppress(OSError):
                 self._write(front, body)
+        self.why = "every input the model read is unchanged"
         return str(body["build_key"])
 
     def restore(self, front: str, dest: Path) -> bool:
         """Restore the build the manifest names into ``dest`` (empty); False on any miss."""
         key = self.lookup(front)
-        return key is not None and self.build_cache.restore(key, dest)
+        if key is None:
+            return False
+        if not self.build_cache.restore(key, dest):
+            self.why = f"the build the manifest names is gone or damaged ({self.build_cache.why})"
+            return False
+        return True
 
     def save(
-        self, front: str, build_key: str, files: dict[str, dict[str, Any]], dists: dict[str, str]
+        self,
+        front: str,
+        build_key: str,
+        files: dict[str, dict[str, Any]],
+        dists: dict[str, str],
+        env: dict[str, str | None] | None = None,
+        missing_modules: list[str] | None = None,
     ) -> None:
         body = {
             "format": DIRECT_FORMAT,
@@ -406,6 +685,8 @@ class DirectCache:
             "created": time.time(),
             "files": files,
             "dists": dists,
+            "env": env or {},
+            "missing_modules": missing_modules or [],
         }
         self._write(front, body)
 
@@ -421,9 +702,12 @@ class DirectCache:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
 
-    def prune(self) -> int:
-        """Remove manifests whose build entry is gone (and leftovers of killed writes)."""
-        removed = 0
+    def prune(self) -> list[str]:
+        """Remove manifests whose build entry is gone (and leftovers of killed writes); returns
+        one line per file that could not be removed."""
+        errors: list[str] = []
+        if not self.root.is_dir():
+            return errors
         for path in self.root.glob("*/*"):
             body = self._read(path.stem) if path.suffix == ".json" else None
             gone = (
@@ -431,10 +715,11 @@ class DirectCache:
                 or not (self.build_cache.root / body["build_key"][:2] / body["build_key"]).is_dir()
             )
             if gone:
-                with contextlib.suppress(OSError):
+                try:
                     path.unlink()
-                    removed += 1
-        return removed
+                except OSError as exc:
+                    errors.append(f"cannot remove {path} ({exc.strerror or type(exc).__name__})")
+        return errors
 
 
 class Session:
@@ -450,6 +735,8 @@ class Session:
         self.recorder = Recorder(excluded)
         model_file = _model_file(model)
         self._extra = [model_file] if model_file else []
+        #: Why direct mode answered, or did not (for the report): set by restore and save.
+        self.why = ""
 
     @classmethod
     def open(
@@ -473,9 +760,11 @@ class Session:
         """Restore the recorded build into ``dest``; on any failure ``dest`` is emptied again."""
         try:
             if self.store.restore(self.front, dest):
+                self.why = self.store.why
                 return True
-        except Exception:  # noqa: BLE001  (direct mode only ever falls back)
-            pass
+            self.why = self.store.why
+        except Exception as exc:  # noqa: BLE001  (direct mode only ever falls back)
+            self.why = f"direct-mode lookup failed ({type(exc).__name__})"
         self.restore_failed(dest)
         return False
 
@@ -492,11 +781,17 @@ class Session:
     def save(self, build_key: str) -> None:
         """Write the manifest of the build just recorded (skipped if a file changed under it)."""
         if self.recorder.broken:
+            self.why = "direct mode off for this build: recording its inputs failed"
             return
         try:
             files = self.recorder.dependencies(self._extra)
             if files is None:
+                what = self.recorder.ineligible or "an input changed while the build ran"
+                self.why = f"direct mode off for this model: {what}"
                 return
-            self.store.save(self.front, build_key, files, imported_distributions())
-        except Exception:  # noqa: BLE001  (a manifest that cannot be written never fails a compile)
-            return
+            rec = self.recorder
+            self.store.save(
+                self.front, build_key, files, imported_distributions(), rec.environment(), rec.missing_modules()
+            )
+        except Exception as exc:  # noqa: BLE001  (a manifest that cannot be written never fails a compile)
+            self.why = f"direct-mode manifest not written ({type(exc).__name__})"

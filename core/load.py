@@ -33,6 +33,15 @@ class LoadedModel:
 
 
 def load_model(spec: str) -> LoadedModel:
+    """The model ``spec`` names, built on one thread (its float reductions — a factory that
+    calibrates BatchNorm, as the zoo's do — then give the same weights on every machine)."""
+    from etforge.core.threads import one_thread
+
+    with one_thread():
+        return _load_model(spec)
+
+
+def _load_model(spec: str) -> LoadedModel:
     if spec.startswith("zoo:"):
         from etforge import zoo
 
