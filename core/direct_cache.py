@@ -150,6 +150,12 @@ _OPAQUE_EVENTS = {
 _OBSERVED_NATIVE = ("torch", "numpy", "PIL", "executorch", "torchao", "ai_edge_litert", "flatbuffers",
                     "yaml", "_yaml", "markupsafe", "sympy", "mpmath", "jinja2", "rich", "click")
 _NATIVE_SUFFIXES = (".so", ".pyd", ".dylib")
+#: Environment variables of the stack (torch, ExecuTorch, etforge ...): recorded whoever reads them.
+_STACK_ENV = ("TORCH", "PYTORCH", "AOT", "INDUCTOR", "FX_", "EXECUTORCH", "ETFORGE", "LITERT", "OMP_", "MKL_")
+#: The environment this process started with (imported before torch, which sets variables of
+#: its own): a variable the build reads is recorded with the value a later lookup will see,
+#: the value its run derived it from.
+_INITIAL_ENV = dict(os.environ)
 
 
 def _audit(event: str, args: tuple[Any, ...]) -> None:
@@ -320,17 +326,17 @@ class Recorder:
                     value = real(mapping, key)
                 except KeyError:
                     if _RECORDER is rec:
-                        rec.env[os.fsdecode(key)] = None
+                        rec.read_env(os.fsdecode(key))
                     raise
                 if _RECORDER is rec:
-                    rec.env[os.fsdecode(key)] = os.fsdecode(value)
+                    rec.read_env(os.fsdecode(key))
                 return value
 
             return wrapper
 
         def iterating(real: Any) -> Any:
             def wrapper(mapping: Any) -> Any:
-                if _RECORDER is rec:
+                if _RECORDER is rec and not rec.library_caller(depth=2):
                     rec.opaque("the model read the whole environment (iterated os.environ)")
                 return real(mapping)
 
@@ -345,6 +351,26 @@ class Recorder:
         numpy_mod = sys.modules.get("numpy")
         if numpy_mod is not None:
             patch(numpy_mod, "fromfile", reading)
+
+    def read_env(self, name: str) -> None:
+        """An environment variable read: recorded when the model's code reads it, or when a
+        library reads one of the stack's (a library iterating the environment to configure
+        itself reads ``PWD`` and ``_`` too, which would make every shell another build)."""
+        if name not in self.env and (name.startswith(_STACK_ENV) or not self.library_caller(depth=4)):
+            self.env[name] = _INITIAL_ENV.get(name)
+
+    def library_caller(self, depth: int = 3) -> bool:
+        """Whether the code calling into ``os.environ`` is an installed library's (a package
+        configuring itself at import, as networkx does), not the model's own."""
+        frame: Any = sys._getframe(depth)
+        while frame is not None and (
+            frame.f_code.co_filename.startswith("<frozen") or frame.f_code.co_filename == os.__file__
+        ):
+            frame = frame.f_back
+        if frame is None or self._excluded is None:
+            return False
+        name = os.path.abspath(frame.f_code.co_filename)
+        return name.startswith(self._excluded.prefixes) or cache.is_etforge_source(name)
 
     def _unwrap(self) -> None:
         while self._undo:
@@ -409,13 +435,24 @@ class Recorder:
         return sorted(m for m in self.imports if m not in sys.modules and "." not in m)
 
     def _unobserved_native(self) -> str | None:
+        """A compiled module imported during the build that is neither the interpreter's own
+        (its standard library) nor one of :data:`_OBSERVED_NATIVE`."""
+        paths = sysconfig.get_paths()
+        stdlib = {paths[k] for k in ("stdlib", "platstdlib") if k in paths}
+        prefixes = tuple(
+            {os.path.realpath(d).rstrip(os.sep) + os.sep for d in stdlib}
+            | {os.path.abspath(d).rstrip(os.sep) + os.sep for d in stdlib}
+        )
+        allowed = {n.lstrip("_") for n in _OBSERVED_NATIVE}
         for module in self._new_modules:
             origin = getattr(module, "__file__", None)
             name = getattr(module, "__name__", "") or ""
             if (
                 isinstance(origin, str)
                 and origin.endswith(_NATIVE_SUFFIXES)
-                and name.split(".", 1)[0].lstrip("_") not in {n.lstrip("_") for n in _OBSERVED_NATIVE}
+                and not os.path.realpath(origin).startswith(prefixes)
+                and not os.path.abspath(origin).startswith(prefixes)
+                and name.split(".", 1)[0].lstrip("_") not in allowed
             ):
                 return name
         return None
