@@ -356,6 +356,9 @@ class Recorder:
         """An environment variable read: recorded when the model's code reads it, or when a
         library reads one of the stack's (a library iterating the environment to configure
         itself reads ``PWD`` and ``_`` too, which would make every shell another build)."""
+        caller = sys._getframe(2).f_code
+        if caller.co_name == "__iter__" and caller.co_filename.startswith("<frozen"):
+            return  # a value read while iterating os.environ (items(), values()): see iterating()
         if name not in self.env and (name.startswith(_STACK_ENV) or not self.library_caller(depth=4)):
             self.env[name] = _INITIAL_ENV.get(name)
 
