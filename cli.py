@@ -386,10 +386,13 @@ def compile_cmd(
     output.kill_point("staging")
     use_cache = cache.enabled() and not no_cache
     try:
-        generated, report, cached = _compile_into(
-            staging, reg, model, target, options, calib, float_, etrecord, memory_budget, use_cache
-        )
-        output.commit(staging, out)
+        try:
+            generated, report, cached = _compile_into(
+                staging, reg, model, target, options, calib, float_, etrecord, memory_budget, use_cache
+            )
+            output.commit(staging, out)
+        except OSError as exc:  # a full disk, a quota, a file system gone read-only
+            raise output.write_error(out, exc) from None
     except BaseException:
         output.discard(staging)  # OUT keeps the previous complete output, if any
         raise

@@ -354,7 +354,7 @@ def _os_reason(exc: BaseException) -> str:
     if isinstance(exc, shutil.Error):  # copytree's list of (src, dst, why): the first says enough
         errs = exc.args[0] if exc.args and isinstance(exc.args[0], list) else []
         if errs and isinstance(errs[0], tuple) and len(errs[0]) == 3:
-            return f"{errs[0][1]}: {str(errs[0][2]).split('] ', 1)[-1]}"
+            return f"{errs[0][1]}: {str(errs[0][2]).split('] ', 1)[-1].split(': ', 1)[0]}"
         return str(exc).splitlines()[0][:200]
     if isinstance(exc, OSError):
         where = f"{exc.filename}: " if exc.filename else ""

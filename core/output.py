@@ -231,6 +231,12 @@ def commit(staging: Path, out: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+def write_error(out: Path, exc: OSError) -> EtforgeError:
+    """One line for an output that could not be written: OUT, the file, and why."""
+    where = f" ({os.fsdecode(exc.filename)})" if exc.filename else ""
+    return EtforgeError(f"cannot write the output {out}{where}: {exc.strerror or type(exc).__name__}")
+
+
 def discard(staging: Path) -> None:
     shutil.rmtree(staging, ignore_errors=True)
 
