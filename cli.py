@@ -295,6 +295,15 @@ def _parse_options(pairs: tuple[str, ...]) -> dict[str, str]:
     return out
 
 
+def _checked_options(resolve: Any, target: Any, given: dict[str, str]) -> dict[str, Any]:
+    """``--option`` values checked against the target's declarations: a bad one is a usage
+    error (exit 2) naming the option."""
+    try:
+        return dict(resolve(target, given))
+    except EtforgeError as exc:
+        raise click.UsageError(f"--option: {exc}") from None
+
+
 @main.command(name="compile")
 @click.argument("models", nargs=-1, metavar="MODEL...")
 @click.option(
@@ -381,7 +390,7 @@ def compile_cmd(
     out = Path(out_dir)
     reg = obj.registry
     target = reg.target(target_name)
-    options = resolve_options(target, _parse_options(raw_options))
+    options = _checked_options(resolve_options, target, _parse_options(raw_options))
     staging = output.prepare(out)  # OUT must be replaceable before anything is compiled
     output.kill_point("staging")
     use_cache = cache.enabled() and not no_cache
@@ -625,7 +634,7 @@ def _compile_many(
         plan = batch.load_manifest(Path(manifest), out)
     else:
         opts = _parse_options(raw_options)
-        resolve_options(obj.registry.target(target_name), opts)  # a bad option fails before any job runs
+        _checked_options(resolve_options, obj.registry.target(target_name), opts)  # before any job runs
         plan = batch.plan(list(models), [target_name], [opts], out, float_=float_, calib=calib)
     for target in sorted({j.target for j in plan}):
         obj.registry.target(target)  # an unknown target fails before any job runs

@@ -128,8 +128,8 @@ def test_truncated_quantized_program_in_verify(tmp_path: Path) -> None:
 
 
 def test_unknown_option_and_prefix_style(tmp_path: Path) -> None:
-    line = one_error(("compile", f"{MODEL}:small", "-o", str(tmp_path / "o"), "--option", "turbo=1"))
-    assert line.startswith("error: unknown option 'turbo'")
+    line = one_error(("compile", f"{MODEL}:small", "-o", str(tmp_path / "o"), "--option", "turbo=1"), code=2)
+    assert line.startswith("error: --option: unknown option 'turbo'")
     usage = one_error(("compile", "--no-such-flag"), code=2)  # click's own errors, same prefix
     assert usage.startswith("error: ") and "--no-such-flag" in usage
 
