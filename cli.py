@@ -799,14 +799,29 @@ def codegen(
     _print_codegen(result, out_dir)
 
 
+def _finite(value: float | None, param: Any, low: float, high: float | None = None) -> float | None:
+    """A number option that must be finite and in range (click's FloatRange lets nan through)."""
+    import math
+
+    if value is None:
+        return None
+    if not math.isfinite(value) or value < low or (high is not None and value > high):
+        span = f"{low:g} to {high:g}" if high is not None else f"at least {low:g}"
+        raise click.BadParameter(f"{value!r} is not a finite number {span}", param=param)
+    return value
+
+
 @main.command()
 @click.argument("out_dir", type=click.Path(file_okay=False))
-@click.option("--samples", default=32, show_default=True, help="Seeded random inputs to compare on.")
+@click.option(
+    "--samples", type=click.IntRange(min=1), default=32, show_default=True, help="Seeded random inputs to compare on."
+)
 @click.option("--seed", default=0, show_default=True)
 @click.option(
     "--max-steps",
     type=float,
     default=None,
+    callback=lambda ctx, param, v: _finite(v, param, low=0.0),
     help="Also fail when the int8 output is more than S steps from the quantized reference's exact "
     "value (default: reported, not gated). Every NPU op is always held to 1 step from the reference op "
     "on the same inputs, with at most 0.1% of its values one step off.",
@@ -820,7 +835,8 @@ def codegen(
 )
 @click.option(
     "--max-accuracy-drop",
-    type=click.FloatRange(min=0.0),
+    type=float,
+    callback=lambda ctx, param, v: _finite(v, param, low=0.0, high=100.0),
     default=1.0,
     show_default=True,
     metavar="POINTS",
@@ -836,7 +852,10 @@ def codegen(
     "PT2E reference) or reference (fixed-point, as TFLite Micro / CMSIS-NN).",
 )
 @click.option(
-    "--min-top1", type=int, default=None, help="Required top-1 agreements (default: 31 of every 32 samples)."
+    "--min-top1",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Required top-1 agreements (default: 31 of every 32 samples).",
 )
 @click.pass_obj
 def verify(
