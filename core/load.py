@@ -152,7 +152,8 @@ def load_program(path: Path | str) -> torch.export.ExportedProgram:
     quiet.setLevel(logging.ERROR)  # its "fallback to weights_only=False" warning never applies here
     try:
         with _tensors_only():
-            return torch.export.load(str(path))
+            with open(path, "rb") as f:  # a file object: any path, non-UTF-8 ones too
+                return torch.export.load(f)
     except _Refused as exc:
         raise EtforgeError(
             f"{path}: refused: holds pickled data other than tensors ({_unpickle_detail(str(exc))}); "

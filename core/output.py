@@ -285,7 +285,8 @@ def write_outputs(out: Path, result: CompileResult, report: dict[str, Any], prog
         (QUANTIZED_PROGRAM, result.quantized_program),
     ):
         if program is not None and programs:
-            torch.export.save(program, str(out / name))
+            with open(out / name, "wb") as f:  # a file object: any path, non-UTF-8 ones too
+                torch.export.save(program, f)
     (out / REPORT).write_text(json.dumps(report, indent=2, sort_keys=False) + "\n")
     (out / PTE).write_bytes(result.pte)
     kill_point("pte")

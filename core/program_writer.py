@@ -63,7 +63,8 @@ class ProgramWriter:
                     import torch
 
                     torch.set_num_threads(1)  # the parent's thread pool does not survive a fork
-                    torch.export.save(program, str(self.out / name))
+                    with open(self.out / name, "wb") as f:  # any path, non-UTF-8 ones too
+                        torch.export.save(program, f)
                 except BaseException as exc:
                     code = 1
                     try:  # one line (a full disk may take even this: then the status speaks)
@@ -80,7 +81,8 @@ class ProgramWriter:
 
         for name, program in list(self._pending.items()):
             try:
-                torch.export.save(program, str(self.out / name))
+                with open(self.out / name, "wb") as f:
+                    torch.export.save(program, f)
             except OSError as exc:
                 raise EtforgeError(f"could not write {self.out / name}: {_one_line(exc)}") from None
         self._pending.clear()
