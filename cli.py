@@ -1002,11 +1002,11 @@ def _size(text: str) -> int:
     try:
         value = float(number)
     except ValueError:
-        raise click.BadParameter(f"{text!r} is not a size (bytes, or a number with K/M/G)") from None
+        raise click.BadParameter(f"{text!r} is not a size (bytes, or a number with K/M/G)", param_hint="--max-size") from None
     if not math.isfinite(value):
-        raise click.BadParameter(f"{text!r} is not a finite size")
+        raise click.BadParameter(f"{text!r} is not a finite size", param_hint="--max-size")
     if value < 0:
-        raise click.BadParameter(f"{text!r} is negative")
+        raise click.BadParameter(f"{text!r} is negative", param_hint="--max-size")
     return int(value * units[unit])
 
 

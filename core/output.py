@@ -271,7 +271,6 @@ def write_outputs(out: Path, result: CompileResult, report: dict[str, Any], prog
     """Partitions, programs, report and ``model.pte`` into ``out`` (a fresh staging directory).
 
     ``programs=False``: a :class:`~etforge.core.program_writer.ProgramWriter` wrote them."""
-    import torch
 
     parts = out / PARTITIONS
     parts.mkdir(parents=True, exist_ok=True)
@@ -285,8 +284,9 @@ def write_outputs(out: Path, result: CompileResult, report: dict[str, Any], prog
         (QUANTIZED_PROGRAM, result.quantized_program),
     ):
         if program is not None and programs:
-            with open(out / name, "wb") as f:  # a file object: any path, non-UTF-8 ones too
-                torch.export.save(program, f)
+            from etforge.core.program_writer import save_program
+
+            save_program(program, out / name)
     (out / REPORT).write_text(json.dumps(report, indent=2, sort_keys=False) + "\n")
     (out / PTE).write_bytes(result.pte)
     kill_point("pte")

@@ -25,6 +25,20 @@ from etforge.core.errors import EtforgeError
 _ERROR = ".programs-error"
 
 
+def save_program(program: ExportedProgram, path: Path) -> None:
+    """``torch.export.save`` into memory, then the bytes to ``path`` with Python's ``open``:
+    any path works (non-UTF-8 ones too), and a full disk is an ``OSError`` naming the file,
+    not an abort inside torch's zip writer."""
+    import io
+
+    import torch
+
+    buf = io.BytesIO()
+    torch.export.save(program, buf)
+    with open(path, "wb") as f:
+        f.write(buf.getbuffer())
+
+
 def _one_line(exc: BaseException) -> str:
     """Why a program could not be written (an OSError's file and reason: a full disk)."""
     if isinstance(exc, OSError) and exc.strerror:
@@ -63,8 +77,7 @@ class ProgramWriter:
                     import torch
 
                     torch.set_num_threads(1)  # the parent's thread pool does not survive a fork
-                    with open(self.out / name, "wb") as f:  # any path, non-UTF-8 ones too
-                        torch.export.save(program, f)
+                    save_program(program, self.out / name)
                 except BaseException as exc:
                     code = 1
                     try:  # one line (a full disk may take even this: then the status speaks)
@@ -77,12 +90,10 @@ class ProgramWriter:
 
     def finish(self) -> None:
         """Wait for the children (or write now); a failure is an error naming the files."""
-        import torch
 
         for name, program in list(self._pending.items()):
             try:
-                with open(self.out / name, "wb") as f:
-                    torch.export.save(program, f)
+                save_program(program, self.out / name)
             except OSError as exc:
                 raise EtforgeError(f"could not write {self.out / name}: {_one_line(exc)}") from None
         self._pending.clear()
