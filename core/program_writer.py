@@ -117,9 +117,7 @@ class ProgramWriter:
             status_line = f"the writer process ended with status {os.waitstatus_to_exitcode(status)}"
             detail = detail or (written.splitlines() or [status_line])[-1]
         if failed:
-            raise EtforgeError(
-                f"could not write {' and '.join(str(self.out / n) for n in failed)}: {detail}"
-            )
+            raise EtforgeError(f"could not write {' and '.join(failed)} into {self.out}: {detail}")
 
     def _cancel(self, name: str) -> None:
         self._pending.pop(name, None)
