@@ -80,7 +80,8 @@ class ProgramWriter:
                     save_program(program, self.out / name)
                 except BaseException as exc:
                     code = 1
-                    try:  # one line (a full disk may take even this: then the status speaks)
+                    try:  # one line (the partial file goes first: on a full disk it frees the room)
+                        (self.out / name).unlink(missing_ok=True)
                         (self.out / f"{_ERROR}-{name}").write_text(_one_line(exc))
                     except OSError:
                         pass
