@@ -452,8 +452,8 @@ def _compile_into(
                 direct.why = f"the cached build was not trusted: {problem}"
             except EtforgeError as exc:
                 direct.why = f"the cached build was not trusted: {exc}"
-            _say("warning", direct.why)
-            direct.restore_failed(staging)  # never trusted: the normal path rebuilds
+            _say("warning", f"{direct.why}; rebuilding")
+            direct.distrust(staging)  # never trusted: the entry goes, the normal path rebuilds
     recording = direct.recorder.recording() if direct is not None else contextlib.nullcontext()
     generated, report, cached, key = _build_into(
         staging,

@@ -634,6 +634,8 @@ class DirectCache:
         self.root = self.build_cache.root / DIRECT_DIR
         #: Why the last :meth:`lookup` answered as it did (for the report).
         self.why = ""
+        #: The build key the last :meth:`restore` looked up.
+        self.restored_key: str | None = None
 
     def _path(self, front: str) -> Path:
         return self.root / front[:2] / f"{front}.json"
@@ -702,6 +704,7 @@ class DirectCache:
     def restore(self, front: str, dest: Path) -> bool:
         """Restore the build the manifest names into ``dest`` (empty); False on any miss."""
         key = self.lookup(front)
+        self.restored_key = key
         if key is None:
             return False
         if not self.build_cache.restore(key, dest):
@@ -807,6 +810,12 @@ class Session:
             self.why = f"direct-mode lookup failed ({type(exc).__name__})"
         self.restore_failed(dest)
         return False
+
+    def distrust(self, dest: Path) -> None:
+        """The restored build is not the one asked for: its entry goes, ``dest`` is emptied."""
+        if self.store.restored_key is not None:
+            self.store.build_cache.discard(self.store.restored_key)
+        self.restore_failed(dest)
 
     @staticmethod
     def restore_failed(dest: Path) -> None:
