@@ -156,6 +156,7 @@ _STACK_ENV = ("TORCH", "PYTORCH", "AOT", "INDUCTOR", "FX_", "EXECUTORCH", "ETFOR
 #: its own): a variable the build reads is recorded with the value a later lookup will see,
 #: the value its run derived it from.
 _INITIAL_ENV = dict(os.environ)
+_INHERITED = object()
 
 
 def _audit(event: str, args: tuple[Any, ...]) -> None:
@@ -237,6 +238,9 @@ class Recorder:
         else:
             writes = isinstance(flags, int) and bool(flags & _WRITE_FLAGS)
         if writes:
+            if name in self.read and name not in self.written and self._mine(name) and os.path.exists(name):
+                # It read the file, then rewrote it: the next run would start from other bytes.
+                self.opaque(f"the model rewrote {name}, which it had read")
             self.written.add(name)
             return
         self.read.add(name)
@@ -297,7 +301,8 @@ class Recorder:
             real = getattr(owner, attr, None)
             if real is None:
                 return
-            self._undo.append((owner, attr, real))
+            own = attr in vars(owner)  # inherited (a classmethod of a base): removed, not set, after
+            self._undo.append((owner, attr, vars(owner)[attr] if own else _INHERITED))
             setattr(owner, attr, make(real))
 
         def probing(real: Any) -> Any:
@@ -378,7 +383,10 @@ class Recorder:
     def _unwrap(self) -> None:
         while self._undo:
             owner, attr, real = self._undo.pop()
-            setattr(owner, attr, real)
+            if real is _INHERITED:
+                delattr(owner, attr)
+            else:
+                setattr(owner, attr, real)
 
     def dependencies(self, extra: Iterable[str] = ()) -> dict[str, dict[str, Any]] | None:
         """Each input (path as opened → its facts), or None when the build's inputs are not all

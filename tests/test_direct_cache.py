@@ -58,11 +58,14 @@ OPAQUE = {
     "subprocess": "import subprocess; subprocess.run(['true'])",
     "ctypes": "import ctypes; ctypes.CDLL(None).getpid()",
     "environment": "dict(os.environ)",
+    "rewrite": "data = open(STATE).read(); open(STATE, 'w').write(data + '1')",
 }
 
 OPAQUE_RUNNER = """
-import os, sys
+import os, sys, tempfile
 from etforge.core.direct_cache import Recorder
+STATE = os.path.join(tempfile.mkdtemp(), "state.txt")  # a file the model reads, then rewrites
+open(STATE, "w").write("0")
 rec = Recorder()
 with rec.recording():
     exec(sys.argv[1])
