@@ -233,7 +233,9 @@ class BuildCache:
             problem = "its manifest does not match its seal"
         else:
             present = {str(p.relative_to(files)) for p in _files(files)} if files.is_dir() else set()
-            if present != set(listed) or any(_sha256_file(files / rel) != d for rel, d in listed.items()):
+            if files.is_dir() and any(p.is_symlink() for p in files.rglob("*")):
+                problem = "it holds a symbolic link"  # never a link into the output
+            elif present != set(listed) or any(_sha256_file(files / rel) != d for rel, d in listed.items()):
                 problem = "its files do not match its manifest"
         if problem is not None:
             self.why = f"the cached entry {entry} was damaged ({problem}): discarded"
