@@ -129,3 +129,21 @@ def test_a_read_only_cache_is_reported_not_claimed_removed(read_only_cache: Path
     assert "removed 0 builds" in proc.stdout
     assert len(errors) == 2 and all("cannot remove" in e and "Read-only file system" in e for e in errors)
     assert len(BuildCache(read_only_cache).entries()) == 2
+
+
+def test_an_entry_holding_a_symlink_is_never_restored(tmp_path: Path) -> None:
+    c = BuildCache(tmp_path / "cache")
+    key = "ef" * 32
+    secret = tmp_path / "secret.txt"
+    secret.write_text("not for the output")
+    c.store(key, _entry(tmp_path / "src"))
+    entry = c.root / key[:2] / key
+    (entry / "files" / "model.pte").unlink()
+    (entry / "files" / "model.pte").symlink_to(secret)  # same digest listed: re-sealed below
+    manifest = json.loads((entry / cache_mod.MANIFEST).read_text())
+    manifest["files"]["model.pte"] = cache_mod._sha256_file(secret)
+    manifest["seal"] = cache_mod._seal(key, manifest["files"], manifest["dirs"])
+    (entry / cache_mod.MANIFEST).write_text(json.dumps(manifest))
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    assert not c.restore(key, dest) and "symbolic link" in c.why and list(dest.iterdir()) == []
