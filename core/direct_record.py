@@ -280,6 +280,9 @@ class Recorder:
         torch_mod = sys.modules.get("torch")
         if torch_mod is not None:
             patch(torch_mod, "from_file", reading)
+            jit = sys.modules.get("torch.jit")
+            if jit is not None:  # TorchScript archives are read by C++, from the path
+                patch(jit, "load", reading)
             patch(torch_mod.UntypedStorage, "from_file", lambda real: staticmethod(reading(real)))
         numpy_mod = sys.modules.get("numpy")
         if numpy_mod is not None:

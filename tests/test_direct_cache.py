@@ -41,6 +41,7 @@ with rec.recording():
     torch.load(tmp / "wcur.pt", weights_only=True)  # a symlink to w1.pt
     torch.from_file(str(tmp / "raw.bin"), size=4, dtype=torch.uint8)
     np.fromfile(tmp / "np.bin", dtype=np.uint8)
+    torch.jit.load(str(tmp / "m.jit"))  # read by C++ from the path
     if os.path.exists(tmp / "override.pt"):
         raise SystemExit("override.pt must not exist yet")
     os.environ.get("ETFORGE_TEST_MODEL_SCALE")
@@ -88,6 +89,8 @@ def test_every_read_is_an_input_as_named(tmp_path: Path, monkeypatch: pytest.Mon
     (tmp_path / "wcur.pt").symlink_to("w1.pt")
     (tmp_path / "raw.bin").write_bytes(b"abcd")
     (tmp_path / "np.bin").write_bytes(b"wxyz")
+    torch.manual_seed(0)
+    torch.jit.save(torch.jit.script(torch.nn.Linear(2, 2)), str(tmp_path / "m.jit"))
     time.sleep(SETTLE)
     proc = _child(RECORD, str(tmp_path))
     assert proc.returncode == 0, proc.stderr
@@ -131,6 +134,12 @@ def test_every_read_is_an_input_as_named(tmp_path: Path, monkeypatch: pytest.Mon
     assert "ETFORGE_TEST_MODEL_SCALE" in stale(
         lambda: monkeypatch.setenv("ETFORGE_TEST_MODEL_SCALE", "2"),
         lambda: monkeypatch.delenv("ETFORGE_TEST_MODEL_SCALE"),
+    )
+    jit_bytes = (tmp_path / "m.jit").read_bytes()
+    torch.manual_seed(1)
+    assert "m.jit" in stale(
+        lambda: torch.jit.save(torch.jit.script(torch.nn.Linear(2, 2)), str(tmp_path / "m.jit")),
+        lambda: (tmp_path / "m.jit").write_bytes(jit_bytes),
     )
     optional = tmp_path / "etforge_test_optional_dependency.py"
     monkeypatch.syspath_prepend(str(tmp_path))
