@@ -505,13 +505,17 @@ def compile_cmd(
     output.kill_point("staging")
     use_cache = cache.enabled() and not no_cache
     try:
-        generated, report, cached = _compile_into(
-            staging, reg, model, target, options, calib, float_, etrecord, memory_budget, use_cache
-        )
-        output.commit(staging, out)
+        try:
+            generated, report, cached = _compile_into(
+                staging, reg, model, target, options, calib, float_, etrecord, memory_budget, use_cache
+            )
+            output.commit(staging, out)
+        except OSError as exc:  # a full disk, a quota, a file system gone read-only
+            raise output.write_error(out, exc) from None
     except BaseException:
         output.discard(staging)  # OUT keeps the previous complete output, if any
         raise
+    info = report.get("cache") or {}
     if as_json:
         from etforge.core.summary import summary_data
 
@@ -526,6 +530,7 @@ def compile_cmd(
         return
     if cached:
         console.print("[green]✓[/] restored from the build cache (nothing changed since it was built)")
+    console.print(f"cache: {info.get('mode', 'miss')} ({escape(str(info.get('reason', '')))})", soft_wrap=True)
     _print_summary(report, out, generated)
 
 
@@ -554,6 +559,7 @@ def _compile_into(
     flags = {"float": float_, "etrecord": etrecord, "budget": memory_budget}
     direct = None
     if use_cache:
+        from etforge.core import cache
         from etforge.core.direct_cache import Session
 
         direct = Session.open(
@@ -561,9 +567,15 @@ def _compile_into(
         )
         if direct is not None and direct.restore(staging):
             try:
-                return None, output.load_report(staging / output.REPORT), True
-            except EtforgeError:
-                direct.restore_failed(staging)  # never trusted: the normal path rebuilds
+                report = output.load_report(staging / output.REPORT)
+                problem = cache.check_report(report, model=model, target=target.name, quantized=not float_)
+                if problem is None:
+                    return None, _cache_info(staging, report, "direct", direct.why), True
+                direct.why = f"the cached build was not trusted: {problem}"
+            except EtforgeError as exc:
+                direct.why = f"the cached build was not trusted: {exc}"
+            _say("warning", f"{direct.why}; rebuilding")
+            direct.distrust(staging)  # never trusted: the entry goes, the normal path rebuilds
     recording = direct.recorder.recording() if direct is not None else contextlib.nullcontext()
     generated, report, cached, key = _build_into(
         staging,
@@ -579,9 +591,30 @@ def _compile_into(
         flags,
         recording,
     )
+    if not use_cache:
+        return generated, _cache_info(staging, report, "miss", "the build cache is off"), cached
     if direct is not None and key is not None:
         direct.save(key)
-    return generated, report, cached
+    direct_why = direct.why if direct is not None else "direct mode unavailable for this command line"
+    if cached:
+        reason = f"the exported program and everything the build depends on are unchanged ({direct_why})"
+        return generated, _cache_info(staging, report, "exported", reason), cached
+    reason = f"no cached build of this exported program; {direct_why}"
+    return generated, _cache_info(staging, report, "miss", reason), cached
+
+
+def _cache_info(staging: Any, report: dict[str, Any], mode: str, reason: str) -> dict[str, Any]:
+    """``report["cache"]``: how the build cache answered (direct, exported or miss) and why;
+    written into the staged report.json (the cached entry keeps the report as built)."""
+    import json
+
+    from etforge.core import output
+
+    report["cache"] = {"mode": mode, "reason": reason}
+    path = staging / output.REPORT
+    if path.is_file():
+        path.write_text(json.dumps(report, indent=2, sort_keys=False) + "\n")
+    return report
 
 
 def _build_into(
@@ -633,8 +666,22 @@ def _build_into(
         from etforge.core import cache
 
         key = cache.compile_key(front, reg, model, target, options, flags)
-        if cache.BuildCache().restore(key, staging):
-            return None, output.load_report(staging / output.REPORT), True, key
+        build_cache = cache.BuildCache()
+        if build_cache.restore(key, staging):
+            try:
+                restored = output.load_report(staging / output.REPORT)
+                problem = cache.check_report(restored, model=model, target=target.name, quantized=not float_)
+            except EtforgeError as exc:
+                problem = str(exc)
+            if problem is None:
+                return None, restored, True, key
+            _say("warning", f"the cached build {key[:12]} was not trusted: {problem}; rebuilding")
+            build_cache.discard(key)
+            from etforge.core.direct_cache import Session
+
+            Session.restore_failed(staging)
+        elif build_cache.why.startswith("the cached entry"):
+            _say("warning", f"{build_cache.why}; rebuilding")
     with _progress("import executorch"):
         from etforge.core.lazy_imports import defer_inductor_post_grad
 
@@ -679,8 +726,8 @@ def _build_into(
 
         try:
             cache.BuildCache().store(key, staging)
-        except OSError as exc:  # a full or read-only cache never fails the compile
-            _say("warning", f"build cache not updated: {exc}")
+        except cache.CacheError as exc:  # a full or read-only cache never fails the compile
+            _say("warning", str(exc))
             key = None
     return generated, report, False, key
 
@@ -956,6 +1003,18 @@ def codegen(
     _print_codegen(result, out_dir)
 
 
+def _finite(value: float | None, param: Any, low: float, high: float | None = None) -> float | None:
+    """A number option that must be finite and in range (click's FloatRange lets nan through)."""
+    import math
+
+    if value is None:
+        return None
+    if not math.isfinite(value) or value < low or (high is not None and value > high):
+        span = f"{low:g} to {high:g}" if high is not None else f"at least {low:g}"
+        raise click.BadParameter(f"{value!r} is not a finite number {span}", param=param)
+    return value
+
+
 @main.command()
 @click.argument("out_dir", metavar="OUT|PTE", type=click.Path())
 @click.option(
@@ -981,12 +1040,15 @@ def codegen(
     metavar="Q.pt2",
     help="With --model: the script's quantized program (torch.export.save); the reference is lowered from it.",
 )
-@click.option("--samples", default=32, show_default=True, help="Seeded random inputs to compare on.")
+@click.option(
+    "--samples", type=click.IntRange(min=1), default=32, show_default=True, help="Seeded random inputs to compare on."
+)
 @click.option("--seed", default=0, show_default=True)
 @click.option(
     "--max-steps",
     type=float,
     default=None,
+    callback=lambda ctx, param, v: _finite(v, param, low=0.0),
     help="Also fail when the int8 output is more than S steps from the quantized reference's exact "
     "value (default: reported, not gated). Every NPU op is always held to 1 step from the reference op "
     "on the same inputs, with at most 0.1% of its values one step off.",
@@ -1000,7 +1062,8 @@ def codegen(
 )
 @click.option(
     "--max-accuracy-drop",
-    type=click.FloatRange(min=0.0),
+    type=float,
+    callback=lambda ctx, param, v: _finite(v, param, low=0.0, high=100.0),
     default=1.0,
     show_default=True,
     metavar="POINTS",
@@ -1017,7 +1080,10 @@ def codegen(
     "PT2E reference) or reference (fixed-point, as TFLite Micro / CMSIS-NN).",
 )
 @click.option(
-    "--min-top1", type=int, default=None, help="Required top-1 agreements (default: 31 of every 32 samples)."
+    "--min-top1",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Required top-1 agreements (default: 31 of every 32 samples).",
 )
 @click.pass_obj
 def verify(
@@ -1198,16 +1264,33 @@ def cache() -> None:
 
 
 def _size(text: str) -> int:
+    """``--max-size``: bytes, or a number with K/M/G/T; a finite, non-negative amount."""
+    import math
+
     units = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
     raw = text.strip().upper().removesuffix("B").removesuffix("I")
     number, unit = (raw[:-1], raw[-1]) if raw and raw[-1] in units else (raw, "")
     try:
         value = float(number)
     except ValueError:
-        raise click.BadParameter(f"{text!r} is not a size (bytes, or a number with K/M/G)") from None
+        raise click.BadParameter(f"{text!r} is not a size (bytes, or a number with K/M/G)", param_hint="--max-size") from None
+    if not math.isfinite(value):
+        raise click.BadParameter(f"{text!r} is not a finite size", param_hint="--max-size")
     if value < 0:
-        raise click.BadParameter(f"{text!r} is negative")
+        raise click.BadParameter(f"{text!r} is negative", param_hint="--max-size")
     return int(value * units[unit])
+
+
+def _cache_done(root: Any, removed: list[Any], errors: list[str]) -> None:
+    """What a prune or clear did: builds removed, then each failure; exit 1 if any."""
+    freed = sum(e.bytes for e in removed)
+    damaged = sum(not e.intact for e in removed)
+    extra = f", {damaged} of them damaged (no intact manifest)" if damaged else ""
+    console.print(f"{root}: removed {len(removed)} builds ({freed:,} B){extra}", soft_wrap=True)
+    for line in errors:
+        _say("error", line)
+    if errors:
+        sys.exit(1)
 
 
 @cache.command(name="info")
@@ -1216,8 +1299,15 @@ def cache_info() -> None:
     from etforge.core.cache import BuildCache
 
     c = BuildCache()
-    entries = c.entries()
+    try:
+        entries = c.entries()
+    except OSError as exc:
+        _say("error", f"cannot read the build cache {c.root}: {exc.strerror or type(exc).__name__}")
+        sys.exit(1)
+    damaged = [e for e in entries if not e.intact]
     console.print(f"{c.root}: {len(entries)} builds, {sum(e.bytes for e in entries):,} B", soft_wrap=True)
+    for e in damaged:
+        console.print(f"  damaged (no intact manifest; prune removes it): {e.path}", soft_wrap=True)
 
 
 @cache.command(name="prune")
@@ -1230,20 +1320,30 @@ def cache_info() -> None:
     help="Also drop unused builds.",
 )
 def cache_prune(max_size: str, older_than: float | None) -> None:
-    """Remove the least recently used builds until the cache fits."""
+    """Remove damaged builds, then the least recently used until the cache fits."""
+    import math
+
     from etforge.core.cache import BuildCache
 
+    if older_than is not None and not math.isfinite(older_than):
+        raise click.BadParameter(f"{older_than!r} is not a finite number of days", param_hint="--older-than")
+    size = _size(max_size)
     c = BuildCache()
-    removed = c.prune(_size(max_size), older_than * 86400 if older_than is not None else None)
-    freed = sum(e.bytes for e in removed)
-    console.print(f"{c.root}: removed {len(removed)} builds ({freed:,} B)", soft_wrap=True)
+    try:
+        removed, errors = c.prune(size, older_than * 86400 if older_than is not None else None)
+    except OSError as exc:
+        removed, errors = [], [f"cannot read the build cache {c.root}: {exc.strerror or type(exc).__name__}"]
+    _cache_done(c.root, removed, errors)
 
 
 @cache.command(name="clear")
 def cache_clear() -> None:
-    """Remove every build."""
+    """Remove every build (damaged ones included)."""
     from etforge.core.cache import BuildCache
 
     c = BuildCache()
-    removed = c.prune(0)
-    console.print(f"{c.root}: removed {len(removed)} builds", soft_wrap=True)
+    try:
+        removed, errors = c.prune(0)
+    except OSError as exc:
+        removed, errors = [], [f"cannot read the build cache {c.root}: {exc.strerror or type(exc).__name__}"]
+    _cache_done(c.root, removed, errors)

@@ -60,7 +60,7 @@ model, example = models.build(name)
 quantizer = PT2EQuantizer().set_global(get_symmetric_quantization_config(is_per_channel=True))
 gm = prepare_pt2e(torch.export.export(model, example, strict=False).module(), quantizer)
 with torch.no_grad():
-    for batch in torch.load(calib):
+    for batch in torch.load(calib, weights_only=True):  # tensors only: never code from a file
         gm(*batch)
 gm = convert_pt2e(gm, fold_quantize=False)
 litert_torch.convert(gm, example, quant_config=QuantConfig(pt2e_quantizer=quantizer)).export(out)

@@ -145,8 +145,14 @@ def load_manifest(path: Path, out: Path) -> list[Job]:
         option_sets = [option_sets]
     if not isinstance(option_sets, list) or not all(isinstance(o, dict) for o in option_sets):
         raise EtforgeError(f"manifest {path}: 'options' must be a table or a list of tables")
-    option_sets = [{str(k): str(v) for k, v in o.items()} for o in option_sets]
-    float_, calib = bool(data.get("float", False)), data.get("calib")
+    option_sets = [_option_table(o, path, "options") for o in option_sets]
+    float_, calib = data.get("float", False), data.get("calib")
+    if not isinstance(float_, bool):
+        raise EtforgeError(f"manifest {path}: 'float' must be true or false, not {float_!r}")
+    if calib is not None and (not isinstance(calib, str) or not calib):
+        raise EtforgeError(f"manifest {path}: 'calib' must be the path of a .pt file, not {calib!r}")
+    if calib is not None and not Path(calib).is_absolute():
+        calib = str((base / calib).resolve())  # like the models: relative to the manifest
     jobs = [j for m in models for j in _jobs(m, targets, option_sets, out, float_, calib)]
     extras = data.get("jobs", [])
     if not isinstance(extras, list):
@@ -158,9 +164,7 @@ def load_manifest(path: Path, out: Path) -> list[Job]:
         if not isinstance(opts, dict):
             raise EtforgeError(f"manifest {path}: jobs[{i}].options must be a table")
         model = model_ref(extra["model"], f"jobs[{i}].model")
-        jobs += _jobs(
-            model, [extra["target"]], [{str(k): str(v) for k, v in opts.items()}], out, float_, calib
-        )
+        jobs += _jobs(model, [extra["target"]], [_option_table(opts, path, f"jobs[{i}].options")], out, float_, calib)
     if not jobs:
         raise EtforgeError(f"manifest {path}: no jobs (give 'models' and 'targets', or 'jobs')")
     outs = [j.out for j in jobs]
@@ -174,6 +178,20 @@ def _jobs(
     model: str, targets: list[str], option_sets: list[dict[str, str]], out: Path, float_: bool, calib: Any
 ) -> list[Job]:
     return plan([model], targets, option_sets, out, float_=float_, calib=calib)
+
+
+def _option_table(table: dict[Any, Any], path: Path, where: str) -> dict[str, str]:
+    """A manifest's option table as ``--option`` strings: scalars only (a list is comma-joined)."""
+    out = {}
+    for key, value in table.items():
+        if isinstance(value, list) and all(isinstance(v, str) for v in value):
+            value = ",".join(value)
+        if isinstance(value, bool):
+            value = "true" if value else "false"
+        if not isinstance(value, (str, int, float)):
+            raise EtforgeError(f"manifest {path}: {where}.{key} must be a string, number or boolean, not {value!r}")
+        out[str(key)] = str(value)
+    return out
 
 
 def _list(data: dict[str, Any], key: str, path: Path) -> list[str]:

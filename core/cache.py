@@ -191,6 +191,14 @@ class Entry:
     path: Path
     bytes: int
     last_used: float
+    #: False for a directory without an intact manifest (a killed store, a planted or damaged entry).
+    intact: bool = True
+
+
+def _seal(key: str, files: dict[str, str], dirs: list[str]) -> str:
+    """What binds an entry's manifest to its key and to every file's digest."""
+    body = json.dumps({"key": key, "files": files, "dirs": dirs}, sort_keys=True)
+    return hashlib.sha256(body.encode()).hexdigest()
 
 
 class BuildCache:
@@ -198,40 +206,63 @@ class BuildCache:
 
     def __init__(self, root: Path | None = None) -> None:
         self.root = (root or default_dir()) / f"v{CACHE_FORMAT}"
+        #: Why the last :meth:`restore` missed (for the report).
+        self.why = ""
 
     def _entry(self, key: str) -> Path:
         return self.root / key[:2] / key
 
     def restore(self, key: str, dest: Path) -> bool:
-        """Copy the entry's files into ``dest`` (an empty directory) if the entry is intact."""
+        """Copy the entry's files into ``dest`` (an empty directory) if the entry is intact:
+        its manifest names this key, its seal matches, and every file (no more, no fewer)
+        has the digest the manifest lists. Anything else is deleted, never trusted."""
         entry = self._entry(key)
-        manifest = _read_manifest(entry)
-        if manifest is None:
+        if not entry.is_dir():
+            self.why = "no cached build for this program"
             return False
+        manifest = _read_manifest(entry)
         files = entry / "files"
-        listed: dict[str, str] = manifest["files"]
-        present = {str(p.relative_to(files)) for p in _files(files)} if files.is_dir() else set()
-        if present != set(listed) or any(
-            _sha256_file(files / rel) != digest for rel, digest in listed.items()
-        ):
+        listed: dict[str, str] = manifest["files"] if manifest is not None else {}
+        dirs = manifest.get("dirs") if manifest is not None else None
+        problem = None
+        if manifest is None:
+            problem = "its manifest is missing or unreadable"
+        elif manifest.get("key") != key or not isinstance(dirs, list):
+            problem = "its manifest names another key"
+        elif manifest.get("seal") != _seal(key, listed, dirs):
+            problem = "its manifest does not match its seal"
+        else:
+            present = {str(p.relative_to(files)) for p in _files(files)} if files.is_dir() else set()
+            if files.is_dir() and any(p.is_symlink() for p in files.rglob("*")):
+                problem = "it holds a symbolic link"  # never a link into the output
+            elif present != set(listed) or any(_sha256_file(files / rel) != d for rel, d in listed.items()):
+                problem = "its files do not match its manifest"
+        if problem is not None:
+            self.why = f"the cached entry {entry} was damaged ({problem}): discarded"
             self.discard(key)  # corrupt: never trusted, rebuilt by the caller
             return False
-        for rel in manifest.get("dirs") or []:  # empty ones too: the output as it was written
+        for rel in dirs or []:  # empty ones too: the output as it was written
             if isinstance(rel, str) and not Path(rel).is_absolute() and ".." not in Path(rel).parts:
                 (dest / rel).mkdir(parents=True, exist_ok=True)
         for rel in sorted(listed):
+            if Path(rel).is_absolute() or ".." in Path(rel).parts:
+                continue
             target = dest / rel
             target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(files / rel, target)
+            shutil.copyfile(files / rel, target, follow_symlinks=False)
         with contextlib.suppress(OSError):
             os.utime(entry / MANIFEST)  # last use, for pruning
+        self.why = ""
         return True
 
     def store(self, key: str, source: Path) -> None:
-        """Add ``source``'s files as the entry for ``key`` (atomically; a failure stores nothing)."""
-        self.root.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(dir=self.root, prefix=".store-"))
+        """Add ``source``'s files as the entry for ``key`` (atomically; a failure stores nothing).
+
+        Raises :class:`CacheError` (one line naming the cache) when the cache cannot be written."""
+        staging: Path | None = None
         try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            staging = Path(tempfile.mkdtemp(dir=self.root, prefix=".store-"))
             shutil.copytree(source, staging / "files", dirs_exist_ok=True)
             digests = {
                 str(p.relative_to(staging / "files")): _sha256_file(p) for p in _files(staging / "files")
@@ -245,6 +276,7 @@ class BuildCache:
                 "created": time.time(),
                 "files": digests,
                 "dirs": dirs,
+                "seal": _seal(key, digests, dirs),
             }
             (staging / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
             entry = self._entry(key)
@@ -252,40 +284,98 @@ class BuildCache:
             if entry.exists():
                 shutil.rmtree(entry, ignore_errors=True)
             os.replace(staging, entry)
+        except (OSError, shutil.Error) as exc:
+            raise CacheError(f"build cache {self.root} not updated: {_os_reason(exc)}") from None
         finally:
-            if staging.exists():
+            if staging is not None and staging.exists():
                 shutil.rmtree(staging, ignore_errors=True)
 
     def discard(self, key: str) -> None:
         shutil.rmtree(self._entry(key), ignore_errors=True)
 
     def entries(self) -> list[Entry]:
+        """Every entry directory, intact or not (one without a manifest is listed too)."""
         found = []
-        for manifest_path in self.root.glob(f"*/*/{MANIFEST}"):
-            entry = manifest_path.parent
-            size = sum(p.stat().st_size for p in _files(entry))
-            found.append(Entry(entry.name, entry, size, manifest_path.stat().st_mtime))
+        if not self.root.is_dir():
+            return found
+        for shard in self.root.iterdir():
+            if shard.name in (DIRECT_DIR_NAME,) or shard.name.startswith(".") or not shard.is_dir():
+                continue
+            for entry in shard.iterdir():
+                if not entry.is_dir() or entry.is_symlink():
+                    continue
+                manifest_path = entry / MANIFEST
+                intact = _read_manifest(entry) is not None
+                size = sum(p.lstat().st_size for p in _files(entry))
+                try:
+                    used = (manifest_path if intact else entry).stat().st_mtime
+                except OSError:
+                    used = 0.0
+                found.append(Entry(entry.name, entry, size, used if intact else 0.0, intact))
         return sorted(found, key=lambda e: e.last_used)
 
-    def prune(self, max_bytes: int = 0, older_than_seconds: float | None = None) -> list[Entry]:
-        """Remove least-recently-used entries until the cache holds at most ``max_bytes``
-        (and every entry unused for longer than ``older_than_seconds``); returns those removed."""
+    def prune(
+        self, max_bytes: float = 0, older_than_seconds: float | None = None
+    ) -> tuple[list[Entry], list[str]]:
+        """Remove damaged entries, then least-recently-used ones until the cache holds at most
+        ``max_bytes`` (and every entry unused for longer than ``older_than_seconds``).
+
+        Returns (entries removed, one line per entry or leftover that could not be removed)."""
         entries = self.entries()
         total = sum(e.bytes for e in entries)
-        removed = []
+        removed: list[Entry] = []
+        errors: list[str] = []
         now = time.time()
         for e in entries:
             stale = older_than_seconds is not None and now - e.last_used > older_than_seconds
-            if total > max_bytes or stale:
-                shutil.rmtree(e.path, ignore_errors=True)
-                total -= e.bytes
-                removed.append(e)
-        for leftover in self.root.glob(".store-*"):  # a store killed midway
-            shutil.rmtree(leftover, ignore_errors=True)
+            if total > max_bytes or stale or not e.intact:
+                problem = _remove_tree(e.path)
+                if problem is None:
+                    total -= e.bytes
+                    removed.append(e)
+                else:
+                    errors.append(problem)
+        if self.root.is_dir():
+            for leftover in self.root.glob(".store-*"):  # a store killed midway
+                if (problem := _remove_tree(leftover)) is not None:
+                    errors.append(problem)
         from etforge.core.direct_cache import DirectCache
 
-        DirectCache(self).prune()  # direct-mode manifests of removed entries
-        return removed
+        errors += DirectCache(self).prune()  # direct-mode manifests of removed entries
+        return removed, errors
+
+
+DIRECT_DIR_NAME = "direct"
+
+
+class CacheError(Exception):
+    """The cache could not be read or written: one line naming it (a warning, never a failure)."""
+
+
+def _os_reason(exc: BaseException) -> str:
+    if isinstance(exc, shutil.Error):  # copytree's list of (src, dst, why): the first says enough
+        errs = exc.args[0] if exc.args and isinstance(exc.args[0], list) else []
+        if errs and isinstance(errs[0], tuple) and len(errs[0]) == 3:
+            return f"{errs[0][1]}: {str(errs[0][2]).split('] ', 1)[-1].split(': ', 1)[0]}"
+        return str(exc).splitlines()[0][:200]
+    if isinstance(exc, OSError):
+        where = f"{exc.filename}: " if exc.filename else ""
+        return f"{where}{exc.strerror or type(exc).__name__}"
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _remove_tree(path: Path) -> str | None:
+    """Remove ``path``; None on success, else one line naming it and why."""
+    failures: list[str] = []
+
+    def failed(_fn: Any, where: str, exc: Any) -> None:
+        err = exc[1] if isinstance(exc, tuple) else exc
+        failures.append(f"{where}: {getattr(err, 'strerror', None) or err}")
+
+    shutil.rmtree(path, onerror=failed)
+    if path.exists():
+        return f"cannot remove {path} ({failures[0] if failures else 'still there'})"
+    return None
 
 
 def _read_manifest(entry: Path) -> dict[str, Any] | None:
@@ -301,6 +391,17 @@ def _read_manifest(entry: Path) -> dict[str, Any] | None:
     ):
         return None
     return manifest
+
+
+def check_report(report: dict[str, Any], *, model: str, target: str, quantized: bool) -> str | None:
+    """Whether a restored ``report.json`` is the build that was asked for (None) or another's.
+
+    The key binds an entry to its program, not to the command line: an entry planted, or
+    copied, under a key must still describe this model, this target and this precision."""
+    for field, wanted in (("model", model), ("target", target), ("quantized", quantized)):
+        if report.get(field) != wanted:
+            return f"its report names {field} {report.get(field)!r}, not {wanted!r}"
+    return None
 
 
 def enabled() -> bool:

@@ -9,18 +9,14 @@ version, etforge's sources, every plugin's distribution and module source, the s
 versions and the NPU compiler's presence — none of which needs an import.
 
 The front key names a small manifest written by the build that filled the cache: every
-file the model's code read or imported while it was loaded, exported, calibrated and built
-(seen by an audit hook), with its content hash, the versions of the third-party
-distributions it imported, and the full build key. A later compile with the same front key
-whose recorded files all still hold the same bytes (and whose distributions have the same
-versions) restores that build's entry through :meth:`BuildCache.restore`, which re-checks
-every output file. Anything else — a missing or changed file, a corrupt manifest, a failed
-restore — falls back to the normal path, which recompiles or hits with the full key and
-rewrites the manifest.
-
-Like ccache's direct mode, this assumes a model's output depends only on the files it
-reads: a model that reads environment variables, the clock or the network must be
-compiled with ``--no-cache``.
+input the model's code read while it was loaded and exported (:mod:`etforge.core.direct_record`:
+files under the path as opened, absent files, probes, listings, environment variables,
+failed imports), the versions of the third-party distributions it imported, and the full
+build key. A later compile with the same front key whose recorded inputs are all unchanged
+restores that build's entry through :meth:`BuildCache.restore`, which re-checks every output
+file. Anything else — a changed input, a corrupt manifest, a failed restore — falls back to
+the normal path, which recompiles or hits with the full key and rewrites the manifest; a
+build that read something nothing observes writes no manifest (docs/batch.md: the rule).
 """
 
 from __future__ import annotations
@@ -30,34 +26,29 @@ import hashlib
 import json
 import os
 import shutil
-import site
 import stat
 import sys
-import sysconfig
 import tempfile
-import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from etforge.core import cache
+from etforge.core.direct_record import (  # noqa: F401  (Recorder, file_facts: this module's API too)
+    Recorder,
+    _sha256_file,
+    _site_dirs,
+    _stat_facts,
+    _too_new,
+    file_facts,
+    listing_hash,
+    path_kind,
+)
 
 #: Bump when the manifest layout or the front key's composition changes.
-DIRECT_FORMAT = 1
+DIRECT_FORMAT = 2
 DIRECT_DIR = "direct"
-#: Directories whose files are never dependencies: they are not files (``/proc``) or they
-#: are covered otherwise (the interpreter and site-packages by the distributions' versions).
-_SYSTEM_DIRS = ("/proc", "/sys", "/dev")
-_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
-
-
-def _sha256_file(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _model_path(spec: str) -> str:
@@ -111,159 +102,6 @@ def front_key(
     fp.add("stack", json.dumps(cache.stack_versions(), sort_keys=True))
     fp.add("npu_compiler", cache.npu_compiler_status(reg, target))
     return fp.hexdigest()
-
-
-# --- recording the files a build reads ------------------------------------------------------
-
-#: The recorder the audit hook feeds, or None. Audit hooks cannot be removed, so the hook
-#: stays installed for the process and does nothing while this is None.
-_RECORDER: Recorder | None = None
-_HOOK_LOCK = threading.Lock()
-_HOOK_INSTALLED = False
-
-
-def _audit(event: str, args: tuple[Any, ...]) -> None:
-    rec = _RECORDER
-    if rec is None or event != "open":
-        return
-    try:
-        rec.saw(*args[:3])
-    except Exception:  # noqa: BLE001  (an audit hook must never break the open it watches)
-        rec.broken = True
-
-
-def _install_hook() -> None:
-    global _HOOK_INSTALLED
-    with _HOOK_LOCK:
-        if not _HOOK_INSTALLED:
-            sys.addaudithook(_audit)
-            _HOOK_INSTALLED = True
-
-
-class Recorder:
-    """The files opened for reading, and the modules imported, between :meth:`start` and :meth:`stop`."""
-
-    def __init__(self, exclude: Iterable[Path | str] = ()) -> None:
-        self.read: set[str] = set()
-        self.written: set[str] = set()
-        self.broken = False
-        self._exclude = list(exclude)
-        self._modules: set[str] = set()
-        self._new_modules: list[Any] = []
-        self.start_ns = 0
-
-    def saw(self, path: Any, mode: Any = None, flags: Any = None) -> None:
-        if isinstance(path, int) or path is None:  # an already open descriptor
-            return
-        name = os.path.abspath(os.fsdecode(os.fspath(path)))
-        if isinstance(mode, str):
-            writes = any(c in mode for c in "wax+")
-        else:
-            writes = isinstance(flags, int) and bool(flags & _WRITE_FLAGS)
-        (self.written if writes else self.read).add(name)
-
-    def start(self) -> None:
-        global _RECORDER
-        _install_hook()
-        self._modules = set(sys.modules)
-        self.start_ns = time.time_ns()
-        _RECORDER = self
-
-    def stop(self) -> None:
-        global _RECORDER
-        if _RECORDER is self:
-            _RECORDER = None
-        self._new_modules = [m for name, m in list(sys.modules.items()) if name not in self._modules]
-
-    @contextlib.contextmanager
-    def recording(self) -> Any:
-        self.start()
-        try:
-            yield self
-        finally:
-            self.stop()
-
-    def dependencies(self, extra: Iterable[str] = ()) -> dict[str, dict[str, Any]] | None:
-        """Each recorded file (path → size, mtime, ctime, inode, SHA-256), or None when one was
-        changed while the build ran (its recorded hash might not be what the build read)."""
-        extra = [os.path.abspath(p) for p in extra]
-        candidates = (self.read - self.written) | set(extra)
-        for module in self._new_modules:
-            origin = getattr(module, "__file__", None)
-            if isinstance(origin, str):
-                candidates.add(os.path.abspath(origin))
-        excluded = _Excluded(self._exclude)
-        written = {os.path.realpath(p) for p in self.written}
-        deps: dict[str, dict[str, Any]] = {}
-        extra_paths = set(extra)
-        wanted = {os.path.realpath(p) for p in extra}
-        for name in sorted(candidates):
-            if name.startswith(excluded.prefixes) and name not in extra_paths:
-                continue  # the common case, without resolving links
-            real = os.path.realpath(name)
-            if real not in wanted and (real in written or excluded(real)):
-                continue
-            try:
-                st = os.stat(real)
-            except OSError:
-                continue  # gone by the end of the build: a temporary
-            if not stat.S_ISREG(st.st_mode):
-                continue
-            if _too_new(st, self.start_ns):
-                return None  # changed while the build ran (ccache: "file too new")
-            deps[real] = file_facts(real, st)
-        return deps
-
-
-def _too_new(st: os.stat_result, since_ns: int) -> bool:
-    """Whether the file may have changed at or after ``since_ns``.
-
-    On POSIX every write sets ctime to the clock, and nobody can set it otherwise (mtime can
-    be set to anything, the future included, by ``touch -d`` or an archive). File times come
-    from a coarse clock (a jiffy behind) or are whole seconds on some file systems (two on
-    FAT), so a write just after ``since_ns`` can carry an earlier time: allow for it."""
-    changed = st.st_ctime_ns if os.name == "posix" else st.st_mtime_ns
-    margin = 2_000_000_000 if changed % 1_000_000_000 == 0 else 50_000_000
-    return changed >= since_ns - margin
-
-
-def file_facts(path: str, st: os.stat_result | None = None) -> dict[str, Any]:
-    """What a manifest records of a dependency: its stat (a fast check) and its SHA-256."""
-    return {**_stat_facts(st or os.stat(path)), "sha256": _sha256_file(path)}
-
-
-def _stat_facts(st: os.stat_result) -> dict[str, int]:
-    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns, "ino": st.st_ino}
-
-
-class _Excluded:
-    """Paths that are not dependencies: the interpreter, site-packages, etforge's own sources,
-    ``/proc`` and friends, compiled bytecode, and the caller's own directories."""
-
-    def __init__(self, extra: Iterable[Path | str]) -> None:
-        dirs = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, *_SYSTEM_DIRS}
-        dirs.update(_site_dirs())
-        paths = sysconfig.get_paths()
-        dirs.update(paths[k] for k in ("stdlib", "platstdlib") if k in paths)
-        dirs.update(str(p) for p in extra)
-        resolved = {os.path.realpath(d) for d in dirs if d} | {os.path.abspath(d) for d in dirs if d}
-        self.prefixes = tuple(sorted(d.rstrip(os.sep) + os.sep for d in resolved))
-
-    def __call__(self, real: str) -> bool:
-        if real.startswith(self.prefixes) or cache.is_etforge_source(real):
-            return True
-        parts = Path(real).parts
-        return real.endswith(".pyc") and "__pycache__" in parts
-
-
-def _site_dirs() -> set[str]:
-    """Where installed distributions live (their files are covered by their versions)."""
-    dirs = set(site.getsitepackages()) if hasattr(site, "getsitepackages") else set()
-    with contextlib.suppress(Exception):
-        dirs.add(site.getusersitepackages())
-    paths = sysconfig.get_paths()
-    dirs.update(paths[k] for k in ("purelib", "platlib") if k in paths)
-    return dirs
 
 
 def imported_distributions() -> dict[str, str]:
@@ -322,6 +160,40 @@ def _version(dist: str) -> str | None:
 # --- the manifests ---------------------------------------------------------------------------
 
 
+def _known_facts(facts: dict[str, Any]) -> bool:
+    return (
+        isinstance(facts.get("sha256"), str)
+        or facts.get("absent") is True
+        or isinstance(facts.get("probe"), str)
+        or isinstance(facts.get("listing"), str)
+    )
+
+
+def _changed(path: str, facts: dict[str, Any]) -> str | None:
+    """How ``path`` differs from what the build saw (None: the same)."""
+    if facts.get("absent"):
+        return None if not os.path.lexists(path) else "exists now (it was absent)"
+    if "probe" in facts:
+        return None if path_kind(path) == facts["probe"] else "is another kind or size now"
+    if "listing" in facts:
+        return None if listing_hash(path) == facts["listing"] else "lists other names now"
+    try:
+        st = os.stat(path)
+    except OSError:
+        return "is gone"
+    if not stat.S_ISREG(st.st_mode) or st.st_size != facts.get("size"):
+        return "changed"  # the fast negative: another size is another file
+    if os.name == "posix" and _stat_facts(st) == {k: facts.get(k) for k in _stat_facts(st)}:
+        # Untouched since it was hashed: every write changes ctime, which no one can set back,
+        # and the file's ctime predates the recording build, so no write raced it.
+        return None
+    try:
+        return None if _sha256_file(path) == facts["sha256"] else "changed"
+    except OSError:
+        return "is unreadable"
+
+
+
 def _checksum(body: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
@@ -332,6 +204,10 @@ class DirectCache:
     def __init__(self, build_cache: cache.BuildCache | None = None) -> None:
         self.build_cache = build_cache or cache.BuildCache()
         self.root = self.build_cache.root / DIRECT_DIR
+        #: Why the last :meth:`lookup` answered as it did (for the report).
+        self.why = ""
+        #: The build key the last :meth:`restore` looked up.
+        self.restored_key: str | None = None
 
     def _path(self, front: str) -> Path:
         return self.root / front[:2] / f"{front}.json"
@@ -354,50 +230,68 @@ class DirectCache:
             or not isinstance(body.get("build_key"), str)
             or not isinstance(files, dict)
             or not isinstance(dists, dict)
-            or not all(isinstance(v, dict) and isinstance(v.get("sha256"), str) for v in files.values())
+            or not isinstance(body.get("env"), dict)
+            or not isinstance(body.get("missing_modules"), list)
+            or not all(isinstance(v, dict) and _known_facts(v) for v in files.values())
         ):
             return None
         return body
 
     def lookup(self, front: str) -> str | None:
-        """The build key the manifest names, if every recorded file and distribution is unchanged."""
+        """The build key the manifest names, if every recorded input is unchanged; else None,
+        with :attr:`why` saying what differed."""
+        self.why = "no direct-mode manifest for this command line"
         body = self._read(front)
         if body is None:
             return None
         refreshed = False
         for path, facts in body["files"].items():
-            try:
+            changed = _changed(path, facts)
+            if changed is not None:
+                self.why = f"{path} {changed} since the cached build"
+                return None
+            if "sha256" in facts:
                 st = os.stat(path)
-            except OSError:
+                if _stat_facts(st) != {k: facts.get(k) for k in _stat_facts(st)} and not _too_new(st, time.time_ns()):
+                    facts.update(_stat_facts(st))  # touched, same bytes: remember the new stat
+                    refreshed = True
+        for name, value in body["env"].items():
+            if os.environ.get(name) != value:
+                self.why = f"environment variable {name} changed since the cached build"
                 return None
-            if not stat.S_ISREG(st.st_mode) or st.st_size != facts.get("size"):
-                return None  # the fast negative: another size is another file
-            if os.name == "posix" and _stat_facts(st) == {k: facts.get(k) for k in _stat_facts(st)}:
-                # Untouched since it was hashed: every write changes ctime, which no one can set
-                # back, and the file's ctime predates the recording build, so no write raced it.
-                continue
-            try:
-                if _sha256_file(path) != facts["sha256"]:
-                    return None
-            except OSError:
+        for module in body["missing_modules"]:
+            if cache.module_origin(str(module)) is not None:
+                self.why = f"module {module} is importable now (it was not for the cached build)"
                 return None
-            if not _too_new(st, time.time_ns()):  # touched, same bytes: remember the new stat
-                facts.update(_stat_facts(st))
-                refreshed = True
-        if any(_version(d) != v for d, v in body["dists"].items()):
-            return None
+        for dist, version in body["dists"].items():
+            if _version(dist) != version:
+                self.why = f"{dist} is {_version(dist) or 'not installed'} now, {version} for the cached build"
+                return None
         if refreshed:
             with contextlib.suppress(OSError):
                 self._write(front, body)
+        self.why = "every input the model read is unchanged"
         return str(body["build_key"])
 
     def restore(self, front: str, dest: Path) -> bool:
         """Restore the build the manifest names into ``dest`` (empty); False on any miss."""
         key = self.lookup(front)
-        return key is not None and self.build_cache.restore(key, dest)
+        self.restored_key = key
+        if key is None:
+            return False
+        if not self.build_cache.restore(key, dest):
+            self.why = f"the build the manifest names is gone or damaged ({self.build_cache.why})"
+            return False
+        return True
 
     def save(
-        self, front: str, build_key: str, files: dict[str, dict[str, Any]], dists: dict[str, str]
+        self,
+        front: str,
+        build_key: str,
+        files: dict[str, dict[str, Any]],
+        dists: dict[str, str],
+        env: dict[str, str | None] | None = None,
+        missing_modules: list[str] | None = None,
     ) -> None:
         body = {
             "format": DIRECT_FORMAT,
@@ -406,6 +300,8 @@ class DirectCache:
             "created": time.time(),
             "files": files,
             "dists": dists,
+            "env": env or {},
+            "missing_modules": missing_modules or [],
         }
         self._write(front, body)
 
@@ -421,9 +317,12 @@ class DirectCache:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
 
-    def prune(self) -> int:
-        """Remove manifests whose build entry is gone (and leftovers of killed writes)."""
-        removed = 0
+    def prune(self) -> list[str]:
+        """Remove manifests whose build entry is gone (and leftovers of killed writes); returns
+        one line per file that could not be removed."""
+        errors: list[str] = []
+        if not self.root.is_dir():
+            return errors
         for path in self.root.glob("*/*"):
             body = self._read(path.stem) if path.suffix == ".json" else None
             gone = (
@@ -431,10 +330,11 @@ class DirectCache:
                 or not (self.build_cache.root / body["build_key"][:2] / body["build_key"]).is_dir()
             )
             if gone:
-                with contextlib.suppress(OSError):
+                try:
                     path.unlink()
-                    removed += 1
-        return removed
+                except OSError as exc:
+                    errors.append(f"cannot remove {path} ({exc.strerror or type(exc).__name__})")
+        return errors
 
 
 class Session:
@@ -450,6 +350,8 @@ class Session:
         self.recorder = Recorder(excluded)
         model_file = _model_file(model)
         self._extra = [model_file] if model_file else []
+        #: Why direct mode answered, or did not (for the report): set by restore and save.
+        self.why = ""
 
     @classmethod
     def open(
@@ -473,11 +375,19 @@ class Session:
         """Restore the recorded build into ``dest``; on any failure ``dest`` is emptied again."""
         try:
             if self.store.restore(self.front, dest):
+                self.why = self.store.why
                 return True
-        except Exception:  # noqa: BLE001  (direct mode only ever falls back)
-            pass
+            self.why = self.store.why
+        except Exception as exc:  # noqa: BLE001  (direct mode only ever falls back)
+            self.why = f"direct-mode lookup failed ({type(exc).__name__})"
         self.restore_failed(dest)
         return False
+
+    def distrust(self, dest: Path) -> None:
+        """The restored build is not the one asked for: its entry goes, ``dest`` is emptied."""
+        if self.store.restored_key is not None:
+            self.store.build_cache.discard(self.store.restored_key)
+        self.restore_failed(dest)
 
     @staticmethod
     def restore_failed(dest: Path) -> None:
@@ -492,11 +402,17 @@ class Session:
     def save(self, build_key: str) -> None:
         """Write the manifest of the build just recorded (skipped if a file changed under it)."""
         if self.recorder.broken:
+            self.why = "direct mode off for this build: recording its inputs failed"
             return
         try:
             files = self.recorder.dependencies(self._extra)
             if files is None:
+                what = self.recorder.ineligible or "an input changed while the build ran"
+                self.why = f"direct mode off for this model: {what}"
                 return
-            self.store.save(self.front, build_key, files, imported_distributions())
-        except Exception:  # noqa: BLE001  (a manifest that cannot be written never fails a compile)
-            return
+            rec = self.recorder
+            self.store.save(
+                self.front, build_key, files, imported_distributions(), rec.environment(), rec.missing_modules()
+            )
+        except Exception as exc:  # noqa: BLE001  (a manifest that cannot be written never fails a compile)
+            self.why = f"direct-mode manifest not written ({type(exc).__name__})"

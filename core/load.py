@@ -5,9 +5,11 @@ Every failure names the file, the factory and what was wrong, without a tracebac
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +33,15 @@ class LoadedModel:
 
 
 def load_model(spec: str) -> LoadedModel:
+    """The model ``spec`` names, built on one thread (its float reductions — a factory that
+    calibrates BatchNorm, as the zoo's do — then give the same weights on every machine)."""
+    from etforge.core.threads import one_thread
+
+    with one_thread():
+        return _load_model(spec)
+
+
+def _load_model(spec: str) -> LoadedModel:
     if spec.startswith("zoo:"):
         from etforge import zoo
 
@@ -68,7 +79,9 @@ def _load_pt2(spec: str) -> LoadedModel:
             f"{path}: not a torch.export program (a .pt2 is a zip archive from torch.export.save)"
         )
     try:
-        ep = torch.export.load(str(path))
+        ep = load_program(path)
+    except EtforgeError:
+        raise
     except Exception as exc:
         raise EtforgeError(
             f"{path}: not a torch.export program ({type(exc).__name__}: {_first_line(exc)})"
@@ -79,6 +92,83 @@ def _load_pt2(spec: str) -> LoadedModel:
             f"{path}: the program carries no example inputs; save it from torch.export.export(...)"
         )
     return LoadedModel(spec, None, tuple(args), None, program=ep, notes=dynamic_dims_notes(ep))
+
+
+class _Refused(Exception):
+    """Raised inside torch's loader where it would unpickle more than tensors."""
+
+
+_SAFE_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _tensors_only() -> Iterator[None]:
+    """``torch.export.load`` with every unpickling restricted to tensors and plain containers.
+
+    torch's loader retries a failed ``torch.load(weights_only=True)`` with
+    ``weights_only=False`` and reads pickled constants with ``pickle.loads``: a ``.pt2``
+    from anywhere (an output directory, a shared cache) could run code. Here ``torch.load``
+    is always ``weights_only=True`` and the raw unpicklers refuse; the loader's module
+    globals are restored afterwards."""
+    from torch.export.pt2_archive import _package
+
+    real_load = torch.load
+
+    def load(f: Any, *args: Any, **kwargs: Any) -> Any:
+        kwargs["weights_only"] = True
+        try:
+            return real_load(f, *args, **kwargs)
+        except Exception as exc:
+            raise _Refused(str(exc)) from None
+
+    def refuse(*_: Any, **__: Any) -> Any:
+        raise _Refused("a pickled Python object (not a tensor)")
+
+    class _NoPickle:
+        loads = staticmethod(refuse)
+        load = staticmethod(refuse)
+
+    with _SAFE_LOCK:
+        saved = (torch.load, _package.pickle, torch._C._pickle_load_obj)
+        torch.load = load
+        _package.pickle = _NoPickle  # type: ignore[assignment]
+        torch._C._pickle_load_obj = refuse
+        try:
+            yield
+        finally:
+            torch.load, _package.pickle, torch._C._pickle_load_obj = saved
+
+
+def load_program(path: Path | str) -> torch.export.ExportedProgram:
+    """A saved ``ExportedProgram`` (``.pt2``), loaded without executing anything from the file.
+
+    A file whose weights, constants or example inputs need more than tensors (a pickled
+    object, a ``__reduce__``) is refused with one line naming it."""
+    import logging
+
+    path = Path(path)
+    quiet = logging.getLogger("torch._export.serde.serialize")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)  # its "fallback to weights_only=False" warning never applies here
+    try:
+        with _tensors_only():
+            with open(path, "rb") as f:  # a file object: any path, non-UTF-8 ones too
+                return torch.export.load(f)
+    except _Refused as exc:
+        raise EtforgeError(
+            f"{path}: refused: holds pickled data other than tensors ({_unpickle_detail(str(exc))}); "
+            "etforge never unpickles code from files"
+        ) from None
+    finally:
+        quiet.setLevel(level)
+
+
+def _unpickle_detail(text: str) -> str:
+    """The line of torch's weights-only error that names what was refused (a GLOBAL ...)."""
+    for line in text.splitlines():
+        if "GLOBAL" in line or "Unsupported" in line:
+            return line.strip().rstrip(".")[:160]
+    return first_line(Exception(text))[:160]
 
 
 def _load_factory(spec: str, path: Path, factory: str) -> LoadedModel:

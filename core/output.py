@@ -87,8 +87,8 @@ def _siblings(out: Path) -> list[tuple[str, Path]]:
 def recover(out: Path) -> None:
     """Finish or undo what a killed run left beside ``out``.
 
-    ``OUT.new-*`` is a complete output whose swap was cut short: it becomes OUT (the old
-    one goes). ``OUT.old-*`` is a previous output: restored only when OUT is missing and no
+    ``OUT.new-*`` is a complete output whose swap was cut short after OUT was moved aside:
+    it becomes OUT (see :func:`_finishable`; anything else named so is removed). ``OUT.old-*`` is a previous output: restored only when OUT is missing and no
     new output exists, else removed. ``OUT.tmp-*`` is an unfinished (or, after an
     exchange, a replaced) output: removed.
     """
@@ -96,13 +96,10 @@ def recover(out: Path) -> None:
     leftovers = _siblings(out)
     for kind, path in leftovers:
         if kind == "new":
-            if out.exists():
-                aside = _sibling_name(out, "old")
-                os.rename(out, aside)
+            if _finishable(out, path, leftovers):
                 os.rename(path, out)
-                shutil.rmtree(aside, ignore_errors=True)
-            else:
-                os.rename(path, out)
+            else:  # OUT is complete (or the leftover is not a cut-short swap): it stays
+                shutil.rmtree(path, ignore_errors=True)
     for kind, path in leftovers:
         if kind == "old" and path.exists():
             if not out.exists():
@@ -112,6 +109,23 @@ def recover(out: Path) -> None:
     for kind, path in leftovers:
         if kind == "tmp" and path.exists():
             shutil.rmtree(path, ignore_errors=True)
+
+
+def _finishable(out: Path, new: Path, leftovers: list[tuple[str, Path]]) -> bool:
+    """Whether ``new`` is what a swap cut short between its two renames left, and so may become OUT.
+
+    :func:`commit` renames the complete staging directory to ``OUT.new-<pid>-*``, then OUT to
+    ``OUT.old-<pid>-*`` (the same process), then the new one to OUT. Only when OUT is gone and
+    that process's ``OUT.old-`` exists was the swap really under way; before that, OUT is still
+    the complete previous output and stays. A directory merely named ``OUT.new-<dead pid>-x``
+    (forged, or copied) never replaces an OUT, and must look like an output (a program and a
+    report) even to take an empty place."""
+    if out.exists() or out.is_symlink():
+        return False
+    m = _SIBLING.match(new.name)
+    pid = m["pid"] if m else None
+    paired = any(k == "old" and (mm := _SIBLING.match(p.name)) and mm["pid"] == pid for k, p in leftovers)
+    return paired and new.is_dir() and not new.is_symlink() and (new / PTE).is_file() and (new / REPORT).is_file()
 
 
 def _resolve(out: Path) -> Path:
@@ -231,6 +245,12 @@ def commit(staging: Path, out: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+def write_error(out: Path, exc: OSError) -> EtforgeError:
+    """One line for an output that could not be written: OUT, the file, and why."""
+    where = f" ({os.fsdecode(exc.filename)})" if exc.filename else ""
+    return EtforgeError(f"cannot write the output {out}{where}: {exc.strerror or type(exc).__name__}")
+
+
 def discard(staging: Path) -> None:
     shutil.rmtree(staging, ignore_errors=True)
 
@@ -251,7 +271,6 @@ def write_outputs(out: Path, result: CompileResult, report: dict[str, Any], prog
     """Partitions, programs, report and ``model.pte`` into ``out`` (a fresh staging directory).
 
     ``programs=False``: a :class:`~etforge.core.program_writer.ProgramWriter` wrote them."""
-    import torch
 
     parts = out / PARTITIONS
     parts.mkdir(parents=True, exist_ok=True)
@@ -265,7 +284,9 @@ def write_outputs(out: Path, result: CompileResult, report: dict[str, Any], prog
         (QUANTIZED_PROGRAM, result.quantized_program),
     ):
         if program is not None and programs:
-            torch.export.save(program, str(out / name))
+            from etforge.core.program_writer import save_program
+
+            save_program(program, out / name)
     from etforge.runtime.artifact import record_hashes
 
     record_hashes(out, report)  # the hash chain verify checks: report.json -> each side file

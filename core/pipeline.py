@@ -33,6 +33,7 @@ from etforge.core.partitioner import EtforgePartitioner
 from etforge.core.plugin_manager import Registry, registry
 from etforge.core.quantize import ComposedQuantizer, convert, prepare
 from etforge.core.target import TargetSpec
+from etforge.core.threads import one_thread
 
 
 @dataclass
@@ -206,7 +207,7 @@ def quantize(
 
     example = tuple(ep.example_inputs[0])
     gm = prepare(ep.module(check_guards=False), quantizer_for(target, options, reg))
-    with torch.no_grad():
+    with torch.no_grad(), one_thread():  # the scales must not depend on the thread count
         for batch in calibration:
             gm(*batch)
     gm = convert(gm)

@@ -25,6 +25,28 @@ from etforge.core.errors import EtforgeError
 _ERROR = ".programs-error"
 
 
+def save_program(program: ExportedProgram, path: Path) -> None:
+    """``torch.export.save`` into memory, then the bytes to ``path`` with Python's ``open``:
+    any path works (non-UTF-8 ones too), and a full disk is an ``OSError`` naming the file,
+    not an abort inside torch's zip writer."""
+    import io
+
+    import torch
+
+    buf = io.BytesIO()
+    torch.export.save(program, buf)
+    with open(path, "wb") as f:
+        f.write(buf.getbuffer())
+
+
+def _one_line(exc: BaseException) -> str:
+    """Why a program could not be written (an OSError's file and reason: a full disk)."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"{exc.strerror}" + (f" ({os.fsdecode(exc.filename)})" if exc.filename else "")
+    lines = (traceback.format_exception_only(type(exc), exc)[-1] or "").strip().splitlines()
+    return lines[-1] if lines else type(exc).__name__
+
+
 class ProgramWriter:
     """Writes the programs of the latest :meth:`start` into ``out``; :meth:`finish` joins."""
 
@@ -55,11 +77,12 @@ class ProgramWriter:
                     import torch
 
                     torch.set_num_threads(1)  # the parent's thread pool does not survive a fork
-                    torch.export.save(program, str(self.out / name))
-                except BaseException:
+                    save_program(program, self.out / name)
+                except BaseException as exc:
                     code = 1
-                    try:
-                        (self.out / f"{_ERROR}-{name}").write_text(traceback.format_exc())
+                    try:  # one line (the partial file goes first: on a full disk it frees the room)
+                        (self.out / name).unlink(missing_ok=True)
+                        (self.out / f"{_ERROR}-{name}").write_text(_one_line(exc))
                     except OSError:
                         pass
                 finally:
@@ -68,10 +91,12 @@ class ProgramWriter:
 
     def finish(self) -> None:
         """Wait for the children (or write now); a failure is an error naming the files."""
-        import torch
 
         for name, program in list(self._pending.items()):
-            torch.export.save(program, str(self.out / name))
+            try:
+                save_program(program, self.out / name)
+            except OSError as exc:
+                raise EtforgeError(f"could not write {self.out / name}: {_one_line(exc)}") from None
         self._pending.clear()
         failed: list[str] = []
         detail = ""
@@ -84,11 +109,14 @@ class ProgramWriter:
                 continue
             failed.append(name)
             err = self.out / f"{_ERROR}-{name}"
-            if err.exists():
-                detail = detail or err.read_text().strip().splitlines()[-1]
+            written = ""
+            try:
+                written = err.read_text().strip()
                 err.unlink()
-            else:
-                detail = detail or f"the writer process ended with status {os.waitstatus_to_exitcode(status)}"
+            except OSError:
+                pass
+            status_line = f"the writer process ended with status {os.waitstatus_to_exitcode(status)}"
+            detail = detail or (written.splitlines() or [status_line])[-1]
         if failed:
             raise EtforgeError(f"could not write {' and '.join(failed)} into {self.out}: {detail}")
 

@@ -31,6 +31,7 @@ from torchao.quantization.pt2e.quantizer import (
 
 from etforge.core.graph_utils import node_op, tensor_meta
 from etforge.core.quant_rule import QuantRule
+from etforge.core.threads import one_thread
 
 ANNOTATION_KEY = "quantization_annotation"
 INT8_MIN, INT8_MAX = -128, 127
@@ -237,10 +238,13 @@ def prepare(model: GraphModule, quantizer: Quantizer, qat: bool = False) -> Grap
     """prepare_pt2e / prepare_qat_pt2e (one place that knows torchao's entry points)."""
     from torchao.quantization.pt2e.quantize_pt2e import prepare_pt2e, prepare_qat_pt2e
 
-    return prepare_qat_pt2e(model, quantizer) if qat else prepare_pt2e(model, quantizer)
+    with one_thread():
+        return prepare_qat_pt2e(model, quantizer) if qat else prepare_pt2e(model, quantizer)
 
 
 def convert(model: GraphModule) -> GraphModule:
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e
 
-    return convert_pt2e(model)
+    with one_thread():
+        return convert_pt2e(model)
+

@@ -17,6 +17,9 @@ class OptionSpec:
     #: False for options that only steer the build (a timeout): they stay out of the
     #: ``.pte``'s compile specs and the build cache's key, so they never change the output.
     affects_output: bool = True
+    #: The smallest value an integer option takes (None: any value not below 0 when the
+    #: default is not negative, see core/options.py).
+    minimum: int | None = None
 
     def parse(self, raw: str) -> Any:
         """Parse a CLI string to the option's type (that of its default)."""

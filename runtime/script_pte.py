@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from etforge.core.errors import EtforgeError
+from etforge.core.load import load_program
 
 
 def verify_script_pte(
@@ -54,7 +55,7 @@ def verify_script_pte(
     calibration = load_calibration(calib, loaded.example_inputs) if calib else loaded.calibration
     if quantized is not None:
         check_program_file(Path(quantized))
-        result = _lower_quantized(loaded, torch.export.load(quantized), spec, opts, reg, model)
+        result = _lower_quantized(loaded, load_program(Path(quantized)), spec, opts, reg, model)
     else:
         from etforge.core.compiler import compile_model
 

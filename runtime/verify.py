@@ -17,6 +17,7 @@ from torch.export import ExportedProgram
 
 from etforge.core import output, payload
 from etforge.core.errors import EtforgeError
+from etforge.core.load import load_program
 from etforge.core.plugin_manager import Registry, registry
 from etforge.runtime.accuracy import DEFAULT_MAX_ACCURACY_DROP, Labeled, evaluate
 from etforge.runtime.host import run_program
@@ -206,9 +207,9 @@ def rebuild(
     partition it was compiled from, which is what the host can run."""
     from etforge.core.pipeline import lower
 
-    float_ep = torch.export.load(str(out / output.FLOAT_PROGRAM))
+    float_ep = load_program(out / output.FLOAT_PROGRAM)
     qpath = out / output.QUANTIZED_PROGRAM
-    qep = torch.export.load(str(qpath)) if report["quantized"] else None
+    qep = load_program(qpath) if report["quantized"] else None
     target = reg.target(report["target"])
     options = {k: tuple(v) if isinstance(v, list) else v for k, v in report["options"].items()}
     edge, _, parts, _ = lower(qep if qep is not None else float_ep, target, options, reg)

@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -10,6 +17,8 @@ from etforge.core.converter import SUPPORTED, OpConverter
 from etforge.core.errors import ConversionError
 from etforge.core.litert_convert import convert_program
 from etforge.core.plugin_manager import registry
+
+from support import REPO, run_cli
 
 
 def _decisions(
@@ -79,3 +88,146 @@ def test_conversion_failure_names_node_and_op() -> None:
         ConversionError, match=r"aten_relu_default \(aten.relu.default\): no converter plugin handles"
     ):
         convert_program(edge_ep, target, {})
+
+
+# --- issue 25: usage errors name the option, manifests the key, full disks the path ----------
+
+USER_MODEL = f"{REPO / 'tests' / 'models' / 'user_models.py'}:small"
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (("compile", "zoo:cifarnet", "--option", "min_partition_ops=-5"), "min_partition_ops"),
+        (("compile", "zoo:cifarnet", "--option", "npu_timeout=-1"), "npu_timeout"),
+        (("compile", "zoo:cifarnet", "--option", "operators_not_to_delegate=no.such.op"), "no.such.op"),
+        (("verify", "OUT", "--samples", "0"), "--samples"),
+        (("verify", "OUT", "--max-accuracy-drop", "nan"), "--max-accuracy-drop"),
+        (("cache", "prune", "--max-size", "inf"), "--max-size"),
+        (("cache", "prune", "--max-size", "nan"), "--max-size"),
+        (("cache", "prune", "--max-size", "-1"), "--max-size"),
+        (("cache", "prune", "--max-size", "abc"), "--max-size"),
+    ],
+)
+def test_bad_values_are_usage_errors_naming_the_option(tmp_path: Path, args: tuple[str, ...], named: str) -> None:
+    argv = [str(tmp_path / "o") if a == "OUT" else a for a in args]
+    if argv[0] == "compile":
+        argv += ["-o", str(tmp_path / "o")]
+    proc = run_cli(*argv, env={"ETFORGE_CACHE_DIR": str(tmp_path / "cache")})
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+    assert proc.returncode == 2 and len(errors) == 1 and named in errors[0], proc.stderr
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize(("line", "key"), [("calib = 5", "'calib'"), ('float = "false"', "'float'")])
+def test_manifest_values_of_the_wrong_type_name_the_key(tmp_path: Path, line: str, key: str) -> None:
+    from etforge.core.batch import load_manifest
+    from etforge.core.errors import EtforgeError
+
+    manifest = tmp_path / "m.toml"
+    manifest.write_text(f'models = ["zoo:cifarnet"]\ntargets = ["imxrt700cm"]\n{line}\n')
+    with pytest.raises(EtforgeError) as err:
+        load_manifest(manifest, tmp_path / "out")
+    assert str(err.value).startswith(f"manifest {manifest}: {key} must be")
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_a_forged_new_output_never_replaces_a_good_one(tmp_path: Path) -> None:
+    """``OUT.new-<dead pid>-*`` is what a swap cut short leaves, but only beside its
+    ``OUT.old-`` with OUT gone; a directory merely named so is removed, OUT stays."""
+    from etforge.core import output
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "model.pte").write_bytes(b"good program")
+    (out / "report.json").write_text('{"model": "good"}')
+    forged = tmp_path / f"out.new-{_dead_pid()}-forged"
+    forged.mkdir()
+    (forged / "model.pte").write_bytes(b"evil program")
+    (forged / "report.json").write_text('{"model": "evil"}')
+    output.recover(out)
+    assert (out / "model.pte").read_bytes() == b"good program"
+    assert not forged.exists()
+
+
+@pytest.fixture
+def full_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 64 KiB tmpfs: a real ENOSPC (the test needs root or CAP_SYS_ADMIN to mount it)."""
+    mnt = tmp_path / "full"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)], capture_output=True).returncode:
+        pytest.skip("cannot mount a small tmpfs here (needs root)")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_disk_full_while_writing_the_output_is_one_line_naming_it(full_disk: Path) -> None:
+    out = full_disk / "out"
+    proc = run_cli("compile", USER_MODEL, "-o", str(out), env={"ETFORGE_NO_CACHE": "1"})
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+    assert proc.returncode == 1 and len(errors) == 1, proc.stderr
+    assert str(out) in errors[0] and "No space left on device" in errors[0] and "unexpected" not in errors[0]
+    assert list(full_disk.iterdir()) == []  # nothing half-written
+
+
+def test_program_writer_on_a_full_disk_names_the_file(full_disk: Path) -> None:
+    from etforge.core.errors import EtforgeError
+    from etforge.core.program_writer import ProgramWriter
+
+    big = torch.export.export(torch.nn.Linear(256, 256), (torch.randn(1, 256),))  # 256 KiB of weights
+    writer = ProgramWriter(full_disk, ("float.pt2", "quantized.pt2"))
+    writer.start(big, None)
+    with pytest.raises(EtforgeError) as err:
+        writer.finish()
+    assert str(err.value).startswith(f"could not write float.pt2 into {full_disk}: No space left on device")
+    assert "\n" not in str(err.value)
+
+
+def test_a_full_cache_is_one_warning_line(full_disk: Path, tmp_path: Path) -> None:
+    from etforge.core.cache import BuildCache, CacheError
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "model.pte").write_bytes(os.urandom(200_000))
+    with pytest.raises(CacheError) as err:
+        BuildCache(full_disk / "cache").store("ab" * 32, src)
+    message = str(err.value)
+    assert "\n" not in message and len(message) < 300 and "No space left on device" in message
+    assert message.startswith(f"build cache {full_disk / 'cache'}")
+    assert not any((full_disk / "cache").rglob("model.pte"))  # nothing half-stored
+
+
+def test_non_utf8_paths_work_in_every_command(tmp_path: Path) -> None:
+    out = tmp_path / os.fsdecode(b"out\xff")
+    cache_dir = tmp_path / os.fsdecode(b"cache\xfe")
+    env = {"ETFORGE_NO_CACHE": "0", "ETFORGE_CACHE_DIR": str(cache_dir)}
+
+    def ok(*args: str) -> str:
+        proc = subprocess.run(  # output that names the paths is not UTF-8 either
+            [sys.executable, "-m", "etforge", *args],
+            capture_output=True,
+            text=True,
+            errors="surrogateescape",
+            env={**os.environ, **env, "COLUMNS": "200"},
+            timeout=600,
+        )
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        return proc.stdout
+
+    ok("compile", USER_MODEL, "-o", str(out))
+    assert json.loads((out / "report.json").read_text())["cache"]["mode"] == "miss"
+    ok("compile", USER_MODEL, "-o", str(out))
+    assert json.loads((out / "report.json").read_text())["cache"]["mode"] == "direct"
+    ok("report", str(out))
+    ok("codegen", str(out / "model.pte"), "-o", str(out / "gen"))
+    assert any((out / "gen").iterdir())
+    ok("verify", str(out))
+    assert "1 builds" in ok("cache", "info")
+    assert "removed 1 builds" in ok("cache", "clear")

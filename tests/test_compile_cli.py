@@ -70,14 +70,14 @@ def test_compile_is_deterministic(compiled: dict[str, Path], tmp_path: Path) -> 
         assert (tmp_path / "partitions" / p.name).read_bytes() == p.read_bytes()
 
 
-def _fails(tmp_path: Path, *args: str, pythonpath: Path | None = None) -> str:
+def _fails(tmp_path: Path, *args: str, pythonpath: Path | None = None, code: int = 1) -> str:
     """A failed compile leaves the previous output as it was and writes nothing of its own."""
     out = tmp_path / "out"
     out.mkdir(exist_ok=True)
     (out / "model.pte").write_bytes(b"program from an earlier run")
     (out / "report.json").write_text('{"model": "earlier"}')
     proc = run_cli(*args, "-o", str(out), pythonpath=pythonpath)
-    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert proc.returncode == code, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr
     assert sorted(p.name for p in out.iterdir()) == ["model.pte", "report.json"]
     assert (out / "model.pte").read_bytes() == b"program from an earlier run"
@@ -131,7 +131,7 @@ def test_unknown_target_lists_known(tmp_path: Path) -> None:
 
 
 def test_unknown_option(tmp_path: Path) -> None:
-    err = _fails(tmp_path, "compile", f"{MODEL}:small", "--target", "imxrt700", "--option", "turbo=1")
+    err = _fails(tmp_path, "compile", f"{MODEL}:small", "--target", "imxrt700", "--option", "turbo=1", code=2)
     assert "unknown option 'turbo' for target 'imxrt700'" in err and "min_partition_ops" in err
 
 

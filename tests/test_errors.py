@@ -14,9 +14,9 @@ from etforge.core.load import check_calibration, load_calibration
 from support import run_cli
 
 
-def _fails(*args: str) -> str:
+def _fails(*args: str, code: int = 1) -> str:
     proc = run_cli(*args)
-    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert proc.returncode == code, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr
     return proc.stderr
 
@@ -63,7 +63,7 @@ def test_bad_calibration_files(tmp_path: Path) -> None:
 
 def test_bad_option_values(tmp_path: Path) -> None:
     err = _fails(
-        "compile", "zoo:cifarnet", "--target", "cortex-m33", "-o", str(tmp_path / "o"), "--option", "isa=avx"
+        "compile", "zoo:cifarnet", "--target", "cortex-m33", "-o", str(tmp_path / "o"), "--option", "isa=avx", code=2
     )
     assert "option 'isa' must be one of auto, scalar, dsp, mve" in err
     err = _fails(
@@ -75,6 +75,7 @@ def test_bad_option_values(tmp_path: Path) -> None:
         str(tmp_path / "o"),
         "--option",
         "min_partition_ops=x",
+        code=2,
     )
     assert "option 'min_partition_ops' takes an integer" in err
     err = _fails("compile", "zoo:nonet", "-o", str(tmp_path / "o"))

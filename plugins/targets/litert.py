@@ -19,7 +19,7 @@ LITERT = TargetSpec(
     ),
     cpu_fallback="portable",
     options=(
-        OptionSpec("min_partition_ops", 1, "Smallest number of compute ops worth a partition."),
+        OptionSpec("min_partition_ops", 1, "Smallest number of compute ops worth a partition.", minimum=1),
         OptionSpec("operators_not_to_delegate", (), "Comma-separated Edge op names kept off LiteRT."),
     ),
 )

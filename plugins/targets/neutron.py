@@ -115,7 +115,7 @@ NEUTRON_C = NpuSpec(
 )
 
 _NPU_OPTIONS = (
-    OptionSpec("min_partition_ops", 1, "Smallest number of compute ops worth an NPU partition."),
+    OptionSpec("min_partition_ops", 1, "Smallest number of compute ops worth an NPU partition.", minimum=1),
     OptionSpec("operators_not_to_delegate", (), "Comma-separated Edge op names kept off the NPU."),
     OptionSpec(
         "fetch_constants_to_sram", False, "Neutron: microcode that fetches weights from external memory."
@@ -125,6 +125,7 @@ _NPU_OPTIONS = (
         3600,
         "Seconds the eIQ Neutron SDK may take per partition before it is killed.",
         affects_output=False,
+        minimum=1,
     ),
 )
 
