@@ -23,8 +23,6 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from etforge.core.errors import EtforgeError
 from etforge.core.load import load_program
 
