@@ -32,7 +32,14 @@ from importlib import resources
 from pathlib import Path
 
 from etforge.core.errors import EtforgeError
-from etforge.runtime.firmware.sources import Sources, kernel_sources, locate, selected_operators
+from etforge.runtime.firmware.sources import (
+    Sources,
+    cortex_m_sources,
+    kernel_sources,
+    locate,
+    selected_operators,
+    util_closure,
+)
 
 ENV_CACHE = "ETFORGE_FIRMWARE_CACHE"
 #: Bump when the build recipe changes in a way the hashed files do not show.
@@ -164,8 +171,13 @@ def build_libraries(src: Sources, root: Path | None = None) -> tuple[Path, str, 
     return lib, key, True
 
 
+def _lib_utils(src: Sources) -> list[str]:
+    return util_closure(src.executorch, cortex_m_sources(src.executorch))
+
+
 def _lib_vars(src: Sources, lib: Path, inc: Path) -> list[str]:
-    return [f"ET={src.executorch}", f"NN={src.cmsis_nn}", f"INC={inc}", f"B={lib}"]
+    utils = " ".join(_lib_utils(src))
+    return [f"ET={src.executorch}", f"NN={src.cmsis_nn}", f"INC={inc}", f"B={lib}", f"UTIL={utils}"]
 
 
 def model_namespace(header: Path) -> str:
@@ -192,7 +204,9 @@ def build_image(
     root = root or cache_root()
     t0 = time.monotonic()
     lib, lib_key, lib_built = build_libraries(src, root)
-    kernels = kernel_sources(src.executorch, selected_operators(gen / "selected_operators.yaml"))
+    ops = kernel_sources(src.executorch, selected_operators(gen / "selected_operators.yaml"))
+    in_lib = set(_lib_utils(src))
+    kernels = ops + [u for u in util_closure(src.executorch, ops) if u not in in_lib]
     defs = [f"-DETFORGE_MODEL_NS={model_namespace(header)}"]
     if arena_shrink:
         defs.append(f"-DETFORGE_ARENA_SHRINK={int(arena_shrink)}")

@@ -147,3 +147,43 @@ def _defining_source(et: Path, src_dir: str, op: str, function: str) -> str:
         if path.is_file() and pattern.search(path.read_text(errors="replace")):
             return str(path.relative_to(et))
     raise EtforgeError(f"operator {op}: no source in {directory} defines {function}")
+
+
+_PORTABLE_INCLUDE = re.compile(r'#include\s*[<"]executorch/(kernels/portable/cpu/[\w/]+)\.h[>"]')
+_LOCAL_INCLUDE = re.compile(r'#include\s*"(\w+\.h)"')
+
+
+def util_closure(et: Path, sources: list[str]) -> list[str]:
+    """The portable utility sources (``kernels/portable/cpu/{util,pattern}``) that ``sources``
+    need: each included utility header's ``.cpp``, followed through their own includes."""
+    seen: set[str] = set()
+    needed: set[str] = set()
+    todo = list(sources)
+    while todo:
+        rel = todo.pop()
+        path = et / rel
+        if not path.is_file():
+            continue
+        text = path.read_text(errors="replace")
+        for local in _LOCAL_INCLUDE.findall(text):  # e.g. cortex_m_ops_common.h
+            near = str(Path(rel).parent / local)
+            if near not in seen and (et / near).is_file():
+                seen.add(near)
+                todo.append(near)
+        for stem in _PORTABLE_INCLUDE.findall(text):
+            if stem in seen:
+                continue
+            seen.add(stem)
+            todo.append(f"{stem}.h")
+            impls = [f"{stem}.cpp"]
+            if stem.endswith("pattern/pattern"):  # declared there, defined one per file
+                impls = [str(p.relative_to(et)) for p in sorted((et / stem).parent.glob("*.cpp"))]
+            for impl in impls:
+                if (et / impl).is_file() and impl not in needed:
+                    needed.add(impl)
+                    todo.append(impl)
+    return sorted(needed)
+
+
+def cortex_m_sources(et: Path) -> list[str]:
+    return sorted(str(p.relative_to(et)) for p in (et / KERNEL_LIBRARIES["cortex_m"][1]).glob("op_*.cpp"))

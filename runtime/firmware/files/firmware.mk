@@ -1,6 +1,6 @@
 # etforge firmware build for QEMU mps2-an505 (Cortex-M33 with DSP, FPv5-SP hard float).
 # Driven by etforge.runtime.firmware.build, which passes every variable below; run by hand with
-#   make -f firmware.mk B=<lib dir> INC=<include root> ET=<executorch src> NN=<cmsis-nn src> libs
+#   make -f firmware.mk B=<lib dir> INC=<include root> ET=<executorch src> NN=<cmsis-nn src> UTIL=<...> libs
 #   make -f firmware.mk B=... IMG=<image dir> GEN=<OUT/codegen> KERNELS="<kernel sources>" image
 # Two stages: `libs` (runtime core, prim ops, portable util, cortex_m ops + CMSIS-NN: the same
 # for every model) and `image` (the program's kernels, compiled once into B and reused by
@@ -37,7 +37,9 @@ CORE := runtime/backend/interface.cpp runtime/core/device_allocator.cpp \
 # Registered by static initializers: linked whole.
 PRIM := kernels/prim_ops/et_copy_index.cpp kernels/prim_ops/et_view.cpp kernels/prim_ops/register_prim_ops.cpp
 rel = $(sort $(patsubst $(ET)/%,%,$(wildcard $(ET)/$(1))))
-UTIL := $(call rel,kernels/portable/cpu/util/*.cpp) $(call rel,kernels/portable/cpu/pattern/*.cpp)
+# The portable utilities the cortex_m ops include (etforge passes them: sources.util_closure);
+# a program's portable kernels bring theirs with KERNELS.
+UTIL ?=
 CM   := $(call rel,backends/cortex_m/ops/op_*.cpp)
 # CMSIS-NN: the int8 paths the cortex_m ops call and their support functions, nothing else.
 NNSRC := $(sort $(filter-out %_f16.c %_f32.c,$(shell find $(NN)/Source -name '*.c' -not -path '*/Bindings/*' \
