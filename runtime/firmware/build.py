@@ -34,6 +34,7 @@ from pathlib import Path
 from etforge.core.errors import EtforgeError
 from etforge.runtime.firmware.sources import (
     Sources,
+    cmsis_nn_sources,
     cortex_m_sources,
     kernel_sources,
     locate,
@@ -177,7 +178,15 @@ def _lib_utils(src: Sources) -> list[str]:
 
 def _lib_vars(src: Sources, lib: Path, inc: Path) -> list[str]:
     utils = " ".join(_lib_utils(src))
-    return [f"ET={src.executorch}", f"NN={src.cmsis_nn}", f"INC={inc}", f"B={lib}", f"UTIL={utils}"]
+    nn = " ".join(cmsis_nn_sources(src.cmsis_nn))
+    return [
+        f"ET={src.executorch}",
+        f"NN={src.cmsis_nn}",
+        f"INC={inc}",
+        f"B={lib}",
+        f"UTIL={utils}",
+        f"NNSRC={nn}",
+    ]
 
 
 def model_namespace(header: Path) -> str:

@@ -187,3 +187,21 @@ def util_closure(et: Path, sources: list[str]) -> list[str]:
 
 def cortex_m_sources(et: Path) -> list[str]:
     return sorted(str(p.relative_to(et)) for p in (et / KERNEL_LIBRARIES["cortex_m"][1]).glob("op_*.cpp"))
+
+
+_NN_TYPES = re.compile(r"_(s4|s8|s16|s32|s64|f16|f32|q7|q15)(?=_|$)")
+
+
+def cmsis_nn_sources(nn: Path) -> list[str]:
+    """CMSIS-NN's int8 sources (relative to ``nn``): a file whose name mentions s8, or no data
+    type at all (tables, support); not the s4/s16/float kernels, LSTM or SVDF."""
+    keep = []
+    for path in sorted((nn / "Source").rglob("*.c")):
+        rel = path.relative_to(nn)
+        name = path.stem.lower()
+        if "Bindings" in rel.parts or "lstm" in name or "svdf" in name:
+            continue
+        types = set(_NN_TYPES.findall(name))
+        if not types or "s8" in types:
+            keep.append(str(rel))
+    return keep

@@ -1,6 +1,6 @@
 # etforge firmware build for QEMU mps2-an505 (Cortex-M33 with DSP, FPv5-SP hard float).
 # Driven by etforge.runtime.firmware.build, which passes every variable below; run by hand with
-#   make -f firmware.mk B=<lib dir> INC=<include root> ET=<executorch src> NN=<cmsis-nn src> UTIL=<...> libs
+#   make -f firmware.mk B=<lib dir> INC=<include root> ET=<executorch src> NN=<cmsis-nn src> UTIL=<...> NNSRC=<...> libs
 #   make -f firmware.mk B=... IMG=<image dir> GEN=<OUT/codegen> KERNELS="<kernel sources>" image
 # Two stages: `libs` (runtime core, prim ops, portable util, cortex_m ops + CMSIS-NN: the same
 # for every model) and `image` (the program's kernels, compiled once into B and reused by
@@ -41,10 +41,9 @@ rel = $(sort $(patsubst $(ET)/%,%,$(wildcard $(ET)/$(1))))
 # a program's portable kernels bring theirs with KERNELS.
 UTIL ?=
 CM   := $(call rel,backends/cortex_m/ops/op_*.cpp)
-# CMSIS-NN: the int8 paths the cortex_m ops call and their support functions, nothing else.
-NNSRC := $(sort $(filter-out %_f16.c %_f32.c,$(shell find $(NN)/Source -name '*.c' -not -path '*/Bindings/*' \
-  -not -name '*_f16*' -not -name '*_f32*' -not -name '*_s16*' -not -name '*_s4*' -not -name '*_s64*' \
-  -not -name '*lstm*' -not -name '*svdf*')))
+# CMSIS-NN: the int8 paths the cortex_m ops call and their support functions (etforge passes
+# them, relative to NN: sources.cmsis_nn_sources).
+NNSRC ?=
 APP  := startup.c pal_semihost.cpp
 
 o = $(addprefix $(B)/obj/,$(addsuffix .o,$(basename $(1))))
@@ -63,7 +62,7 @@ $(B)/libet_core.a: $(call o,$(CORE))
 $(B)/libet_prim_ops.a: $(call o,$(PRIM))
 $(B)/libportable_util.a: $(call o,$(UTIL))
 $(B)/libcortex_m_ops.a: $(call o,$(CM))
-$(B)/libcmsis_nn.a: $(patsubst $(NN)/%.c,$(B)/nn/%.o,$(NNSRC))
+$(B)/libcmsis_nn.a: $(patsubst %.c,$(B)/nn/%.o,$(NNSRC))
 $(B)/libetforge_app.a: $(addprefix $(B)/app/,$(addsuffix .o,$(basename $(APP))))
 $(B)/%.a:
 	@rm -f $@; $(AR) rcs $@ $^

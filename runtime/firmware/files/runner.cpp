@@ -24,6 +24,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <new>
 
 #include "etforge_model.h"
 
@@ -195,7 +196,7 @@ int main() {
   const size_t n_in = method->inputs_size();
   const size_t n_out = method->outputs_size();
   if (n_in > ETFORGE_MAX_IO || n_out > ETFORGE_MAX_IO) FAIL("more than %d inputs or outputs", ETFORGE_MAX_IO);
-  static TensorImpl impls[ETFORGE_MAX_IO];
+  alignas(TensorImpl) static uint8_t impl_storage[ETFORGE_MAX_IO][sizeof(TensorImpl)];
   char path[64];
   for (int s = 0; s < samples; ++s) {
     for (size_t i = 0; i < n_in; ++i) {
@@ -209,9 +210,10 @@ int main() {
         FAIL("%s: %u bytes, input %u takes %u", path, (unsigned)size, (unsigned)i, (unsigned)tm->nbytes());
       auto sizes = tm->sizes();
       auto dim_order = tm->dim_order();
-      impls[i] = TensorImpl(tm->scalar_type(), sizes.size(), const_cast<TensorImpl::SizesType*>(sizes.data()),
-                            data, const_cast<TensorImpl::DimOrderType*>(dim_order.data()));
-      Error e = method->set_input(EValue(Tensor(&impls[i])), i);
+      TensorImpl* impl = new (impl_storage[i])
+          TensorImpl(tm->scalar_type(), sizes.size(), const_cast<TensorImpl::SizesType*>(sizes.data()), data,
+                     const_cast<TensorImpl::DimOrderType*>(dim_order.data()));
+      Error e = method->set_input(EValue(Tensor(impl)), i);
       if (e != Error::Ok) FAIL("set_input %u failed (error 0x%x)", (unsigned)i, (unsigned)e);
       free(data);
     }

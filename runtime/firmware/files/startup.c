@@ -53,6 +53,8 @@ void etforge_ticks_start(void) {
   SYST_RVR = SYST_RELOAD;
   SYST_CVR = 0;
   SYST_CSR = 7u; /* CLKSOURCE = processor clock, TICKINT, ENABLE */
+  while (SYST_CVR == 0u) {} /* the first tick loads RVR; before it the count would read as a wrap */
+  etforge_systick_wraps = 0;
 }
 
 /* Processor-clock ticks since etforge_ticks_start (0 before). */
