@@ -103,6 +103,7 @@ def library_key(src: Sources) -> str:
     h.update(_compiler_version())
     for name in ("firmware.mk", "startup.c", "pal_semihost.cpp", "an505.ld"):
         h.update(name.encode() + (files_dir() / name).read_bytes())
+    h.update("\0".join(_lib_utils(src) + cmsis_nn_sources(src.cmsis_nn)).encode())  # what gets compiled
     _hash_tree(h, src.executorch, _ET_DIRS)
     _hash_tree(h, src.cmsis_nn, _NN_DIRS)
     _hash_tree(h, src.schema, ("executorch",))

@@ -77,12 +77,20 @@ def run(elf: Path, workdir: Path, samples: int, pte_name: str = "model.pte") -> 
 
 
 def _first_error(log: str, rc: int) -> str:
+    """The runner's own error line, else ExecuTorch's first fatal/error log line, else the tail."""
     lines = log.splitlines()
-    mine = next((ln for ln in lines if ln.startswith("etforge: error:")), None)
-    et = next((ln for ln in lines if ln.startswith("[ET E]")), None)
+    mine = next(
+        (ln.removeprefix("etforge: error: ") for ln in lines if ln.startswith("etforge: error:")), None
+    )
+    et = next((ln for ln in lines if ln.startswith("[ET F]")), None) or next(
+        (ln for ln in lines if ln.startswith("[ET E]")), None
+    )
+    if et is not None:
+        kind = "ExecuTorch abort" if et.startswith("[ET F]") else "ExecuTorch error"
+        et = f"{kind}: {et[7:].strip()}"
     if mine and et:
-        return f"{mine.removeprefix('etforge: error: ')} ({et.split(': ', 1)[-1].strip()})"
+        return f"{mine} ({et})"
     if mine or et:
-        return (mine or et or "").removeprefix("etforge: error: ")
+        return str(mine or et)
     tail = " | ".join(lines[-3:]) if lines else "no output"
     return f"QEMU exited with code {rc} before the runner finished ({tail})"

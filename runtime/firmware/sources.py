@@ -193,7 +193,7 @@ _NN_TYPES = re.compile(r"_(s4|s8|s16|s32|s64|f16|f32|q7|q15)(?=_|$)")
 
 
 def cmsis_nn_sources(nn: Path) -> list[str]:
-    """CMSIS-NN's int8 sources (relative to ``nn``): a file whose name mentions s8, or no data
+    """CMSIS-NN's int8 sources (relative to ``nn``): a file whose name mentions s8/q7, or no data
     type at all (tables, support); not the s4/s16/float kernels, LSTM or SVDF."""
     keep = []
     for path in sorted((nn / "Source").rglob("*.c")):
@@ -202,6 +202,6 @@ def cmsis_nn_sources(nn: Path) -> list[str]:
         if "Bindings" in rel.parts or "lstm" in name or "svdf" in name:
             continue
         types = set(_NN_TYPES.findall(name))
-        if not types or "s8" in types:
+        if not types or types & {"s8", "q7"}:  # q7 is CMSIS-NN's older name for int8
             keep.append(str(rel))
     return keep
