@@ -86,16 +86,22 @@ def test_zoo_bit_exact_on_qemu(outs: dict[str, Path], model: str) -> None:
     assert all(n > 0 for n in v.instructions)
 
 
-def test_run_cli_outputs_and_instruction_count(outs: dict[str, Path], tmp_path: Path) -> None:
-    saved = tmp_path / "outs.npz"
-    proc = run_cli("run", str(outs["cifarnet"]), "--on", "qemu-m33", "--samples", "2", "--save", str(saved))
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "emulator instruction count" in proc.stdout and "not device cycles" in proc.stdout
+def test_run_cli_on_given_inputs(outs: dict[str, Path], tmp_path: Path) -> None:
+    """``run --inputs F.npz --save G.npz``: the device's outputs for those inputs, byte for byte
+    the host interpreter's."""
     import numpy as np
 
-    host = device._load(outs["cifarnet"])[1]
-    batches = device.seeded_inputs(device._load(outs["cifarnet"])[0], 0, 2)
+    report, host = device._load(outs["cifarnet"])
+    batches = device.seeded_inputs(report, 7, 2)
+    given, saved = tmp_path / "in.npz", tmp_path / "out.npz"
+    np.savez(given, x=np.stack([b[0].numpy() for b in batches]))
+    proc = run_cli(
+        "run", str(outs["cifarnet"]), "--on", "qemu-m33", "--inputs", str(given), "--save", str(saved)
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "emulator instruction count" in proc.stdout and "not device cycles" in proc.stdout
     got = np.load(saved)["out0"]
+    assert len(got) == 2
     for s, batch in enumerate(batches):
         assert got[s].tobytes() == host.run(list(batch))[0].contiguous().numpy().tobytes()
 
@@ -106,11 +112,16 @@ def test_verify_cli_on_qemu(outs: dict[str, Path]) -> None:
     assert "2/2 samples" in proc.stdout and "verify passed on qemu-m33" in proc.stdout
 
 
-def test_instruction_count_is_deterministic(outs: dict[str, Path]) -> None:
-    """-icount makes the count a property of the program and inputs, not of the host's load."""
-    a = device.run(outs["autoencoder"], samples=2).qemu
-    b = device.run(outs["autoencoder"], samples=2).qemu
-    assert a.instructions == b.instructions and a.instructions_per_tick > 0
+def test_instruction_count_is_deterministic_and_per_op(outs: dict[str, Path]) -> None:
+    """-icount makes the count a property of the program and inputs, not of the host's load;
+    the per-op counts are the plan's kernel calls, in order, inside the inference's count."""
+    a = device.run(outs["autoencoder"], samples=2)
+    b = device.run(outs["autoencoder"], samples=2)
+    assert a.qemu.instructions == b.qemu.instructions and a.qemu.instructions_per_tick > 0
+    assert a.per_op == b.per_op and a.per_op, a.per_op_note
+    ops = sources.selected_operators(outs["autoencoder"] / "codegen" / "selected_operators.yaml")
+    assert {r["op"] for r in a.per_op} <= set(ops)
+    assert 0 < sum(r["instructions"] for r in a.per_op) <= a.qemu.instructions[0]
 
 
 def _copy(out: Path, dst: Path) -> Path:

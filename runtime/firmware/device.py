@@ -46,6 +46,16 @@ class DelegateBackend:
 DELEGATE_BACKENDS: dict[str, DelegateBackend] = {}
 
 
+#: The event ExecuTorch's tracer records for each kind of instruction (runtime/executor/method.cpp).
+_EVENT_OF = {
+    "KernelCall": "OPERATOR_CALL",
+    "DelegateCall": "DELEGATE_CALL",
+    "MoveCall": "MOVE_CALL",
+    "FreeCall": "FREE_CALL",
+    "JumpFalseCall": "JF_CALL",
+}
+
+
 @dataclass
 class DeviceRun:
     runtime: str
@@ -53,6 +63,10 @@ class DeviceRun:
     qemu: QemuRun
     inputs: list[tuple[torch.Tensor, ...]]
     outputs: list[list[torch.Tensor]]  #: per sample, logical shapes (as the host interpreter's)
+    #: First sample, per instruction: {"instruction", "op", "instructions"}; empty when the
+    #: tracer's events cannot be matched to the plan one to one (``per_op_note`` says why).
+    per_op: list[dict[str, Any]] = field(default_factory=list)
+    per_op_note: str = ""
     instruction_label: str = INSTRUCTION_LABEL
 
 
@@ -66,6 +80,7 @@ class DeviceVerification:
     report_arena: list[int]
     instructions: list[int]
     instruction_label: str = INSTRUCTION_LABEL
+    per_op: list[dict[str, Any]] = field(default_factory=list)
     image: str = ""
     build_seconds: float = 0.0
     built: list[str] = field(default_factory=list)
@@ -199,7 +214,32 @@ def run(
         ]  # fmt: skip
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return DeviceRun(runtime, image, result, batches, outputs)
+    per_op, note = _per_op(interp, result)
+    return DeviceRun(runtime, image, result, batches, outputs, per_op, note)
+
+
+def _per_op(interp: Any, q: QemuRun) -> tuple[list[dict[str, Any]], str]:
+    """The tracer's events, one per executed instruction, matched to the plan's instructions
+    (a plan without jumps runs each once, in order); a mismatch is reported, never guessed."""
+    instructions = interp.plan.chains[0].instructions
+    kinds = [type(i.instr_args).__name__ for i in instructions]
+    events = [(name, ticks) for name, ticks in q.events if name.endswith("_CALL")]
+    if "JumpFalseCall" in kinds:
+        return [], "per-op counts not attributed: the plan has jumps"
+    if [n for n, _ in events] != [_EVENT_OF.get(k, "?") for k in kinds]:
+        return [], f"per-op counts not attributed: {len(events)} traced events for {len(kinds)} instructions"
+    rows = []
+    for index, (ins, (_, ticks)) in enumerate(zip(instructions, events, strict=True)):
+        args = ins.instr_args
+        if type(args).__name__ == "KernelCall":
+            o = interp.plan.operators[args.op_index]
+            op = f"{o.name}.{o.overload}" if o.overload else o.name
+        elif type(args).__name__ == "DelegateCall":
+            op = f"delegate {interp.plan.delegates[args.delegate_index].id}"
+        else:
+            op = type(args).__name__
+        rows.append({"instruction": index, "op": op, "instructions": ticks * q.instructions_per_tick})
+    return rows, ""
 
 
 def _first_difference(host: torch.Tensor, device: torch.Tensor) -> str:
@@ -255,6 +295,6 @@ def verify(
         )
     return DeviceVerification(
         runtime, len(dev.inputs), identical, first, dev.qemu.planned, report_arena,
-        dev.qemu.instructions, image=str(dev.image.elf), build_seconds=dev.image.seconds,
+        dev.qemu.instructions, per_op=dev.per_op, image=str(dev.image.elf), build_seconds=dev.image.seconds,
         built=dev.image.built, failures=failures,
     )  # fmt: skip

@@ -32,6 +32,8 @@ class QemuRun:
     ticks: list[int] = field(default_factory=list)  #: per sample
     instructions_per_tick: int = 0
     method_allocator_bytes: int = 0
+    #: First sample: (event name, ticks) per event ExecuTorch's event tracer profiled, in order.
+    events: list[tuple[str, int]] = field(default_factory=list)
     log: str = ""
 
     @property
@@ -69,6 +71,8 @@ def run(elf: Path, workdir: Path, samples: int, pte_name: str = "model.pte") -> 
             result.instructions_per_tick = round(insns / ticks) if ticks else 0
         elif m := re.match(r"etforge: sample (\d+) (\d+) ticks", line):
             result.ticks.append(int(m.group(2)))
+        elif m := re.match(r"etforge: event \d+ (\S+) (\d+) ticks", line):
+            result.events.append((m.group(1), int(m.group(2))))
         elif m := re.match(r"etforge: method allocator (\d+) bytes", line):
             result.method_allocator_bytes = int(m.group(1))
     if "etforge: ok" not in proc.stdout:

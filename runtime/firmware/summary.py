@@ -32,6 +32,14 @@ def run_lines(dev: DeviceRun) -> list[str]:
     lines.append(
         f"instructions per inference: {dev.instruction_label} (resolution {q.instructions_per_tick})"
     )
+    if dev.per_op:
+        top = sorted(dev.per_op, key=lambda r: -r["instructions"])[:5]
+        lines.append(
+            "most instructions, sample 0 (per op: --json): "
+            + "; ".join(f"#{r['instruction']} {r['op']} {r['instructions']:,}" for r in top)
+        )
+    elif dev.per_op_note:
+        lines.append(dev.per_op_note)
     return lines
 
 
@@ -46,6 +54,8 @@ def run_json(dev: DeviceRun) -> dict[str, Any]:
         "instructions": dev.qemu.instructions,
         "instruction_label": dev.instruction_label,
         "instructions_resolution": dev.qemu.instructions_per_tick,
+        "per_op": dev.per_op,
+        "per_op_note": dev.per_op_note,
         "outputs": [[o.tolist() for o in outs] for outs in dev.outputs],
     }
 
