@@ -16,7 +16,7 @@ CXX  := arm-none-eabi-g++
 AR   := arm-none-eabi-ar
 CPU  := -mcpu=cortex-m33 -mthumb -mfloat-abi=hard -mfpu=fpv5-sp-d16
 OPT  ?= -O2
-DEFS := -DC10_USING_CUSTOM_GENERATED_MACROS -DET_LOG_ENABLED=1 -DFLATBUFFERS_MAX_ALIGNMENT=1024 \
+DEFS := -DC10_USING_CUSTOM_GENERATED_MACROS -DET_LOG_ENABLED=1 -DET_EVENT_TRACER_ENABLED -DFLATBUFFERS_MAX_ALIGNMENT=1024 \
         -DARM_NN_ENABLE_F32=0 -DARM_NN_ENABLE_F16=0
 INCS := -I$(INC) -I$(ET)/runtime/core/portable_type/c10 -I$(NN)/Include
 CXXFLAGS := $(CPU) $(OPT) -ffunction-sections -fdata-sections $(DEFS) $(INCS) -std=gnu++17 \

@@ -4,7 +4,8 @@
 // from s<s>_in<j>.bin (raw bytes in the program's dim order), runs "forward" and writes output
 // j to s<s>_out<j>.bin, all through semihosting file I/O relative to QEMU's working directory.
 // Lines starting "etforge:" on stdout are the protocol the host reads (build.py/qemu.py):
-// the planned buffers it allocated, the processor-clock ticks of each inference, "ok" last.
+// the planned buffers it allocated, the processor-clock ticks of each inference and, for the
+// first sample, of each event ExecuTorch's event tracer profiles (one per instruction), "ok" last.
 // A failure prints "etforge: error: ..." on stderr and never "ok".
 //
 // Memory: the planned arena is a static buffer sized by the generated etforge_model.h
@@ -12,6 +13,7 @@
 // says, or a kernel that writes past its planned buffer (guard bytes after each), fails.
 #include <executorch/extension/data_loader/buffer_data_loader.h>
 #include <executorch/runtime/backend/interface.h>
+#include <executorch/runtime/core/event_tracer.h>
 #include <executorch/runtime/core/hierarchical_allocator.h>
 #include <executorch/runtime/core/memory_allocator.h>
 #include <executorch/runtime/executor/memory_manager.h>
@@ -126,6 +128,63 @@ void calibrate() {
   printf("etforge: calibration %u instructions %llu ticks\n", 2u * 500000u, (unsigned long long)(t1 - t0));
 }
 
+// ExecuTorch's event tracer, reduced to what the per-op count needs: the ticks of each
+// profiled event (OPERATOR_CALL, DELEGATE_CALL, ...) in execution order, for one inference.
+class TickTracer final : public EventTracer {
+ public:
+  static constexpr size_t kMaxEvents = 2048;
+  struct Event {
+    const char* name;
+    uint64_t ticks;
+  };
+  Event events[kMaxEvents];
+  size_t count = 0;
+  bool recording = false;
+
+  void create_event_block(const char*) override {}
+  EventTracerEntry start_profiling(const char* name, ChainID, DebugHandle) override {
+    EventTracerEntry e{};
+    e.event_id = -1;
+    if (recording && count < kMaxEvents) {
+      e.event_id = (int64_t)count;
+      events[count++] = {name, 0};
+    }
+    e.start_time = etforge_ticks();
+    return e;
+  }
+  void end_profiling(EventTracerEntry e) override {
+    const uint64_t now = etforge_ticks();
+    if (e.event_id >= 0) events[e.event_id].ticks = now - e.start_time;
+  }
+  EventTracerEntry start_profiling_delegate(const char*, DelegateDebugIntId) override { return EventTracerEntry{}; }
+  void end_profiling_delegate(EventTracerEntry, const void*, size_t) override {}
+  void log_profiling_delegate(const char*, DelegateDebugIntId, et_timestamp_t, et_timestamp_t, const void*,
+                              size_t) override {}
+  void track_allocation(AllocatorID, size_t) override {}
+  AllocatorID track_allocator(const char*) override { return 0; }
+  Result<bool> log_evalue(const EValue&, LoggedEValueType) override { return false; }
+  Result<bool> log_intermediate_output_delegate(const char*, DelegateDebugIntId,
+                                                const executorch::aten::Tensor&) override {
+    return false;
+  }
+  Result<bool> log_intermediate_output_delegate(const char*, DelegateDebugIntId,
+                                                const ArrayRef<executorch::aten::Tensor>) override {
+    return false;
+  }
+  Result<bool> log_intermediate_output_delegate(const char*, DelegateDebugIntId, const int&) override {
+    return false;
+  }
+  Result<bool> log_intermediate_output_delegate(const char*, DelegateDebugIntId, const bool&) override {
+    return false;
+  }
+  Result<bool> log_intermediate_output_delegate(const char*, DelegateDebugIntId, const double&) override {
+    return false;
+  }
+  void set_delegation_intermediate_output_filter(EventTracerFilterBase*) override {}
+};
+
+TickTracer g_tracer;
+
 }  // namespace
 
 // A delegate backend (an NPU runtime) linked into the image registers itself here; the base
@@ -189,7 +248,7 @@ int main() {
   MemoryAllocator method_allocator(sizeof(g_method_pool), g_method_pool);
   MemoryAllocator temp_allocator(sizeof(g_temp_pool), g_temp_pool);
   MemoryManager memory_manager(&method_allocator, &planned_memory, &temp_allocator);
-  Result<Method> method = program->load_method(method_info::kName, &memory_manager);
+  Result<Method> method = program->load_method(method_info::kName, &memory_manager, &g_tracer);
   if (!method.ok()) FAIL("load_method failed (error 0x%x; the [ET] log above says why)", (unsigned)method.error());
   printf("etforge: method allocator %u bytes\n", (unsigned)method_allocator.used_size());
 
@@ -217,12 +276,18 @@ int main() {
       if (e != Error::Ok) FAIL("set_input %u failed (error 0x%x)", (unsigned)i, (unsigned)e);
       free(data);
     }
+    g_tracer.recording = s == 0;  // per-op ticks of the first sample
+    g_tracer.count = 0;
     const uint64_t t0 = etforge_ticks();
     Error e = method->execute();
     const uint64_t t1 = etforge_ticks();
+    g_tracer.recording = false;
     if (e != Error::Ok) FAIL("sample %d: execute failed (error 0x%x; the [ET] log above says why)", s, (unsigned)e);
     if (check_guards() != 0) return 1;
     printf("etforge: sample %d %llu ticks\n", s, (unsigned long long)(t1 - t0));
+    for (size_t k = 0; k < g_tracer.count; ++k)
+      printf("etforge: event %u %s %llu ticks\n", (unsigned)k, g_tracer.events[k].name,
+             (unsigned long long)g_tracer.events[k].ticks);
     for (size_t j = 0; j < n_out; ++j) {
       const EValue& v = method->get_output(j);
       if (!v.isTensor()) FAIL("output %u is not a tensor", (unsigned)j);
