@@ -57,10 +57,11 @@ def run(elf: Path, workdir: Path, samples: int, pte_name: str = "model.pte") -> 
         "-append", f"{pte_name} {samples}",
     ]  # fmt: skip
     try:
-        proc = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, timeout=TIMEOUT_SECONDS)
+        proc = subprocess.run(cmd, cwd=workdir, capture_output=True, timeout=TIMEOUT_SECONDS)
     except subprocess.TimeoutExpired as e:
         raise EtforgeError(f"QEMU did not finish {elf} within {TIMEOUT_SECONDS} s (hung image?)") from e
-    log = proc.stdout + proc.stderr
+    stdout = proc.stdout.decode(errors="replace")  # a log line may carry a tensor's raw bytes
+    log = stdout + proc.stderr.decode(errors="replace")
     result = QemuRun(log=log)
     for line in log.splitlines():
         if m := re.match(r"etforge: planned buffer (\d+) (\d+) bytes arena (\d+) bytes", line):
@@ -75,7 +76,7 @@ def run(elf: Path, workdir: Path, samples: int, pte_name: str = "model.pte") -> 
             result.events.append((m.group(1), int(m.group(2))))
         elif m := re.match(r"etforge: method allocator (\d+) bytes", line):
             result.method_allocator_bytes = int(m.group(1))
-    if "etforge: ok" not in proc.stdout:
+    if "etforge: ok" not in stdout:
         raise EtforgeError(f"the image failed under QEMU: {_first_error(log, proc.returncode)}")
     return result
 

@@ -142,7 +142,8 @@ def _defining_source(et: Path, src_dir: str, op: str, function: str) -> str:
     base = op.split("::", 1)[-1].split(".", 1)[0]
     directory = et / src_dir
     candidates = [directory / f"op_{base}.cpp", *sorted(directory.glob("op_*.cpp"))]
-    pattern = re.compile(rf"(Tensor|void)\s*&?\s*{re.escape(function)}\s*\(")
+    # a kernel's definition takes the runtime context first (any return type: Tensor&, tuple)
+    pattern = re.compile(rf"\b{re.escape(function)}\s*\(\s*(?:[\w:]+::)?(?:Kernel)?RuntimeContext\s*&")
     for path in candidates:
         if path.is_file() and pattern.search(path.read_text(errors="replace")):
             return str(path.relative_to(et))
