@@ -204,7 +204,7 @@ def run(
                 raise EtforgeError(f"{out}: the program takes {len(in_values)} inputs, got {len(batch)}")
             for j, (t, v) in enumerate(zip(batch, in_values, strict=True)):
                 (work / f"s{s}_in{j}.bin").write_bytes(_device_bytes(t, _dim_order(interp, v)))
-        result = run_qemu(image.elf, work, len(batches))
+        result = run_qemu(image.elf, work, len(batches), describe=lambda i: _describe(interp, i))
         outputs = [
             [
                 _from_device((work / f"s{s}_out{j}.bin").read_bytes(), interp.specs[v], _dim_order(interp, v))
@@ -216,6 +216,23 @@ def run(
         shutil.rmtree(work, ignore_errors=True)
     per_op, note = _per_op(interp, result)
     return DeviceRun(runtime, image, result, batches, outputs, per_op, note)
+
+
+def _describe(interp: Any, index: int) -> str:
+    """Instruction ``index`` of the plan and what it runs."""
+    instructions = interp.plan.chains[0].instructions
+    if not 0 <= index < len(instructions):
+        return f"instruction {index}"
+    return f"instruction {index} ({_op_name(interp, instructions[index].instr_args)})"
+
+
+def _op_name(interp: Any, args: Any) -> str:
+    if type(args).__name__ == "KernelCall":
+        o = interp.plan.operators[args.op_index]
+        return f"{o.name}.{o.overload}" if o.overload else o.name
+    if type(args).__name__ == "DelegateCall":
+        return f"delegate {interp.plan.delegates[args.delegate_index].id}"
+    return type(args).__name__
 
 
 def _per_op(interp: Any, q: QemuRun) -> tuple[list[dict[str, Any]], str]:
@@ -230,14 +247,7 @@ def _per_op(interp: Any, q: QemuRun) -> tuple[list[dict[str, Any]], str]:
         return [], f"per-op counts not attributed: {len(events)} traced events for {len(kinds)} instructions"
     rows = []
     for index, (ins, (_, ticks)) in enumerate(zip(instructions, events, strict=True)):
-        args = ins.instr_args
-        if type(args).__name__ == "KernelCall":
-            o = interp.plan.operators[args.op_index]
-            op = f"{o.name}.{o.overload}" if o.overload else o.name
-        elif type(args).__name__ == "DelegateCall":
-            op = f"delegate {interp.plan.delegates[args.delegate_index].id}"
-        else:
-            op = type(args).__name__
+        op = _op_name(interp, ins.instr_args)
         rows.append({"instruction": index, "op": op, "instructions": ticks * q.instructions_per_tick})
     return rows, ""
 

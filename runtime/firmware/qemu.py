@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -48,9 +49,16 @@ def check_qemu() -> str:
     return exe
 
 
-def run(elf: Path, workdir: Path, samples: int, pte_name: str = "model.pte") -> QemuRun:
+def run(
+    elf: Path,
+    workdir: Path,
+    samples: int,
+    pte_name: str = "model.pte",
+    describe: Callable[[int], str] | None = None,
+) -> QemuRun:
     """Run ``elf`` on ``samples`` input sets in ``workdir`` (``s<i>_in<j>.bin``); the outputs
-    are left there as ``s<i>_out<j>.bin``."""
+    are left there as ``s<i>_out<j>.bin``. ``describe`` names the plan's instruction N (the
+    one a failed execute stopped in)."""
     cmd = [
         check_qemu(), *MACHINE, "-nographic", "-monitor", "none", "-icount", "shift=0",
         "-semihosting-config", "enable=on,target=native", "-kernel", str(elf.resolve()),
@@ -77,7 +85,11 @@ def run(elf: Path, workdir: Path, samples: int, pte_name: str = "model.pte") -> 
         elif m := re.match(r"etforge: method allocator (\d+) bytes", line):
             result.method_allocator_bytes = int(m.group(1))
     if "etforge: ok" not in stdout:
-        raise EtforgeError(f"the image failed under QEMU: {_first_error(log, proc.returncode)}")
+        where = ""
+        failed = re.search(r"^etforge: failed instruction (\d+)$", stdout, re.MULTILINE)
+        if failed and describe is not None:
+            where = f" in {describe(int(failed.group(1)))}"
+        raise EtforgeError(f"the image failed under QEMU{where}: {_first_error(log, proc.returncode)}")
     return result
 
 

@@ -276,16 +276,25 @@ int main() {
       if (e != Error::Ok) FAIL("set_input %u failed (error 0x%x)", (unsigned)i, (unsigned)e);
       free(data);
     }
-    g_tracer.recording = s == 0;  // per-op ticks of the first sample
+    g_tracer.recording = true;  // per-op ticks (printed for the first sample), the failing op
     g_tracer.count = 0;
     const uint64_t t0 = etforge_ticks();
     Error e = method->execute();
     const uint64_t t1 = etforge_ticks();
     g_tracer.recording = false;
-    if (e != Error::Ok) FAIL("sample %d: execute failed (error 0x%x; the [ET] log above says why)", s, (unsigned)e);
+    if (e != Error::Ok) {
+      // the instruction that failed: the last one the tracer saw start (events named *_CALL)
+      long calls = -1;
+      for (size_t k = 0; s == 0 && k < g_tracer.count; ++k) {
+        const size_t n = strlen(g_tracer.events[k].name);
+        if (n >= 5 && strcmp(g_tracer.events[k].name + n - 5, "_CALL") == 0) ++calls;
+      }
+      if (calls >= 0) printf("etforge: failed instruction %ld\n", calls);
+      FAIL("sample %d: execute failed (error 0x%x)", s, (unsigned)e);
+    }
     if (check_guards() != 0) return 1;
     printf("etforge: sample %d %llu ticks\n", s, (unsigned long long)(t1 - t0));
-    for (size_t k = 0; k < g_tracer.count; ++k)
+    for (size_t k = 0; s == 0 && k < g_tracer.count; ++k)
       printf("etforge: event %u %s %llu ticks\n", (unsigned)k, g_tracer.events[k].name,
              (unsigned long long)g_tracer.events[k].ticks);
     for (size_t j = 0; j < n_out; ++j) {
