@@ -1015,6 +1015,98 @@ def _finite(value: float | None, param: Any, low: float, high: float | None = No
     return value
 
 
+def _firmware_source_options(f: Any) -> Any:
+    """--executorch-src / --cmsis-nn-src: the sources a firmware image is built from."""
+    f = click.option(
+        "--cmsis-nn-src",
+        default=None,
+        metavar="DIR",
+        help="CMSIS-NN source tree (default: $ETFORGE_CMSIS_NN_SRC, else ../shared/third_party/cmsis-nn).",
+    )(f)
+    return click.option(
+        "--executorch-src",
+        default=None,
+        metavar="DIR",
+        help="ExecuTorch source tree (default: $ETFORGE_EXECUTORCH_SRC, else ../shared/third_party/executorch).",
+    )(f)
+
+
+def _verify_on_device(
+    out: Any, runtime: str, samples: int, seed: int, et_src: str | None, nn_src: str | None, as_json: bool
+) -> None:
+    import dataclasses
+
+    from etforge.runtime.firmware import device, summary
+
+    with console.status(f"building the firmware image and running {out} on {runtime} ..."):
+        v = device.verify(
+            out, runtime, samples=samples, seed=seed, executorch_src=et_src, cmsis_nn_src=nn_src
+        )
+    if as_json:
+        click.echo(json.dumps({**dataclasses.asdict(v), "ok": v.ok}, indent=2, default=str))
+        sys.exit(0 if v.ok else 1)
+    for line in summary.verification_lines(v):
+        console.print(escape(line), soft_wrap=True)
+    if not v.ok:
+        for f in v.failures:
+            err_console.print(f"[red]FAIL:[/] {escape(f)}", soft_wrap=True)
+        sys.exit(1)
+    console.print(f"[green]verify passed on {runtime}[/]")
+
+
+@main.command(name="run")
+@click.argument("out_dir", type=click.Path(file_okay=False))
+@click.option(
+    "--on", "runtime", type=click.Choice(["qemu-m33"]), required=True, help="The device runtime to run on."
+)
+@click.option("--samples", default=4, show_default=True, help="Seeded random inputs (as verify draws them).")
+@click.option("--seed", default=0, show_default=True)
+@click.option(
+    "--inputs",
+    default=None,
+    metavar="FILE",
+    type=click.Path(dir_okay=False),
+    help=".npz with one array per program input (its shape, or with a leading sample dimension).",
+)
+@click.option(
+    "--save", default=None, metavar="FILE", help="Write the outputs to FILE (.npz, out<j>[sample, ...])."
+)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@_firmware_source_options
+def run_cmd(
+    out_dir: str,
+    runtime: str,
+    samples: int,
+    seed: int,
+    inputs: str | None,
+    save: str | None,
+    as_json: bool,
+    executorch_src: str | None,
+    cmsis_nn_src: str | None,
+) -> None:
+    """Build (once, cached) a firmware image of OUT's program and run it on an emulated device."""
+    from pathlib import Path
+
+    from etforge.runtime.firmware import device, summary
+
+    if save is not None and not save.endswith(".npz"):
+        raise click.UsageError(f"--save {save}: outputs are written as a .npz file")
+    with console.status(f"building the firmware image and running {out_dir} on {runtime} ..."):
+        dev = device.run(
+            Path(out_dir), runtime, samples=samples, inputs=Path(inputs) if inputs else None, seed=seed,
+            executorch_src=executorch_src, cmsis_nn_src=cmsis_nn_src,
+        )  # fmt: skip
+    if save is not None:
+        summary.save_outputs(dev, Path(save))
+    if as_json:
+        click.echo(json.dumps(summary.run_json(dev), indent=2))
+        return
+    for line in summary.run_lines(dev):
+        console.print(escape(line), soft_wrap=True)
+    if save is not None:
+        console.print(f"wrote {save}")
+
+
 @main.command()
 @click.argument("out_dir", metavar="OUT|PTE", type=click.Path())
 @click.option(
@@ -1085,6 +1177,15 @@ def _finite(value: float | None, param: Any, low: float, high: float | None = No
     default=None,
     help="Required top-1 agreements (default: 31 of every 32 samples).",
 )
+@click.option(
+    "--runtime",
+    type=click.Choice(["host", "qemu-m33"]),
+    default="host",
+    show_default=True,
+    help="qemu-m33: run model.pte in ExecuTorch's C++ runtime with CMSIS-NN on an emulated Cortex-M33 "
+    "and require its outputs to equal the host interpreter's bit for bit (docs/firmware.md).",
+)
+@_firmware_source_options
 @click.pass_obj
 def verify(
     obj: Ctx,
@@ -1103,6 +1204,9 @@ def verify(
     script_options: tuple[str, ...],
     script_calib: str | None,
     script_quantized: str | None,
+    runtime: str = "host",
+    executorch_src: str | None = None,
+    cmsis_nn_src: str | None = None,
 ) -> None:
     """Run OUT's program on the host (NPU partitions in LiteRT) and compare with torch.
 
@@ -1110,6 +1214,11 @@ def verify(
     """
     from pathlib import Path
 
+    if runtime != "host":
+        if script_model is not None:
+            raise click.UsageError("--runtime qemu-m33 verifies an OUT directory, not a script's .pte")
+        _verify_on_device(Path(out_dir), runtime, samples, seed, executorch_src, cmsis_nn_src, as_json)
+        return
     reg = obj.registry
     script: dict[str, Any] | None = None
     if script_model is not None:

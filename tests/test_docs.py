@@ -23,6 +23,7 @@ ORDER = [
     "report.md",
     "codegen.md",
     "batch.md",
+    "firmware.md",
 ]
 BLOCK = re.compile(r"^```(\w+)\n(.*?)^```", re.S | re.M)
 
@@ -36,7 +37,9 @@ def test_every_page_is_tested() -> None:
 
 
 @pytest.fixture(scope="module")
-def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def workdir(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Path:
+    # firmware.md builds a firmware image: share tests/test_firmware.py's content-hashed cache
+    os.environ.setdefault("ETFORGE_FIRMWARE_CACHE", str(request.config.cache.mkdir("etforge-firmware")))
     return tmp_path_factory.mktemp("docs")
 
 
@@ -57,7 +60,7 @@ def test_page_code_blocks_run(page: str, workdir: Path) -> None:
                         [sys.executable, "-m", "etforge", *argv[1:]], capture_output=True, text=True
                     )
                     assert proc.returncode == 0, f"docs/{page}: {line}\n{proc.stdout}\n{proc.stderr}"
-            elif lang != "toml":
+            elif lang not in ("toml", "cmake"):
                 raise AssertionError(f"docs/{page}: untested code block language {lang!r}")
     finally:
         os.chdir(cwd)
