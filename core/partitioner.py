@@ -106,6 +106,19 @@ class EtforgePartitioner(Partitioner):
         self.preserve = True
         self.seconds = 0.0  # time spent deciding and tagging (for the benchmarks)
         self._table = self.registry.converters_for(target)
+        #: Real values of the program's parameters and buffers by state-dict key: ExecuTorch
+        #: hands ``partition`` a copy whose state dict holds fake tensors (no data), and a
+        #: no-op check (x + 0) needs the value (see :meth:`remember_constants`).
+        self._real: dict[str, torch.Tensor] = {}
+
+    def remember_constants(self, ep: ExportedProgram) -> None:
+        """Keep (references to) ``ep``'s real parameter and buffer values for the checks that
+        read constant values; the programs ``partition`` is given share its state-dict keys."""
+        from torch._subclasses.fake_tensor import FakeTensor
+
+        for key, value in ep.state_dict.items():
+            if isinstance(value, torch.Tensor) and not isinstance(value, FakeTensor):
+                self._real[key] = value
 
     # -- decomposition ------------------------------------------------------------------------
     def preserved_op_names(self) -> list[str]:
@@ -120,6 +133,7 @@ class EtforgePartitioner(Partitioner):
         converters of its decomposed form (addmm, permute ...) still take the rest.
         """
         mark_constants(ep)
+        self.remember_constants(ep)
         blocked = set(self.options.get("operators_not_to_delegate", ()))
         if self.target.npu is None:
             return [], None
@@ -207,6 +221,7 @@ class EtforgePartitioner(Partitioner):
 
     def _partition(self, exported_program: ExportedProgram) -> PartitionResult:
         ep = exported_program
+        self.remember_constants(ep)  # a real program (tests, direct calls) is its own source
         self.decide(ep)
         chosen = self._chosen
         by_name = {d.node: d for d in self.decisions}
@@ -261,6 +276,8 @@ class EtforgePartitioner(Partitioner):
 
     def _is_noop(self, ep: ExportedProgram, node: Node) -> bool:
         """Whether the converter that took ``node`` says it computes nothing on the target."""
+        from torch._subclasses.fake_tensor import FakeTensor
+
         from etforge.core.litert_convert import _constant_tensor
 
         who = node.meta.get(DECIDED_KEY)
@@ -269,7 +286,16 @@ class EtforgePartitioner(Partitioner):
             return False
 
         def constant(n: Node) -> torch.Tensor | None:
-            return _constant_tensor(ep, n) if isinstance(n, Node) and n.op == "placeholder" else None
+            if not isinstance(n, Node) or n.op != "placeholder":
+                return None
+            value = _constant_tensor(ep, n)
+            if isinstance(value, FakeTensor):  # ExecuTorch's fake copy: the real value, if known
+                key = ep.graph_signature.inputs_to_parameters.get(str(n.target))
+                key = key or ep.graph_signature.inputs_to_buffers.get(str(n.target))
+                value = self._real.get(key) if key else None
+                if value is not None and isinstance(value, FakeTensor):
+                    value = None
+            return value
 
         try:
             return bool(conv.is_noop(node, self.target, constant))
