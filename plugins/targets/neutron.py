@@ -11,6 +11,7 @@ installed, read from it instead (``probe``).
 from __future__ import annotations
 
 from etforge.core.hookspecs import hookimpl
+from etforge.core.partition_check import PartitionCheck
 from etforge.core.target import NpuSpec, OptionSpec, TargetSpec
 from etforge.plugins.targets.cortex_m import CPU_OPTIONS, DIM_ORDER_OPTION
 
@@ -201,3 +202,10 @@ IMXRT700CM = TargetSpec(
 @hookimpl
 def etforge_targets() -> list[TargetSpec]:
     return [IMXRT700, IMXRT700CM]
+
+
+@hookimpl
+def etforge_partition_checks() -> list[PartitionCheck]:
+    from etforge.plugins.targets.neutron_checks import CloneBoundaryDimOrder, NeedsCompute
+
+    return [CloneBoundaryDimOrder(), NeedsCompute()]
