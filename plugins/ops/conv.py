@@ -80,7 +80,10 @@ def _weight_rows(node: Node, target: TargetSpec) -> bool | str:
 
 
 def _plain_or_depthwise(node: Node, target: TargetSpec) -> bool | str:
-    """Grouped convolutions: only depthwise (C_in == C_out == groups) when the NPU requires it."""
+    """Grouped convolutions when the NPU runs regular and depthwise ones only: depthwise
+    (C_in == C_out == groups) runs as such; 2..max_split_groups groups are split into
+    single-group convs by the grouped_conv rewrite, so one left whole is refused; more groups
+    run as one grouped CONV_2D (upstream's choice)."""
     from etforge.core.graph_utils import shape_of
 
     npu = target.npu
@@ -89,7 +92,15 @@ def _plain_or_depthwise(node: Node, target: TargetSpec) -> bool | str:
     if groups == 1 or transposed or not npu.requirement("conv_plain_or_depthwise"):
         return True
     c_in, c_out = shape_of(node.args[0])[1], shape_of(node.args[1])[0]
-    return (c_in == c_out == groups) or f"groups={groups} with C_in={c_in}, C_out={c_out}"
+    if c_in == c_out == groups:
+        return True
+    split = npu.limits.get("max_split_groups", 0)
+    if groups > split:
+        return True
+    return (
+        f"groups={groups} with C_in={c_in}, C_out={c_out}: not depthwise, and within "
+        f"max_split_groups={split} it runs split into single-group convs (grouped_conv rewrite), not whole"
+    )
 
 
 def _transposed_limits(node: Node, target: TargetSpec) -> bool | str:
@@ -131,7 +142,10 @@ class Convolution(OpConverter):
         Constraint("constant weights and bias", _constant_weights),
         Constraint("kernel <= npu max_kernel; stride, dilation <= max_stride, max_dilation", _window),
         Constraint("kernel_h * kernel_w * ceil(C_in, num_macs) <= npu max_weight_rows", _weight_rows),
-        Constraint("grouped: depthwise only (npu conv_plain_or_depthwise)", _plain_or_depthwise),
+        Constraint(
+            "grouped: depthwise, or more than max_split_groups groups (npu conv_plain_or_depthwise)",
+            _plain_or_depthwise,
+        ),
         Constraint(
             "transposed: groups 1, dilation 1, stride <= max_transpose_conv_stride and <= kernel, "
             "padding < kernel, output_padding <= padding",

@@ -33,6 +33,8 @@ DECLARES: dict[str, str] = {
     "max_softmax_spatial": "largest product of a softmax's other dims (softmax)",
     "max_softmax_elements": "largest softmax tensor (softmax)",
     "max_view_rank": "largest reshape output rank (view)",
+    "max_split_groups": "grouped convs with 2 to this many groups (not depthwise) are split into "
+    "single-group convs and a cat; more groups run as one grouped conv (grouped_conv rewrite, conv)",
     "max_rank": "largest tensor rank of data-movement ops without a rank limit of their own (shape ops)",
     # choices (allowed values)
     "resize_scales": "integer up-sampling factors (upsample_nearest2d, upsample_bilinear2d)",
@@ -40,7 +42,8 @@ DECLARES: dict[str, str] = {
     "hw_versions": "Neutron hardware versions the converters target; the SDK reports the chip's (SDK hook)",
     # requires (flags)
     "binary_full_size_operand": "add/sub/mul/max/min: one input as large as the output (elementwise)",
-    "conv_plain_or_depthwise": "grouped convs only as depthwise or split into plain convs (conv, grouped_conv)",
+    "conv_plain_or_depthwise": "the NPU runs regular and depthwise convs: grouped convs within "
+    "max_split_groups are split (grouped_conv rewrite) and refused whole (conv)",
     "avg_pool_counts_padding": "avg_pool with padding only when padding counts (avg_pool)",
     "clamp_needs_a_bound": "clamp with at least one finite bound (clamp)",
     "clamp_shared_qparams_unless_relu": "clamp/hardtanh other than ReLU/ReLU6 keep their input qparams (clamp)",
@@ -76,6 +79,7 @@ NEUTRON_C = NpuSpec(
         "max_softmax_spatial": 4096,  # N * H * W (every dim but the softmax dim)
         "max_softmax_elements": 524288,
         "max_view_rank": 7,
+        "max_split_groups": 10,
     },
     choices={
         "resize_scales": (1, 2, 4, 8),
@@ -133,7 +137,11 @@ NEUTRON_C = NpuSpec(
         "binary_full_size_operand": _NODE_CONVERTER + " inputs_satisfy_broadcast_condition "
         "(add, sub, mul, maximum, minimum, prelu)",
         "conv_plain_or_depthwise": "executorch/backends/nxp/aten_passes/split_group_convolution.py "
-        "(the NPU runs regular and depthwise convolutions only)",
+        "(the NPU runs regular and depthwise convolutions only; groups 2-10 split), "
+        + _UPSTREAM
+        + "convolution_converter.py (other grouped convs converted as a grouped Conv2D)",
+        "max_split_groups": _UPSTREAM.replace("ops_converters/", "shared/conv_utils.py")
+        + " (group_conv_convertible_into_multiple_convolutions: 2 <= group <= 10)",
         "avg_pool_counts_padding": _UPSTREAM
         + "avg_pool_2d_converter.py (count_include_pad=False: no padding)",
         "clamp_needs_a_bound": _UPSTREAM + "clamp_converter.py (some bound finite)",
