@@ -62,7 +62,9 @@ def model_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def _build(model_file: Path) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...], list[tuple[torch.Tensor, ...]]]:
+def _build(
+    model_file: Path,
+) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...], list[tuple[torch.Tensor, ...]]]:
     namespace: dict[str, object] = {}
     exec(compile(model_file.read_text(), str(model_file), "exec"), namespace)
     return namespace["build"]()  # type: ignore[operator,no-any-return]

@@ -123,8 +123,6 @@ def _transposed_limits(node: Node, target: TargetSpec) -> bool | str:
         return f"stride {list(stride)} > kernel {list(kernel)}"
     if any(p >= k for p, k in zip(padding, kernel, strict=False)):
         return f"padding {list(padding)} >= kernel {list(kernel)}"
-    if any(o > p for o, p in zip(out_pad, padding, strict=False)):
-        return f"output_padding {list(out_pad)} > padding {list(padding)}"
     return True
 
 
@@ -148,7 +146,7 @@ class Convolution(OpConverter):
         ),
         Constraint(
             "transposed: groups 1, dilation 1, stride <= max_transpose_conv_stride and <= kernel, "
-            "padding < kernel, output_padding <= padding",
+            "padding < kernel",
             _transposed_limits,
         ),
         Constraint("regular: no output_padding", _no_output_padding),
@@ -254,7 +252,11 @@ def _transpose_conv(
     y: Value,
     act: str,
 ) -> None:
-    """TRANSPOSE_CONV with VALID padding, then a SLICE crop for PyTorch's padding."""
+    """TRANSPOSE_CONV with VALID padding, then a SLICE crop for PyTorch's padding.
+
+    ``output_padding`` beyond ``padding`` asks for rows / columns past the last kernel
+    position: TRANSPOSE_CONV is given that larger output shape, and the places no kernel
+    reaches hold the bias alone, as in PyTorch."""
     import numpy as np
 
     from etforge.core.litert import options
@@ -264,7 +266,13 @@ def _transpose_conv(
 
     _, c_out, kh, kw = w.data.shape
     n, _, h, wd = x.shape
-    full = (n, (h - 1) * stride[0] + kh, (wd - 1) * stride[1] + kw, c_out)
+    out_h, out_w = y.stored_shape[1:3]
+    full = (
+        n,
+        max((h - 1) * stride[0] + kh, padding[0] + out_h),
+        max((wd - 1) * stride[1] + kw, padding[1] + out_w),
+        c_out,
+    )
     wt = ctx.constant_tensor(w, (1, 2, 3, 0))  # (C_in, C_out, kh, kw) -> (C_out, kh, kw, C_in)
     b = bias_tensor(ctx, bias, c_out, x, w.quant, "bias")
     shape_t = ctx.add_constant(np.asarray(full, np.int32), "int32", "output_shape")

@@ -78,7 +78,11 @@ class SplitGroupedConv(Rewrite):
         from etforge.core.rewrite import call, calls, constant, val
 
         npu = target.npu
-        if npu is None or not npu.requirement("conv_plain_or_depthwise") or "max_split_groups" not in npu.limits:
+        if (
+            npu is None
+            or not npu.requirement("conv_plain_or_depthwise")
+            or "max_split_groups" not in npu.limits
+        ):
             return False
         aten = torch.ops.aten
         changed = False
