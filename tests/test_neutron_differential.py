@@ -18,7 +18,6 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -31,7 +30,19 @@ DOUBLE = REPO / "tests" / "sdk_double"
 DOC = REPO / "docs" / "targets.md"
 
 #: case -> why etforge places it differently from upstream (docs/targets.md has the same table).
-DIFFERENCES: dict[str, str] = {}
+DIFFERENCES: dict[str, str] = {
+    "maxpool-ceil-mode": "etforge pads (int8 minimum) and runs a floor-mode pool; upstream refuses ceil_mode",
+    "softmax-channels-4d": "etforge moves the softmax dim last with transposes inside the partition",
+    "pad-constant-negative": "a negative pad crops; LiteRT PAD rejects it, so etforge keeps it on the CPU",
+    "avgpool-2": "upstream's avg_pool2d converter indexes a stride argument the default form lacks (IndexError)",
+}
+
+#: Upstream's flow runs in a child per module (strict export, its quantizer and passes):
+#: ~5 min for all cases on an idle 2-core machine, over 20 min on a loaded one. Opt in.
+HEAVY = pytest.mark.skipif(
+    not os.environ.get("ETFORGE_DIFFERENTIAL"),
+    reason="differential run against upstream is opt-in: set ETFORGE_DIFFERENTIAL=1 (several minutes)",
+)
 
 
 def _placement(flags: list[bool]) -> str:
@@ -52,7 +63,7 @@ def upstream(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, ob
         capture_output=True,
         text=True,
         env=env,
-        timeout=1200,
+        timeout=3600,
         cwd=out.parent,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -86,6 +97,7 @@ def test_enough_cases() -> None:
     assert len(CASES) >= 40 and len({c.id for c in CASES}) == len(CASES)
 
 
+@HEAVY
 @pytest.mark.parametrize("path", ["early", "classic"])
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_same_placement_as_upstream(
@@ -95,7 +107,9 @@ def test_same_placement_as_upstream(
     theirs = "error" if "error" in up else _placement([bool(i < up["delegated"]) for i in range(up["nodes"])])  # type: ignore[operator]
     ours = etforge[case.id][path]
     if case.id in DIFFERENCES:
-        assert ours != theirs, f"{case.id}: now agrees with upstream ({ours}); drop it from DIFFERENCES and the docs"
+        assert ours != theirs, (
+            f"{case.id}: now agrees with upstream ({ours}); drop it from DIFFERENCES and the docs"
+        )
     else:
         assert ours == theirs, f"{case.id} ({path}): etforge {ours}, upstream {theirs} {up.get('error', '')}"
 
