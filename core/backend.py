@@ -17,7 +17,7 @@ from torch.export import ExportedProgram
 from etforge.core import payload
 from etforge.core.errors import EtforgeError
 from etforge.core.litert_convert import Converted, convert_program
-from etforge.core.npu_compiler import NpuPayload
+from etforge.core.npu_compiler import NpuPayload, PartitionIo
 from etforge.core.plugin_manager import Registry, registry
 from etforge.core.target import TargetSpec
 
@@ -122,7 +122,8 @@ class EtforgeNpuBackend(BackendDetails):
         options = {**json.loads(specs.get("options", "{}")), **(low.options if low is not None else {})}
         name = str(specs.get(PARTITION_KEY, "etforge_0"))
         converted = convert_program(edge_program, target, reg.converters_for(target), name=name, reg=reg)
-        result = compile_partition(converted.tflite, target, options, name, reg=reg)
+        io = PartitionIo(tuple(converted.input_dim_orders), tuple(converted.output_dim_orders))
+        result = compile_partition(converted.tflite, target, options, name, reg=reg, io=io)
         # A device payload goes in as the device runtime reads it; a host-only LiteRT model
         # is wrapped in etforge's tagged container so nothing mistakes it for microcode.
         processed = (
@@ -146,14 +147,19 @@ class EtforgeNpuBackend(BackendDetails):
 
 
 def compile_partition(
-    tflite: bytes, target: TargetSpec, options: dict[str, Any], name: str, reg: Registry | None = None
+    tflite: bytes,
+    target: TargetSpec,
+    options: dict[str, Any],
+    name: str,
+    reg: Registry | None = None,
+    io: PartitionIo | None = None,
 ) -> NpuPayload:
     """Run the target's NPU compiler when available; otherwise ship the LiteRT model host-only."""
     comp_name = target.npu.compiler if target.npu is not None else None
     compiler = (reg or registry()).npu_compilers.get(comp_name) if comp_name else None
     if compiler is not None and compiler.available()[0]:
         try:
-            return compiler.compile(tflite, target, options, name)
+            return compiler.compile_io(tflite, target, options, name, io or PartitionIo())
         except EtforgeError:
             raise
         except Exception as exc:

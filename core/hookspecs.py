@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from etforge.core.converter import OpConverter
     from etforge.core.cpu_backend import CpuBackend
     from etforge.core.npu_compiler import NpuCompiler
+    from etforge.core.partition_check import PartitionCheck
     from etforge.core.quant_rule import QuantRule
     from etforge.core.rewrite import Rewrite
     from etforge.core.target import TargetSpec
@@ -155,4 +156,41 @@ def etforge_rewrites() -> list[Rewrite]:
         @hookimpl
         def etforge_rewrites():
             return [DropIdentity()]
+    """
+
+
+@hookspec
+def etforge_partition_checks() -> list[PartitionCheck]:
+    """Return partition checks: instances of :class:`etforge.core.partition_check.PartitionCheck`.
+
+    A partition check states a rule of an NPU about whole partitions rather than single nodes
+    (ExecuTorch's ``supports_partitioning_result`` is the model): e.g. the NPU compiler drops
+    ops that compute nothing, so a partition of such ops only must stay on the CPU. After the
+    converters have accepted nodes and the partitioner has grouped them, each check that
+    ``applies_to`` the target (``targets``: names or NPU families, ``None`` for every NPU
+    target) gets every proposed partition -- its nodes, the ops delegated in it and an
+    ``is_noop(node)`` that asks the node's converter -- and returns ``{node: reason}`` for the
+    delegated nodes to take off the NPU. The partitioner then groups the rest again and asks
+    again, until nothing is refused; the reasons appear in the report. A check that raises
+    fails the compile naming its plugin.
+
+    Example::
+
+        from etforge import hookimpl
+        from etforge.core.partition_check import PartitionCheck
+
+        class NoLoneOp(PartitionCheck):
+            targets = ("toy",)
+            description = "a partition of one op costs more than it saves"
+
+            def refuse(self, partitions, target):
+                return {
+                    p.delegated[0]: "alone in its partition"
+                    for p in partitions
+                    if len(p.delegated) == 1
+                }
+
+        @hookimpl
+        def etforge_partition_checks():
+            return [NoLoneOp()]
     """

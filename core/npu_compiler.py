@@ -23,6 +23,15 @@ class NpuPayload:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class PartitionIo:
+    """How a partition's graph inputs and outputs lie in memory: the ExecuTorch dim order of
+    each (in the LiteRT graph's I/O order), which is the byte order its LiteRT tensor holds."""
+
+    input_dim_orders: tuple[tuple[int, ...], ...] = ()
+    output_dim_orders: tuple[tuple[int, ...], ...] = ()
+
+
 class NpuCompiler:
     """Base class of NPU compiler adapters (one per vendor toolchain)."""
 
@@ -37,6 +46,13 @@ class NpuCompiler:
         self, tflite: bytes, target: TargetSpec, options: dict[str, Any], partition: str
     ) -> NpuPayload:
         raise NotImplementedError
+
+    def compile_io(
+        self, tflite: bytes, target: TargetSpec, options: dict[str, Any], partition: str, io: PartitionIo
+    ) -> NpuPayload:
+        """``compile``, told how the partition's I/O lie in memory (a device runtime may need
+        to know, e.g. which tensors are channels-last); by default the layout is not needed."""
+        return self.compile(tflite, target, options, partition)
 
     def describe(self) -> dict[str, Any]:
         ok, why = self.available()

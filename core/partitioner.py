@@ -169,6 +169,19 @@ class EtforgePartitioner(Partitioner):
         self.preserve = True
         self.seconds = 0.0  # time spent deciding and tagging (for the benchmarks)
         self._table = self.registry.converters_for(target)
+        #: Real values of the program's parameters and buffers by state-dict key: ExecuTorch
+        #: hands ``partition`` a copy whose state dict holds fake tensors (no data), and a
+        #: no-op check (x + 0) needs the value (see :meth:`remember_constants`).
+        self._real: dict[str, torch.Tensor] = {}
+
+    def remember_constants(self, ep: ExportedProgram) -> None:
+        """Keep (references to) ``ep``'s real parameter and buffer values for the checks that
+        read constant values; the programs ``partition`` is given share its state-dict keys."""
+        from torch._subclasses.fake_tensor import FakeTensor
+
+        for key, value in ep.state_dict.items():
+            if isinstance(value, torch.Tensor) and not isinstance(value, FakeTensor):
+                self._real[key] = value
 
     # -- decomposition ------------------------------------------------------------------------
     def preserved_op_names(self) -> list[str]:
@@ -183,6 +196,7 @@ class EtforgePartitioner(Partitioner):
         converters of its decomposed form (addmm, permute ...) still take the rest.
         """
         mark_constants(ep)
+        self.remember_constants(ep)
         blocked = set(self.options.get("operators_not_to_delegate", ()))
         if self.target.npu is None:
             return [], None
@@ -272,25 +286,12 @@ class EtforgePartitioner(Partitioner):
 
     def _partition(self, exported_program: ExportedProgram) -> PartitionResult:
         ep = exported_program
+        self.remember_constants(ep)  # a real program (tests, direct calls) is its own source
         self.decide(ep)
         chosen = self._chosen
         by_name = {d.node: d for d in self.decisions}
-        groups = self._groups(ep, chosen)
-        # Partition-level limits of the NPU (target data): a refused node leaves the NPU and the
-        # rest is grouped again, as often as nodes are refused (at most once per node).
-        if self.target.npu is not None and self.target.npu.requirement("clone_boundary_dim_orders"):
-            for _ in range(len(chosen)):
-                bad = _boundary_dim_order_problems(groups, chosen)
-                if not bad:
-                    break
-                for node, why in bad.items():
-                    d = chosen.pop(node)
-                    d.npu, d.reason = False, why
-                _drop_unquantized_boundaries(chosen)
-                groups = self._groups(ep, chosen)
+        groups = self._partition_checks(ep, chosen)
         min_ops = int(self.options.get("min_partition_ops", 1))
-        npu = self.target.npu
-        needs_compute = npu is not None and npu.requirement("partition_needs_compute")
         tags: dict[str, DelegationSpec] = {}
         groups = sorted(groups, key=lambda p: min(_order(ep, n) for n in p.nodes))
         for group in groups:
@@ -298,13 +299,7 @@ class EtforgePartitioner(Partitioner):
                 n for n in group.nodes if n in chosen and not is_constant(n)
             ]  # folded weights don't count
             refusal = ""
-            if npu is not None and needs_compute and not any(not self._is_noop(ep, n) for n in compute):
-                ops = sorted({node_op(n) for n in group.nodes if n in chosen})
-                refusal = (
-                    f"partition of no-op ops only ({', '.join(ops)}): the "
-                    f"{npu.family} NPU compiler drops them, leaving nothing to run"
-                )
-            elif len(compute) < min_ops:
+            if len(compute) < min_ops:
                 refusal = f"partition of {len(compute)} op(s) < min_partition_ops={min_ops}"
             if refusal:
                 for n in (n for n in group.nodes if n in chosen):
@@ -324,8 +319,53 @@ class EtforgePartitioner(Partitioner):
         tag_constant_data(ep)
         return PartitionResult(tagged_exported_program=ep, partition_tags=tags)
 
+    def _partition_checks(self, ep: ExportedProgram, chosen: dict[Node, Decision]) -> list[Any]:
+        """Group the chosen nodes, ask the target's partition checks (plugins) about the
+        proposal, take the nodes they refuse off the NPU and group again, until none is
+        refused (at most once per node). Returns the final groups."""
+        from etforge.core.errors import EtforgeError
+        from etforge.core.partition_check import ProposedPartition
+
+        groups = self._groups(ep, chosen)
+        checks = [c for c in self.registry.partition_checks if c.applies_to(self.target)]
+        for _ in range(len(chosen) + 1):
+            if not checks or not chosen:
+                break
+            proposed = [
+                ProposedPartition(
+                    frozenset(g.nodes),
+                    tuple(sorted((n for n in g.nodes if n in chosen), key=lambda n: _order(ep, n))),
+                    lambda n: self._is_noop(ep, n),
+                )
+                for g in sorted(groups, key=lambda g: min(_order(ep, n) for n in g.nodes))
+            ]
+            refused: dict[Node, str] = {}
+            for check in checks:
+                try:
+                    answer = check.refuse(proposed, self.target)
+                except EtforgeError:
+                    raise
+                except Exception as e:
+                    raise EtforgeError(
+                        f"partition check {check.name} of {self.registry.owner_label(check)} failed: "
+                        f"{type(e).__name__}: {e}"
+                    ) from e
+                for node, why in answer.items():
+                    if node in chosen:
+                        refused.setdefault(node, why)
+            if not refused:
+                break
+            for node, why in refused.items():
+                d = chosen.pop(node)
+                d.npu, d.reason = False, why
+            _drop_unquantized_boundaries(chosen)
+            groups = self._groups(ep, chosen)
+        return groups
+
     def _is_noop(self, ep: ExportedProgram, node: Node) -> bool:
         """Whether the converter that took ``node`` says it computes nothing on the target."""
+        from torch._subclasses.fake_tensor import FakeTensor
+
         from etforge.core.litert_convert import _constant_tensor
 
         who = node.meta.get(DECIDED_KEY)
@@ -334,7 +374,16 @@ class EtforgePartitioner(Partitioner):
             return False
 
         def constant(n: Node) -> torch.Tensor | None:
-            return _constant_tensor(ep, n) if isinstance(n, Node) and n.op == "placeholder" else None
+            if not isinstance(n, Node) or n.op != "placeholder":
+                return None
+            value = _constant_tensor(ep, n)
+            if isinstance(value, FakeTensor):  # ExecuTorch's fake copy: the real value, if known
+                key = ep.graph_signature.inputs_to_parameters.get(str(n.target))
+                key = key or ep.graph_signature.inputs_to_buffers.get(str(n.target))
+                value = self._real.get(key) if key else None
+                if value is not None and isinstance(value, FakeTensor):
+                    value = None
+            return value
 
         try:
             return bool(conv.is_noop(node, self.target, constant))
@@ -387,46 +436,6 @@ def _drop_unquantized_boundaries(chosen: dict[Node, Decision]) -> None:
                 d = chosen.pop(node)
                 d.npu, d.reason = False, why
                 changed = True
-
-
-#: Clone-like ops whose partition-boundary tensors the NPU runtime must see in a plain layout.
-_CLONES = {"aten.clone.default", "dim_order_ops._clone_dim_order.default"}
-
-
-def _boundary_dim_order_problems(groups: list[Any], chosen: dict[Node, Decision]) -> dict[Node, str]:
-    """Clones that take or give a partition boundary tensor whose dim order the NPU runtime
-    cannot hand over (only contiguous and channels-last are), with the reason."""
-    from etforge.core.graph_utils import dim_order
-
-    bad: dict[Node, str] = {}
-    for group in groups:
-        members = set(group.nodes)
-        for node in members:
-            if node not in chosen or node_op(node) not in _CLONES:
-                continue
-            rank = len(node.meta["val"].shape)
-            plain = {tuple(range(rank)), (0, *range(2, rank), 1) if rank > 1 else (0,)}
-            src = node.args[0]
-            while isinstance(src, Node) and is_dequantize(src):
-                src = src.args[0]
-                while isinstance(src, Node) and is_quantize(src):
-                    src = src.args[0]
-            ends = []
-            if isinstance(src, Node) and src not in members:
-                ends.append(("input", node.args[0]))
-            outs = list(node.users)
-            outs = [x for u in outs for x in (u.users if is_quantize(u) else [u])]
-            outs = [x for u in outs for x in (u.users if is_dequantize(u) else [u])]
-            if any(u not in members for u in outs):
-                ends.append(("output", node))
-            for side, t in ends:
-                order = dim_order(t)
-                if order not in plain:
-                    bad[node] = (
-                        f"partition {side} dim order {list(order)} is neither contiguous nor "
-                        "channels-last (npu clone_boundary_dim_orders)"
-                    )
-    return bad
 
 
 def _int8_boundary_problem(node: Node, chosen: dict[Node, Decision]) -> str:

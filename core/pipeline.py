@@ -244,6 +244,7 @@ def lower(
     # The lowering hands preprocess this registry and collects the partitions it converts.
     with backend.lowering(reg, options) as low:
         partitioner = EtforgePartitioner(target, options, reg, lowering=low)
+        partitioner.remember_constants(ep)  # it is handed fake copies of the program
         early_result = None
         # Early delegation is proven on quantized programs (what the NPU runs); a float program
         # (--float, the litert target) lowers the classic way, here and when verify rebuilds it.
@@ -255,6 +256,7 @@ def lower(
         else:
             low.partitions.clear()
             partitioner = EtforgePartitioner(target, options, reg, lowering=low)
+            partitioner.remember_constants(ep)
             edge = _lower_classic(ep, partitioner, config, low)
         lowered = low.in_tag_order()
     backend.strip_lowering_specs(edge.exported_program())

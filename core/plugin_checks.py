@@ -131,6 +131,7 @@ def target_problems(target: Any) -> list[str]:
         bad = [k for k, v in target.npu.limits.items() if not isinstance(v, int)]
         if bad:
             out.append(f"npu.limits[{bad[0]!r}] must be an int")
+        out += target.npu.undeclared()
     return [f"target {target.name!r}: {p}" for p in out]
 
 

@@ -20,6 +20,7 @@ from etforge.core.converter import OpConverter
 from etforge.core.cpu_backend import CpuBackend
 from etforge.core.errors import PluginError
 from etforge.core.npu_compiler import NpuCompiler
+from etforge.core.partition_check import PartitionCheck
 from etforge.core.plugin_checks import item_problems
 from etforge.core.quant_rule import QuantRule
 from etforge.core.rewrite import Rewrite
@@ -33,6 +34,7 @@ HOOKS: dict[str, tuple[type, str]] = {
     "etforge_npu_compilers": (NpuCompiler, "npu_compilers"),
     "etforge_cpu_backends": (CpuBackend, "cpu_backends"),
     "etforge_rewrites": (Rewrite, "rewrites"),
+    "etforge_partition_checks": (PartitionCheck, "partition_checks"),
 }
 
 
@@ -121,6 +123,10 @@ class Registry:
     @property
     def rewrites(self) -> list[Rewrite]:
         return self._all("rewrites")
+
+    @property
+    def partition_checks(self) -> list[PartitionCheck]:
+        return self._all("partition_checks")
 
     def rewrites_for(self, target: TargetSpec) -> list[Rewrite]:
         """The rewrites that apply to ``target``, in run order (order, plugin, name)."""

@@ -44,7 +44,10 @@ def _kept_meta(node: Node) -> dict[str, Any]:
 
 
 def _placeholder_name(prefix: str, fqn: str) -> str:
-    return prefix + fqn.replace(".", "_")
+    """A valid identifier: module names may hold any character (torchvision's ``block1-0``)."""
+    import re
+
+    return prefix + re.sub(r"\W", "_", fqn)
 
 
 def _non_persistent(gm: GraphModule) -> set[str]:

@@ -81,14 +81,50 @@ class NpuSpec:
     #: "module:function(device) -> {figure: value}" reading figures from the vendor SDK
     #: ({} when it is not installed); the module must not import torch.
     probe: str | None = None
-    #: The vendor's name of the device, passed to ``probe`` (e.g. "imxrt700").
+    #: The vendor's name of the NPU variant (the chip), e.g. "imxrt700": the NPU compiler
+    #: builds every partition for it and ``probe`` reads its figures.
     device: str | None = None
+    #: The names this NPU family understands -- ``requires`` flags, ``limits`` and ``choices``
+    #: keys -- each with what it means. When non-empty, a spec naming anything else is refused
+    #: at load (a misspelt flag would otherwise silently switch a hardware rule off).
+    declares: dict[str, str] = field(default_factory=dict)
 
     def limit(self, key: str, default: int) -> int:
         return self.limits.get(key, default)
 
     def requirement(self, flag: str) -> bool:
         return flag in self.requires
+
+    def derive(self, **changes: Any) -> NpuSpec:
+        """This spec for another chip of the family: ``limits``, ``choices``, ``sources`` and
+        ``assumptions`` given here are merged over this spec's (so name only what differs);
+        every other field given replaces this one's (``dataclasses.replace``)."""
+        import dataclasses
+
+        for name in ("limits", "choices", "sources", "assumptions"):
+            if name in changes:
+                changes[name] = {**getattr(self, name), **changes[name]}
+        return dataclasses.replace(self, **changes)
+
+    def undeclared(self) -> list[str]:
+        """Names in ``requires`` / ``limits`` / ``choices`` that ``declares`` does not list,
+        each with a spelling hint ([] when ``declares`` is empty)."""
+        import difflib
+
+        if not self.declares:
+            return []
+        out = []
+        for what, names in (
+            ("requires", self.requires),
+            ("limits", tuple(self.limits)),
+            ("choices", tuple(self.choices)),
+        ):
+            for name in names:
+                if name not in self.declares:
+                    close = difflib.get_close_matches(name, sorted(self.declares), n=1)
+                    hint = f" (did you mean {close[0]!r}?)" if close else ""
+                    out.append(f"npu.{what}: {name!r} is not declared by the {self.family} spec{hint}")
+        return out
 
     def vendor_figures(self) -> dict[str, Any]:
         """Figures the vendor SDK reports for ``device`` ({} without a probe or the SDK)."""
@@ -180,6 +216,7 @@ class TargetSpec:
                 "fused_activations": list(self.npu.fused_activations),
                 "dtypes": list(self.npu.dtypes),
                 "compiler": self.npu.compiler,
+                "device": self.npu.device,
             },
             "cpu_fallback": self.cpu_fallback,
             "cpu": self.cpu,

@@ -206,3 +206,22 @@ def test_core_names_no_op_and_no_chip() -> None:
                 if m.group(0).lower() not in ALLOWED and (path.name, m.group(0)) not in PENDING:
                     found.append(f"{path.name}:{line}: {text.strip()[:80]}")
     assert not found, "op or chip names in core/:\n" + "\n".join(found)
+
+
+def test_core_reads_no_npu_spec_name() -> None:
+    """No ``requires`` flag, ``limits`` or ``choices`` key of any loaded target's NPU spec (nor
+    any name a spec declares) is a string in core/: the core reads no NPU's rules; converters,
+    partition checks and compiler hooks -- plugins -- do."""
+    names: set[str] = set()
+    for t in registry().targets.values():
+        if t.npu is not None:
+            names |= set(t.npu.requires) | set(t.npu.limits) | set(t.npu.choices) | set(t.npu.declares)
+    assert "partition_needs_compute" in names and "max_kernel" in names  # the Neutron spec is loaded
+    found = []
+    for path in sorted((REPO / "core").glob("*.py")):
+        for line, text in _code_tokens(path):
+            if text[:1] in "\"'" or text[:2].lower() in {'f"', "f'"}:
+                for name in names:
+                    if re.search(rf"\b{re.escape(name)}\b", text):
+                        found.append(f"{path.name}:{line}: {name} in {text.strip()[:80]}")
+    assert not found, "NPU spec names in core/:\n" + "\n".join(found)

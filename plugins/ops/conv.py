@@ -80,7 +80,10 @@ def _weight_rows(node: Node, target: TargetSpec) -> bool | str:
 
 
 def _plain_or_depthwise(node: Node, target: TargetSpec) -> bool | str:
-    """Grouped convolutions: only depthwise (C_in == C_out == groups) when the NPU requires it."""
+    """Grouped convolutions when the NPU runs regular and depthwise ones only: depthwise
+    (C_in == C_out == groups) runs as such; 2..max_split_groups groups are split into
+    single-group convs by the grouped_conv rewrite, so one left whole is refused; more groups
+    run as one grouped CONV_2D (upstream's choice)."""
     from etforge.core.graph_utils import shape_of
 
     npu = target.npu
@@ -89,7 +92,15 @@ def _plain_or_depthwise(node: Node, target: TargetSpec) -> bool | str:
     if groups == 1 or transposed or not npu.requirement("conv_plain_or_depthwise"):
         return True
     c_in, c_out = shape_of(node.args[0])[1], shape_of(node.args[1])[0]
-    return (c_in == c_out == groups) or f"groups={groups} with C_in={c_in}, C_out={c_out}"
+    if c_in == c_out == groups:
+        return True
+    split = npu.limits.get("max_split_groups", 0)
+    if groups > split:
+        return True
+    return (
+        f"groups={groups} with C_in={c_in}, C_out={c_out}: not depthwise, and within "
+        f"max_split_groups={split} it runs split into single-group convs (grouped_conv rewrite), not whole"
+    )
 
 
 def _transposed_limits(node: Node, target: TargetSpec) -> bool | str:
@@ -112,8 +123,6 @@ def _transposed_limits(node: Node, target: TargetSpec) -> bool | str:
         return f"stride {list(stride)} > kernel {list(kernel)}"
     if any(p >= k for p, k in zip(padding, kernel, strict=False)):
         return f"padding {list(padding)} >= kernel {list(kernel)}"
-    if any(o > p for o, p in zip(out_pad, padding, strict=False)):
-        return f"output_padding {list(out_pad)} > padding {list(padding)}"
     return True
 
 
@@ -131,10 +140,13 @@ class Convolution(OpConverter):
         Constraint("constant weights and bias", _constant_weights),
         Constraint("kernel <= npu max_kernel; stride, dilation <= max_stride, max_dilation", _window),
         Constraint("kernel_h * kernel_w * ceil(C_in, num_macs) <= npu max_weight_rows", _weight_rows),
-        Constraint("grouped: depthwise only (npu conv_plain_or_depthwise)", _plain_or_depthwise),
+        Constraint(
+            "grouped: depthwise, or more than max_split_groups groups (npu conv_plain_or_depthwise)",
+            _plain_or_depthwise,
+        ),
         Constraint(
             "transposed: groups 1, dilation 1, stride <= max_transpose_conv_stride and <= kernel, "
-            "padding < kernel, output_padding <= padding",
+            "padding < kernel",
             _transposed_limits,
         ),
         Constraint("regular: no output_padding", _no_output_padding),
@@ -240,7 +252,11 @@ def _transpose_conv(
     y: Value,
     act: str,
 ) -> None:
-    """TRANSPOSE_CONV with VALID padding, then a SLICE crop for PyTorch's padding."""
+    """TRANSPOSE_CONV with VALID padding, then a SLICE crop for PyTorch's padding.
+
+    ``output_padding`` beyond ``padding`` asks for rows / columns past the last kernel
+    position: TRANSPOSE_CONV is given that larger output shape, and the places no kernel
+    reaches hold the bias alone, as in PyTorch."""
     import numpy as np
 
     from etforge.core.litert import options
@@ -250,7 +266,13 @@ def _transpose_conv(
 
     _, c_out, kh, kw = w.data.shape
     n, _, h, wd = x.shape
-    full = (n, (h - 1) * stride[0] + kh, (wd - 1) * stride[1] + kw, c_out)
+    out_h, out_w = y.stored_shape[1:3]
+    full = (
+        n,
+        max((h - 1) * stride[0] + kh, padding[0] + out_h),
+        max((wd - 1) * stride[1] + kw, padding[1] + out_w),
+        c_out,
+    )
     wt = ctx.constant_tensor(w, (1, 2, 3, 0))  # (C_in, C_out, kh, kw) -> (C_out, kh, kw, C_in)
     b = bias_tensor(ctx, bias, c_out, x, w.quant, "bias")
     shape_t = ctx.add_constant(np.asarray(full, np.int32), "int32", "output_shape")

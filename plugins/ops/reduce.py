@@ -1,4 +1,4 @@
-"""Reductions: mean and sum over dims -> MEAN / SUM with axes in stored coordinates."""
+"""Reductions over dims -> MEAN / SUM / REDUCE_MAX / REDUCE_MIN with axes in stored coordinates."""
 
 from __future__ import annotations
 
@@ -81,6 +81,20 @@ class Reduce(OpConverter):
         ctx.emit(self.litert, [v, axes], [y], opts)
 
 
+class Amax(Reduce):
+    """amax -> REDUCE_MAX (upstream's amax converter); the maximum keeps the input's qparams."""
+
+    ops = ("aten.amax.default",)
+    litert = "REDUCE_MAX"
+
+
+class Amin(Reduce):
+    """amin -> REDUCE_MIN (upstream's amin converter)."""
+
+    ops = ("aten.amin.default",)
+    litert = "REDUCE_MIN"
+
+
 class Mean(Reduce):
     ops = ("aten.mean.dim",)
     litert = "MEAN"
@@ -93,7 +107,7 @@ class Sum(Reduce):
 
 @hookimpl
 def etforge_op_converters() -> list[OpConverter]:
-    return [Mean(), Sum()]
+    return [Mean(), Sum(), Amax(), Amin()]
 
 
 @hookimpl
@@ -104,4 +118,6 @@ def etforge_quantizer_rules() -> list[QuantRule]:
         QuantRule(
             ops=("aten.mean.dim", "aten.sum.dim_IntList"), kind="shared", inputs=(0,), scheme="neutron"
         ),
+        # A maximum / minimum of int8 values is one of them: no requantization anywhere.
+        QuantRule(ops=("aten.amax.default", "aten.amin.default"), kind="shared", inputs=(0,)),
     ]

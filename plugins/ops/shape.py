@@ -331,9 +331,48 @@ class ConstantPad(OpConverter):
         ctx.emit("PADV2", [v, pads_t, fill_t], [y])
 
 
+def _reflect_mode(node: Node, target: TargetSpec) -> bool | str:
+    mode = node.args[2] if len(node.args) > 2 else node.kwargs.get("mode", "constant")
+    if mode != "reflect":
+        return (
+            f"mode {mode!r} (constant pads become constant_pad_nd; replicate and circular have no LiteRT op)"
+        )
+    value = node.args[3] if len(node.args) > 3 else node.kwargs.get("value")
+    return value is None or f"value {value} with mode 'reflect'"
+
+
+class ReflectPad(OpConverter):
+    """``pad(mode="reflect")`` kept whole -> MIRROR_PAD (REFLECT), as upstream's pad converter;
+    ``to_edge`` would otherwise decompose it into index arithmetic the NPU does not run."""
+
+    ops = ("aten.pad.default",)
+    preserve = ("aten.pad.default",)
+    litert = "MIRROR_PAD"
+    constraints = (
+        Constraint("mode 'reflect'", _reflect_mode),
+        Constraint("non-negative padding", _pad_non_negative),
+        Constraint("rank <= npu max_rank", _rank_ok),
+        Constraint("input and output share qparams (npu shared_qparams_pad)", _shared("shared_qparams_pad")),
+    )
+
+    def convert(self, node: Node, ctx: ConversionContext) -> None:
+        import numpy as np
+
+        from etforge.core.litert import options
+
+        v = ctx.value(node.args[0])
+        pads = [int(p) for p in node.args[1]]
+        spec = np.zeros((v.rank, 2), np.int32)
+        for i in range(len(pads) // 2):  # pads run from the last dim backwards
+            spec[v.perm.index(v.rank - 1 - i)] = (pads[2 * i], pads[2 * i + 1])
+        pads_t = ctx.add_constant(spec, "int32", "paddings")
+        y = ctx.output(node, v.perm)
+        ctx.emit("MIRROR_PAD", [v, pads_t], [y], options("MirrorPadOptions", mode=0))  # 0: REFLECT
+
+
 @hookimpl
 def etforge_op_converters() -> list[OpConverter]:
-    return [Reshape(), Permute(), Identity(), Cat(), Slice(), ConstantPad()]
+    return [Reshape(), Permute(), Identity(), Cat(), Slice(), ConstantPad(), ReflectPad()]
 
 
 @hookimpl

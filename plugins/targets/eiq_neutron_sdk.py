@@ -14,7 +14,7 @@ import importlib.util
 from typing import Any
 
 from etforge.core.hookspecs import hookimpl
-from etforge.core.npu_compiler import NpuCompiler, NpuPayload
+from etforge.core.npu_compiler import NpuCompiler, NpuPayload, PartitionIo
 from etforge.core.target import TargetSpec
 
 SDK_MODULE = "eiq_neutron_sdk"
@@ -22,10 +22,18 @@ FORMAT_NEUTRON = "neutron-c-v1"
 _ALIGN = 16
 #: Seconds one partition may take in the SDK (``--option npu_timeout=SECONDS``).
 DEFAULT_TIMEOUT = 3600
+#: SDK graph passes left out, as ExecuTorch's NXP backend always asks
+#: (``neutron_converter_manager.py``): they move slices and transposes in ways its
+#: partitions (and ours, built the same way) do not expect.
+EXCLUDED_GRAPH_PASSES = "HoistSliceAboveTranspose,MergeTranspose"
 
 
 def convert_in_child(
-    model: bytes, target: str, fetch_constants_to_sram: bool, dump_kernel_selection: bool
+    model: bytes,
+    target: str,
+    fetch_constants_to_sram: bool,
+    dump_kernel_selection: bool,
+    exclude_graph_passes: str = EXCLUDED_GRAPH_PASSES,
 ) -> bytes:
     """Runs in the isolated child: the SDK's own conversion entry point."""
     from eiq_neutron_sdk import neutron_converter, neutron_library_utils  # type: ignore[import-not-found]
@@ -36,6 +44,7 @@ def convert_in_child(
     cctx = neutron_converter.CompilationContext()
     cctx.targetOpts = neutron_converter.getNeutronTarget(target)
     cctx.compilationOpts.minNumOpsPerGraph = 1
+    cctx.compilationOpts.excludeGraphPasses = exclude_graph_passes
     cctx.compilationOpts.fetchConstantsToSRAM = fetch_constants_to_sram
     cctx.compilationOpts.dumpKernelSelectionCode = dump_kernel_selection
     return bytes(neutron_converter.convertModel(list(model), cctx))
@@ -49,7 +58,25 @@ def _sdk_output_error(why: str) -> ValueError:
     return ValueError(f"SDK output is not a single-NeutronGraph model: {why}")
 
 
-def pack_neutron_payload(converted: bytes) -> bytes:
+def channels_last_names(tflite: bytes, io: PartitionIo) -> set[str]:
+    """Names of the partition's graph I/O tensors held channels-last (a 4-D or 5-D tensor in
+    dim order N, spatial..., C): the runtime's CHANNELS_LAST format flag, which tells it the
+    NPU tensor is NHWC (used as is when the ExecuTorch tensor is channels-last, transposed
+    when it arrives contiguous)."""
+    from ai_edge_litert import schema_py_generated as schema
+
+    graph = schema.ModelT.InitFromPackedBuf(tflite, 0).subgraphs[0]
+    out: set[str] = set()
+    for indices, orders in ((graph.inputs, io.input_dim_orders), (graph.outputs, io.output_dim_orders)):
+        for t, order in zip(indices, orders, strict=False):
+            rank = len(order)
+            if rank in (4, 5) and tuple(order) == (0, *range(2, rank), 1):
+                name = graph.tensors[t].name
+                out.add(name.decode() if isinstance(name, bytes) else str(name))
+    return out
+
+
+def pack_neutron_payload(converted: bytes, channels_last: set[str] | frozenset[str] = frozenset()) -> bytes:
     """Extract the NeutronGraph artifacts from the SDK's output model and pack them.
 
     The NeutronGraph node takes the graph inputs, then microcode, weights and kernels; it
@@ -106,14 +133,21 @@ def pack_neutron_payload(converted: bytes) -> bytes:
     outputs = [graph_outputs.index(t) for t in results]
     if max(len(inputs), len(outputs), len(graph_inputs)) > 255:
         raise _sdk_output_error("more than 255 inputs or outputs (the header counts them in one byte)")
+
     # etforge partitions take and return each tensor in the bytes order its ExecuTorch dim
     # order gives (NHWC beside channels-last Cortex-M code; any conversion the model's own
-    # NCHW I/O needs is a TRANSPOSE inside the graph), so the runtime copies buffers as they
-    # are: every I/O format flag is 0 (FORMATLESS). The third count is the delegate's
-    # arguments: the partition's inputs, which the SDK keeps as the graph's inputs.
+    # NCHW I/O needs is a TRANSPOSE inside the graph). A tensor named in ``channels_last`` is
+    # flagged 1 (CHANNELS_LAST: the runtime uses a channels-last buffer as it is), the rest 0
+    # (FORMATLESS: copied as is). The third count is the delegate's arguments: the
+    # partition's inputs, which the SDK keeps as the graph's inputs.
+    def flag(tensor: int) -> int:
+        name = graph.tensors[tensor].name
+        return int((name.decode() if isinstance(name, bytes) else str(name)) in channels_last)
+
     header = bytes(
         [len(inputs), len(outputs), len(graph_inputs)]
-        + [0] * (len(inputs) + len(outputs))
+        + [flag(t) for t in node_inputs[:-3]]
+        + [flag(t) for t in results]
         + inputs
         + outputs
         + [version]
@@ -136,8 +170,24 @@ class EiqNeutronSdk(NpuCompiler):
     def compile(
         self, tflite: bytes, target: TargetSpec, options: dict[str, Any], partition: str
     ) -> NpuPayload:
-        from etforge.core.isolated import run_isolated
+        return self.compile_io(tflite, target, options, partition, PartitionIo())
 
+    def compile_io(
+        self, tflite: bytes, target: TargetSpec, options: dict[str, Any], partition: str, io: PartitionIo
+    ) -> NpuPayload:
+        from etforge.core.errors import EtforgeError
+        from etforge.core.isolated import run_isolated
+        from etforge.plugins.targets.neutron_spec_sdk import device_problem
+
+        npu = target.npu
+        if npu is None or not npu.device:
+            raise EtforgeError(
+                f"target {target.name!r}: its NPU spec names no device (npu.device), so the "
+                "eIQ Neutron SDK does not know which Neutron chip to compile for"
+            )
+        problem = device_problem(npu)
+        if problem:
+            raise EtforgeError(f"target {target.name!r}: {problem}")
         timeout = float(options.get("npu_timeout") or DEFAULT_TIMEOUT)
         converted, log, files = run_isolated(
             f"{__name__}:convert_in_child",
@@ -145,14 +195,14 @@ class EiqNeutronSdk(NpuCompiler):
             f"eIQ Neutron SDK on partition {partition}",
             timeout=timeout,
             timeout_hint="raise the limit with --option npu_timeout=SECONDS",
-            target=options.get("neutron_target", "imxrt700"),
+            target=npu.device,
             fetch_constants_to_sram=bool(options.get("fetch_constants_to_sram", False)),
             dump_kernel_selection=True,
         )
         selection = files.get("_kernel_selection.c")
         return NpuPayload(
             format=FORMAT_NEUTRON,
-            data=pack_neutron_payload(converted),
+            data=pack_neutron_payload(converted, channels_last_names(tflite, io)),
             host_only=False,
             kernel_selection=selection.decode() if selection else None,
             log=log,

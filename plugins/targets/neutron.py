@@ -11,11 +11,58 @@ installed, read from it instead (``probe``).
 from __future__ import annotations
 
 from etforge.core.hookspecs import hookimpl
+from etforge.core.partition_check import PartitionCheck
 from etforge.core.target import NpuSpec, OptionSpec, TargetSpec
 from etforge.plugins.targets.cortex_m import CPU_OPTIONS, DIM_ORDER_OPTION
 
 _UPSTREAM = "executorch/backends/nxp/backend/ir/converter/node_converters/ops_converters/"
 _NODE_CONVERTER = "executorch/backends/nxp/backend/ir/converter/node_converter.py"
+
+#: Every name a Neutron spec may carry and what it means (``NpuSpec.declares``): a target for
+#: another Neutron chip is checked against this list when it loads. docs/writing-a-target-
+#: plugin.md explains each; the converter or hook named in brackets enforces it.
+DECLARES: dict[str, str] = {
+    # limits (integers)
+    "max_kernel": "largest conv / pool kernel side (conv, avg_pool, adaptive_avg_pool)",
+    "max_stride": "largest conv / avg-pool stride (conv, avg_pool, adaptive_avg_pool)",
+    "max_dilation": "largest conv dilation (conv)",
+    "max_weight_rows": "kernel_h * kernel_w * ceil(C_in, num_macs) bound of a conv's weight buffer (conv)",
+    "max_transpose_conv_stride": "largest transposed-conv stride (conv)",
+    "max_max_pool_stride": "largest max-pool stride (max_pool)",
+    "max_softmax_channels": "largest softmax dim size (softmax)",
+    "max_softmax_spatial": "largest product of a softmax's other dims (softmax)",
+    "max_softmax_elements": "largest softmax tensor (softmax)",
+    "max_view_rank": "largest reshape output rank (view)",
+    "max_split_groups": "grouped convs with 2 to this many groups (not depthwise) are split into "
+    "single-group convs and a cat; more groups run as one grouped conv (grouped_conv rewrite, conv)",
+    "max_rank": "largest tensor rank of data-movement ops without a rank limit of their own (shape ops)",
+    # choices (allowed values)
+    "resize_scales": "integer up-sampling factors (upsample_nearest2d, upsample_bilinear2d)",
+    "batch_matmul_zero_points": "input zero points a bmm may have (bmm)",
+    "hw_versions": "Neutron hardware versions the converters target; the SDK reports the chip's (SDK hook)",
+    # requires (flags)
+    "binary_full_size_operand": "add/sub/mul/max/min: one input as large as the output (elementwise)",
+    "conv_plain_or_depthwise": "the NPU runs regular and depthwise convs: grouped convs within "
+    "max_split_groups are split (grouped_conv rewrite) and refused whole (conv)",
+    "avg_pool_counts_padding": "avg_pool with padding only when padding counts (avg_pool)",
+    "clamp_needs_a_bound": "clamp with at least one finite bound (clamp)",
+    "clamp_shared_qparams_unless_relu": "clamp/hardtanh other than ReLU/ReLU6 keep their input qparams (clamp)",
+    "shared_qparams_cat": "cat inputs and output share qparams (cat)",
+    "shared_qparams_minmax": "maximum/minimum inputs and output share qparams (elementwise)",
+    "shared_qparams_pad": "constant pad input and output share qparams (pad)",
+    "shared_qparams_permute": "permute input and output share qparams (permute)",
+    "shared_qparams_pool": "pool input and output share qparams (max_pool, avg_pool)",
+    "shared_qparams_reduce": "mean/sum input and output share qparams (mean, sum)",
+    "neg_per_tensor": "neg only on per-tensor quantized input (neg)",
+    "matmul_constant_rhs": "mm/addmm right operand a constant (linear)",
+    "addmm_bias_row": "addmm bias a row ([P] or [1, P]) (linear)",
+    "slice_unit_step": "slices of step 1 only (slice)",
+    "slice_nonempty": "no empty slice (slice)",
+    "partition_needs_compute": "no partition of no-ops only (partition check)",
+    "clone_boundary_dim_orders": "a clone at a partition boundary sees a contiguous or channels-last "
+    "tensor (partition check)",
+    "not_subsystem": "the chip's Neutron is not a Neutron-S subsystem; the SDK reports it (SDK hook)",
+}
 
 NEUTRON_C = NpuSpec(
     family="neutron-c",
@@ -32,10 +79,12 @@ NEUTRON_C = NpuSpec(
         "max_softmax_spatial": 4096,  # N * H * W (every dim but the softmax dim)
         "max_softmax_elements": 524288,
         "max_view_rank": 7,
+        "max_split_groups": 10,
     },
     choices={
         "resize_scales": (1, 2, 4, 8),
         "batch_matmul_zero_points": (0,),
+        "hw_versions": (2,),
     },
     requires=(
         "binary_full_size_operand",
@@ -56,6 +105,7 @@ NEUTRON_C = NpuSpec(
         "slice_nonempty",
         "partition_needs_compute",
         "clone_boundary_dim_orders",
+        "not_subsystem",
     ),
     fused_activations=("RELU", "RELU6", "RELU_N1_TO_1"),
     compiler="eiq-neutron-sdk",
@@ -87,7 +137,11 @@ NEUTRON_C = NpuSpec(
         "binary_full_size_operand": _NODE_CONVERTER + " inputs_satisfy_broadcast_condition "
         "(add, sub, mul, maximum, minimum, prelu)",
         "conv_plain_or_depthwise": "executorch/backends/nxp/aten_passes/split_group_convolution.py "
-        "(the NPU runs regular and depthwise convolutions only)",
+        "(the NPU runs regular and depthwise convolutions only; groups 2-10 split), "
+        + _UPSTREAM
+        + "convolution_converter.py (other grouped convs converted as a grouped Conv2D)",
+        "max_split_groups": _UPSTREAM.replace("ops_converters/", "shared/conv_utils.py")
+        + " (group_conv_convertible_into_multiple_convolutions: 2 <= group <= 10)",
         "avg_pool_counts_padding": _UPSTREAM
         + "avg_pool_2d_converter.py (count_include_pad=False: no padding)",
         "clamp_needs_a_bound": _UPSTREAM + "clamp_converter.py (some bound finite)",
@@ -111,10 +165,14 @@ NEUTRON_C = NpuSpec(
         "upsample_nearest2d, upsample_bilinear2d, mean_dim, clamp and relu converters",
         "clone_boundary_dim_orders": _UPSTREAM
         + "clone_converter.py (a clone at a partition boundary: contiguous or channels-last)",
+        "hw_versions": "executorch/backends/nxp/backend/neutron_target_spec.py (NeutronHWVersion.N3 = 2 only)",
+        "not_subsystem": "executorch/backends/nxp/backend/neutron_target_spec.py "
+        "(is_subsystem(): Neutron-S targets refused)",
     },
+    declares=DECLARES,
 )
 
-_NPU_OPTIONS = (
+NPU_OPTIONS = (
     OptionSpec("min_partition_ops", 1, "Smallest number of compute ops worth an NPU partition.", minimum=1),
     OptionSpec("operators_not_to_delegate", (), "Comma-separated Edge op names kept off the NPU."),
     OptionSpec(
@@ -136,7 +194,7 @@ IMXRT700 = TargetSpec(
     cpu_fallback="portable",
     cpu="cortex-m33",
     quant_schemes=("neutron", "int8"),
-    options=_NPU_OPTIONS,
+    options=NPU_OPTIONS,
 )
 
 IMXRT700CM = TargetSpec(
@@ -146,10 +204,17 @@ IMXRT700CM = TargetSpec(
     cpu_fallback="cortex_m",
     cpu="cortex-m33",
     quant_schemes=("neutron", "int8"),
-    options=(*_NPU_OPTIONS, *CPU_OPTIONS, DIM_ORDER_OPTION),
+    options=(*NPU_OPTIONS, *CPU_OPTIONS, DIM_ORDER_OPTION),
 )
 
 
 @hookimpl
 def etforge_targets() -> list[TargetSpec]:
     return [IMXRT700, IMXRT700CM]
+
+
+@hookimpl
+def etforge_partition_checks() -> list[PartitionCheck]:
+    from etforge.plugins.targets.neutron_checks import CloneBoundaryDimOrder, NeedsCompute
+
+    return [CloneBoundaryDimOrder(), NeedsCompute()]

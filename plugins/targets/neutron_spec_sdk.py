@@ -54,3 +54,22 @@ def read_figures(device: str | None) -> dict[str, Any]:
 
         raise EtforgeError(f"eIQ Neutron SDK reports {figures['num_macs']} MACs for {device}")
     return figures
+
+
+def device_problem(npu: Any) -> str:
+    """Why the SDK's figures rule the chip out for these converters ("" if they do not, or
+    without the SDK): its hardware version must be one of ``choices["hw_versions"]`` and, with
+    ``requires`` ``not_subsystem``, it must not be a Neutron-S subsystem (upstream's checks)."""
+    figures = npu.vendor_figures()
+    versions = npu.choices.get("hw_versions")
+    if versions is not None and "hw_version" in figures and figures["hw_version"] not in versions:
+        return (
+            f"the eIQ Neutron SDK reports hardware version {figures['hw_version']} for {npu.device}; "
+            f"the {npu.family} converters target {', '.join(map(str, versions))} (npu choices hw_versions)"
+        )
+    if npu.requirement("not_subsystem") and figures.get("subsystem"):
+        return (
+            f"the eIQ Neutron SDK reports {npu.device} as a Neutron-S subsystem; the {npu.family} "
+            "converters target Neutron-C (npu not_subsystem)"
+        )
+    return ""

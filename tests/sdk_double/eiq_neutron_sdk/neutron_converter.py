@@ -36,14 +36,25 @@ class NeutronTarget(_Strict):
     __slots__ = ("name", "npu")
 
 
-def _imxrt700() -> NeutronTarget:
+def _target(name: str, hw_version: int = 2, subsystem: bool = False) -> Callable[[], NeutronTarget]:
     # Placeholder figures of the double (hwVersion 2 is N3, what upstream requires), not NXP data.
-    macs = int(os.environ.get(NUM_MACS_ENV, "16"))
-    npu = NpuInfo(subsystem=False, numUnits=4, numPipes=4, numMacs=macs, hwVersion=2)
-    return NeutronTarget(name="imxrt700", npu=npu)
+    def make() -> NeutronTarget:
+        macs = int(os.environ.get(NUM_MACS_ENV, "16"))
+        npu = NpuInfo(subsystem=subsystem, numUnits=4, numPipes=4, numMacs=macs, hwVersion=hw_version)
+        return NeutronTarget(name=name, npu=npu)
+
+    return make
 
 
-TARGETS: dict[str, Callable[[], NeutronTarget]] = {"imxrt700": _imxrt700}
+#: The double's targets: imxrt700; ``double-n3``, a made-up second Neutron-C (N3) chip that
+#: lets tests tell which chip a partition was compiled for; ``double-n1`` (hardware version 1)
+#: and ``double-s`` (a Neutron-S subsystem), which upstream's target spec refuses.
+TARGETS: dict[str, Callable[[], NeutronTarget]] = {
+    "imxrt700": _target("imxrt700"),
+    "double-n3": _target("double-n3"),
+    "double-n1": _target("double-n1", hw_version=1),
+    "double-s": _target("double-s", subsystem=True),
+}
 
 
 class CompilationOptions(_Strict):
@@ -135,7 +146,11 @@ def _convert(data: bytes, cctx: CompilationContext, with_extra_outputs: bool) ->
     )
     digest = hashlib.sha256(data).digest()
     target = cctx.targetOpts.name
-    microcode = f"NEUTRON-DOUBLE microcode for {target}: {' '.join(ops)}\0".encode() + digest
+    opts = cctx.compilationOpts
+    microcode = (
+        f"NEUTRON-DOUBLE microcode for {target} (excludeGraphPasses={opts.excludeGraphPasses!r}, "
+        f"fetchConstantsToSRAM={bool(opts.fetchConstantsToSRAM)}): {' '.join(ops)}\0"
+    ).encode() + digest
     weights = b"NEUTRON-DOUBLE weights\0" + constants
     kernels = b"NEUTRON-DOUBLE kernels\0" + "\0".join(sorted(set(ops))).encode()
 

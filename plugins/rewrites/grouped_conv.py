@@ -1,0 +1,124 @@
+"""Grouped convolutions as single-group convolutions and a concatenation.
+
+The Neutron NPU runs regular and depthwise convolutions; ExecuTorch's NXP backend splits a
+grouped convolution with 2 to 10 groups (not depthwise) into one convolution per group on a
+channel slice of the input, concatenated (``aten_passes/split_group_convolution.py``; 10 is
+NXP's empirical bound on the branches worth creating) and hands other grouped convolutions to
+the NPU as they are. etforge does the same with its own rewrite, driven by the target's data:
+``requires`` ``conv_plain_or_depthwise`` switches it on, ``limits["max_split_groups"]`` is the
+bound. A batch norm that follows the convolution (eval mode, constant statistics) is folded
+into each branch's weights first -- after the split it would follow the concatenation, where
+nothing fuses it and it would stay on the CPU.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from etforge.core.hookspecs import hookimpl
+from etforge.core.rewrite import Rewrite
+
+if TYPE_CHECKING:
+    import torch
+    from torch.fx import GraphModule, Node
+
+    from etforge.core.target import TargetSpec
+
+#: ``aten.conv2d`` / ``aten.conv1d`` argument defaults after the weight.
+_DEFAULTS = (None, 1, 0, 1, 1)
+
+
+def _attr(gm: GraphModule, node: object) -> torch.Tensor | None:
+    """The tensor a ``get_attr`` node reads (None for anything else)."""
+    if getattr(node, "op", None) != "get_attr":
+        return None
+    value: Any = gm
+    for atom in str(node.target).split("."):  # type: ignore[attr-defined]
+        value = getattr(value, atom, None)
+    import torch
+
+    return value if isinstance(value, torch.Tensor) else None
+
+
+def _folded_batch_norm(gm: GraphModule, conv: Node) -> tuple[Node, torch.Tensor, torch.Tensor] | None:
+    """(the batch norm, scale, shift) when ``conv``'s only user is an eval-mode batch norm
+    with constant parameters: ``bn(y) == y * scale + shift`` per channel."""
+    import torch
+
+    users = list(conv.users)
+    if len(users) != 1:
+        return None
+    bn = users[0]
+    if bn.op != "call_function" or bn.target != torch.ops.aten.batch_norm.default or bn.args[0] is not conv:
+        return None
+    _, weight, bias, mean, var, training, _, eps = bn.args[:8]
+    stats = [_attr(gm, a) for a in (mean, var)]
+    if training or any(s is None for s in stats):
+        return None
+    mean_t, var_t = stats
+    assert mean_t is not None and var_t is not None
+    gamma = _attr(gm, weight) if weight is not None else torch.ones_like(mean_t)
+    beta = _attr(gm, bias) if bias is not None else torch.zeros_like(mean_t)
+    if gamma is None or beta is None:
+        return None
+    scale = gamma.double() / torch.sqrt(var_t.double() + float(eps))
+    return bn, scale, beta.double() - mean_t.double() * scale
+
+
+class SplitGroupedConv(Rewrite):
+    description = (
+        "grouped conv (2 <= groups <= npu max_split_groups, not depthwise) -> one conv per group "
+        "on a channel slice, then cat (a following eval batch norm folded in)"
+    )
+    npu_only = True
+
+    def apply(self, gm: GraphModule, target: TargetSpec) -> bool:
+        import torch
+
+        from etforge.core.rewrite import call, calls, constant, val
+
+        npu = target.npu
+        if (
+            npu is None
+            or not npu.requirement("conv_plain_or_depthwise")
+            or "max_split_groups" not in npu.limits
+        ):
+            return False
+        aten = torch.ops.aten
+        changed = False
+        for node in calls(gm, aten.conv2d.default, aten.conv1d.default):
+            x, w_node, *rest = node.args
+            bias_node, stride, padding, dilation, groups = (*rest, *_DEFAULTS[len(rest) :])
+            xv, w = val(x), _attr(gm, w_node)
+            b = _attr(gm, bias_node) if bias_node is not None else None
+            if xv is None or w is None or (bias_node is not None and b is None) or isinstance(padding, str):
+                continue
+            c_in, c_out = xv.shape[1], w.shape[0]
+            groups = int(groups)
+            if not 2 <= groups <= npu.limits["max_split_groups"] or c_in == c_out == groups:
+                continue
+            weights = w.detach().double()
+            bias = b.detach().double() if b is not None else torch.zeros(c_out, dtype=torch.float64)
+            replaced = node
+            bn = _folded_batch_norm(gm, node)
+            if bn is not None:
+                replaced, scale, shift = bn
+                weights = weights * scale.reshape(-1, *[1] * (weights.dim() - 1))
+                bias = bias * scale + shift
+            cin_g, cout_g = c_in // groups, c_out // groups
+            branches = []
+            for g in range(groups):
+                part = call(gm, aten.slice.Tensor, (x, 1, g * cin_g, (g + 1) * cin_g), node)
+                sl = slice(g * cout_g, (g + 1) * cout_g)
+                wg = constant(gm, weights[sl].to(w.dtype).contiguous(), f"{w_node.name}_g{g}", node)
+                bg = constant(gm, bias[sl].to(w.dtype).contiguous(), f"{w_node.name}_bias_g{g}", node)
+                branches.append(call(gm, node.target, (part, wg, bg, stride, padding, dilation, 1), node))
+            out = call(gm, aten.cat.default, (branches, 1), node)
+            replaced.replace_all_uses_with(out)
+            changed = True
+        return changed
+
+
+@hookimpl
+def etforge_rewrites() -> list[Rewrite]:
+    return [SplitGroupedConv()]

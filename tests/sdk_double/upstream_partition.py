@@ -1,0 +1,103 @@
+"""Run in a child by tests: ExecuTorch's own NXP flow decides where each differential case goes.
+
+Usage: ``python upstream_partition.py OUT.json [CASE_ID ...]`` with this directory (the SDK
+test double) and ``tests/`` on ``PYTHONPATH``. For each case of
+``neutron_differential_cases.CASES``: export, upstream's ``NeutronQuantizer`` (which also runs
+its ATen passes, e.g. the grouped-convolution split), ``to_edge`` keeping the ops upstream
+keeps whole, upstream's Edge passes, then upstream's ``NeutronPartitioner.partition``. Writes
+``{case: {"nodes": n, "delegated": k, "all": [[op, delegated], ...]}}`` for the nodes of the
+case's op (``all``: every compute node). A child, so that the double and upstream's
+SDK-dependent modules never enter the test process's ``sys.modules``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+_QDQ = ("quantize_per_tensor", "dequantize_per_tensor", "quantize_per_channel", "dequantize_per_channel")
+
+
+def _op_name(node: object) -> str:
+    target = getattr(node, "target", None)
+    inner = getattr(target, "_op", target)
+    name = getattr(inner, "_name", None) or str(inner)  # "aten::convolution" + overload
+    overload = getattr(inner, "_overloadname", "default") or "default"
+    return f"{name.replace('::', '.')}.{overload}"
+
+
+def main(out: str, ids: list[str]) -> None:
+    import logging
+
+    import torch
+    from executorch.backends.nxp.backend.neutron_target_spec import NeutronTargetSpec
+    from neutron_differential_cases import CASES
+
+    logging.disable(logging.WARNING)
+    spec = NeutronTargetSpec("imxrt700")
+    preserve = [torch.ops.aten.prelu.default, torch.ops.aten.pad.default, torch.ops.aten.hardswish.default]
+    result: dict[str, object] = {}
+    for case in CASES:
+        if ids and case.id not in ids:
+            continue
+        try:
+            result[case.id] = _decide(case, spec, preserve)
+        except Exception as exc:  # upstream's own failure is a result too
+            result[case.id] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+    Path(out).write_text(json.dumps(result, indent=1, sort_keys=True))
+
+
+def _decide(case: Any, spec: Any, preserve: list[Any]) -> dict[str, Any]:
+    import torch
+    from executorch.backends.nxp.backend.custom_delegation_options import CustomDelegationOptions
+    from executorch.backends.nxp.edge_passes.neutron_edge_pass_manager import NeutronEdgePassManager
+    from executorch.backends.nxp.neutron_partitioner import NXP_DELEGATION_TAG, NeutronPartitioner
+    from executorch.backends.nxp.nxp_backend import (
+        core_aten_ops_exception_list,
+        generate_neutron_compile_spec,
+    )
+    from executorch.backends.nxp.quantizer.neutron_quantizer import NeutronQuantizer
+    from executorch.backends.nxp.quantizer.utils import calibrate_and_quantize
+    from executorch.exir import EdgeCompileConfig, to_edge
+    from neutron_differential_cases import Module, inputs
+
+    model = Module(case).eval()
+    example = inputs(case, 0)
+    ep = torch.export.export(model, example, strict=True)  # as upstream: its patterns need it
+    quantized = calibrate_and_quantize(
+        model=ep,
+        calibration_inputs=[inputs(case, s) for s in range(3)],
+        quantizer=NeutronQuantizer(spec),
+    )
+    edge = to_edge(
+        torch.export.export(quantized, example, strict=True),
+        compile_config=EdgeCompileConfig(
+            _check_ir_validity=False,
+            _core_aten_ops_exception_list=core_aten_ops_exception_list,
+            preserve_ops=preserve,
+        ),
+    ).transform(NeutronEdgePassManager())
+    program = edge.exported_program()
+    partitioner = NeutronPartitioner(
+        generate_neutron_compile_spec("imxrt700"),
+        spec,
+        CustomDelegationOptions(),
+        quantized.state_dict(),
+        preserve_ops=preserve,
+    )
+    partitioner.partition(program)
+    compute = [
+        (_op_name(n), NXP_DELEGATION_TAG in n.meta)
+        for n in program.graph_module.graph.nodes
+        if n.op == "call_function"
+        and not any(q in _op_name(n) for q in _QDQ)
+        and "getitem" not in _op_name(n)
+    ]
+    mine = [d for op, d in compute if op == case.op]
+    return {"nodes": len(mine), "delegated": sum(mine), "all": compute}
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2:])
