@@ -41,6 +41,8 @@ class CompileResult:
     lower_breakdown: dict[str, float] = field(default_factory=dict)
     #: Things the user should know that are not errors.
     notes: list[str] = field(default_factory=list)
+    #: The lowering path taken ("early" | "classic") and why (``pipeline.lower``).
+    lowering: dict[str, Any] = field(default_factory=dict)
 
 
 @contextlib.contextmanager
@@ -112,6 +114,7 @@ def compile_model(
     if rewritten:
         notes.append(f"graph rewrites applied: {', '.join(rewritten)}")
     calib = list(calibration) if calibration else [tuple(example_inputs)]
+    lowering: dict[str, Any] = {}
 
     def build(ep: ExportedProgram) -> tuple[Any, ...]:
         q = None
@@ -123,7 +126,7 @@ def compile_model(
         if on_programs is not None:
             on_programs(ep, q)
         with stage("lower"):
-            return (q, *pipeline.lower(q if q is not None else ep, tgt, opts, reg, early=early))
+            return (q, *pipeline.lower(q if q is not None else ep, tgt, opts, reg, early=early, lowering=lowering))
 
     # Every CPU op needs a kernel the device links: ops without one are decomposed (and the
     # program rebuilt) or refused here, before anything is serialized or written.
@@ -157,4 +160,5 @@ def compile_model(
         stage_seconds=times,
         lower_breakdown=breakdown,
         notes=notes,
+        lowering=lowering,
     )

@@ -144,6 +144,8 @@ def build_report(result: CompileResult, reg: Registry, model: str) -> dict[str, 
             {"shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")} for t in _example(result)
         ],
         "stages": {k: round(v, 4) for k, v in result.stage_seconds.items()},
+        # "early" | "classic" and why; "fallback": the early path was tried and could not be exact.
+        "lowering": dict(result.lowering),
         "nodes": nodes,
         "macs": {"total": total, "npu": on_npu, "npu_share": (on_npu / total) if total else 0.0},
         "partitions": partitions,
