@@ -268,6 +268,11 @@ def lower(
     backend.strip_lowering_specs(edge.exported_program())
     t1 = time.perf_counter()
     parts = [Partition(x.name, x.converted, x.payload, x.processed) for x in lowered]
+    from etforge.core.litert import check_loads
+
+    for part in parts:  # before anything is serialized or written: every partition loads in LiteRT
+        c = part.converted
+        check_loads(part.name, c.tflite, list(c.operators), dict(c.op_nodes))
     _set_runtime_backend_ids(edge.exported_program(), parts)
     host = edge.exported_program()
     with delegate_stubs.shape_only(host):
