@@ -72,7 +72,9 @@ def _mutating(graph: Graph) -> list[Node]:
     return [
         n
         for n in graph.nodes
-        if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload) and n.target._schema.is_mutable
+        if n.op == "call_function"
+        and isinstance(n.target, torch._ops.OpOverload)
+        and n.target._schema.is_mutable
     ]
 
 
@@ -158,7 +160,9 @@ def _why_not_local(node: Node) -> str | None:
     if root is None:
         return f"writes {written.name}, a view of something that is not an op's fresh result"
     if root.op in ("placeholder", "get_attr"):
-        return f"writes the program's input {root.name}" + (f" (through {written.name})" if root is not written else "")
+        return f"writes the program's input {root.name}" + (
+            f" (through {written.name})" if root is not written else ""
+        )
     order = {n: i for i, n in enumerate(node.graph.nodes)}
     for member in members:
         if member is written or member is node:
@@ -179,7 +183,9 @@ def _value(op: torch._ops.OpOverload, node: Node) -> Any:
     from torch._guards import detect_fake_mode
 
     args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda a: a.meta.get("val"))
-    fake = detect_fake_mode([v for v in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(v, torch.Tensor)])
+    fake = detect_fake_mode(
+        [v for v in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(v, torch.Tensor)]
+    )
     try:
         if fake is None:
             return op(*args, **kwargs)

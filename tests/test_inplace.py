@@ -73,15 +73,24 @@ def _pair() -> tuple[nn.Module, nn.Module, list[tuple[torch.Tensor, ...]]]:
 def test_export_keeps_in_place_ops_and_the_front_end_removes_them() -> None:
     inplace, functional, calib = _pair()
     ep = torch.export.export(inplace, calib[0], strict=False)
-    mutating = {str(n.target) for n in ep.graph.nodes if n.op == "call_function" and n.target._schema.is_mutable}
+    mutating = {
+        str(n.target) for n in ep.graph.nodes if n.op == "call_function" and n.target._schema.is_mutable
+    }
     # The premise: torch.export leaves these (else this file would test nothing).
-    assert {"aten.relu_.default", "aten.hardtanh_.default", "aten.add_.Tensor", "aten.silu_.default"} <= mutating
+    assert {
+        "aten.relu_.default",
+        "aten.hardtanh_.default",
+        "aten.add_.Tensor",
+        "aten.silu_.default",
+    } <= mutating
     out, notes = functionalize(ep)
     assert notes == []  # every mutation here is local: no re-trace
     twin = torch.export.export(functional, calib[0], strict=False)
     ours = [(n.name, str(n.target)) for n in out.graph.nodes]
     assert ours == [(n.name, str(n.target)) for n in twin.graph.nodes]
-    assert [s.arg for s in out.graph_signature.output_specs] == [s.arg for s in twin.graph_signature.output_specs]
+    assert [s.arg for s in out.graph_signature.output_specs] == [
+        s.arg for s in twin.graph_signature.output_specs
+    ]
     torch.testing.assert_close(out.module()(*calib[1]), functional(*calib[1]), rtol=0, atol=0)
 
 
@@ -127,7 +136,9 @@ def test_write_through_a_view_is_functionalized_by_torch_and_said() -> None:
     out, notes = functionalize(ep, owned=False)
     assert any(n.op == "call_function" and n.target._schema.is_mutable for n in ep.graph.nodes)  # not edited
     assert not any(
-        n.op == "call_function" and getattr(n.target, "_schema", None) is not None and n.target._schema.is_mutable
+        n.op == "call_function"
+        and getattr(n.target, "_schema", None) is not None
+        and n.target._schema.is_mutable
         for n in out.graph.nodes
     )
     assert len(notes) == 1 and "relu_" in notes[0] and "shares memory" in notes[0], notes
