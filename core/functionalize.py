@@ -160,9 +160,8 @@ def _why_not_local(node: Node) -> str | None:
     if root is None:
         return f"writes {written.name}, a view of something that is not an op's fresh result"
     if root.op in ("placeholder", "get_attr"):
-        return f"writes the program's input {root.name}" + (
-            f" (through {written.name})" if root is not written else ""
-        )
+        through = f" (through {written.name})" if root is not written else ""
+        return f"writes {root.name}, an input or buffer of the program{through}"
     order = {n: i for i, n in enumerate(node.graph.nodes)}
     for member in members:
         if member is written or member is node:

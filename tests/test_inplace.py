@@ -143,3 +143,30 @@ def test_write_through_a_view_is_functionalized_by_torch_and_said() -> None:
     )
     assert len(notes) == 1 and "relu_" in notes[0] and "shares memory" in notes[0], notes
     torch.testing.assert_close(out.module()(x), model(x), rtol=0, atol=0)
+
+
+class KeepsLast(nn.Module):
+    """Writes a buffer (``copy_``): a state update, functionalized by torch into a buffer output."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.register_buffer("last", torch.zeros(1, 8, 1, 1))
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        pooled = torch.relu(self.conv(x)).mean((2, 3), keepdim=True)
+        self.last.copy_(pooled)
+        return self.fc(torch.flatten(pooled + self.last, 1))
+
+
+def test_buffer_copy_compiles_and_verifies_with_a_note() -> None:
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(1)
+    calib = [(torch.randn(1, 3, 8, 8, generator=g),) for _ in range(4)]
+    compiled = etforge.compile(KeepsLast().eval(), calib[0], target="imxrt700", calibration=calib)
+    notes = compiled.report["notes"]
+    assert any("copy_" in n and "b_last" in n for n in notes), notes
+    assert compiled.partitions and compiled.report["lowering"]["path"] == "early"
+    verification = compiled.verify(samples=4)
+    assert verification.ok, verification.failures
