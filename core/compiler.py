@@ -43,6 +43,8 @@ class CompileResult:
     notes: list[str] = field(default_factory=list)
     #: Per input, [min, max] of an integer input over example and calibration (``core.signature``).
     input_ranges: list[list[int] | None] = field(default_factory=list)
+    #: The lowering path taken ("early" | "classic") and why (``pipeline.lower``).
+    lowering: dict[str, Any] = field(default_factory=dict)
 
 
 @contextlib.contextmanager
@@ -114,6 +116,7 @@ def compile_model(
     if rewritten:
         notes.append(f"graph rewrites applied: {', '.join(rewritten)}")
     calib = list(calibration) if calibration else [tuple(example_inputs)]
+    lowering: dict[str, Any] = {}
 
     def build(ep: ExportedProgram) -> tuple[Any, ...]:
         q = None
@@ -125,7 +128,7 @@ def compile_model(
         if on_programs is not None:
             on_programs(ep, q)
         with stage("lower"):
-            return (q, *pipeline.lower(q if q is not None else ep, tgt, opts, reg, early=early))
+            return (q, *pipeline.lower(q if q is not None else ep, tgt, opts, reg, early=early, lowering=lowering))
 
     # Every CPU op needs a kernel the device links: ops without one are decomposed (and the
     # program rebuilt) or refused here, before anything is serialized or written.
@@ -160,4 +163,5 @@ def compile_model(
         lower_breakdown=breakdown,
         notes=notes,
         input_ranges=signature.input_ranges(example_inputs, calib),
+        lowering=lowering,
     )

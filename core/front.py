@@ -16,6 +16,7 @@ import torch
 from torch.export import ExportedProgram
 
 from etforge.core.errors import EtforgeError
+from etforge.core.functionalize import functionalize
 from etforge.core.load import as_float32, has_float64, refuse_float64
 from etforge.core.plugin_manager import Registry, registry
 from etforge.core.signature import check_example
@@ -135,7 +136,8 @@ def front_end(
     what: str = "the model",
     owned: bool = False,
 ) -> Front:
-    """float32, the target's layout, then ``torch.export`` (a given program is taken as is).
+    """float32, the target's layout, then ``torch.export`` and functional ops (``core/functionalize``);
+    a given program is only made functional.
 
     Both conversions change a module in place (``nn.Module.to``), so a caller's module is
     copied first: compiling must not leave it channels-last or float32, or the next compile
@@ -148,7 +150,8 @@ def front_end(
         refuse_float64(program, what)
         if reg.cpu_backend(target).channels_last:
             notes += nchw_program_note(program, target)
-        return Front(program, tuple(example), calib, notes)
+        program, mutations = functionalize(program, owned=False)
+        return Front(program, tuple(example), calib, notes + mutations)
     assert module is not None
     if not owned and (
         reg.cpu_backend(target).channels_last or has_float64([*module.parameters(), *module.buffers()])
@@ -163,4 +166,7 @@ def front_end(
     module, example, calib, cast = as_float32(module, example, calib)
     notes += [cast] if cast else []
     module, example, calib = adapt_layout(module, example, calib, target, options, reg)
-    return Front(export(module, example, what), tuple(example), calib, notes)
+    # In-place ops (nn.ReLU(inplace=True), +=) leave the front end as their functional forms:
+    # every later stage, on every target and lowering path, sees functional ops only.
+    program, mutations = functionalize(export(module, example, what))
+    return Front(program, tuple(example), calib, notes + mutations)

@@ -234,3 +234,52 @@ def read_metadata(model_bytes: bytes) -> dict[str, bytes]:
         name = m.name.decode() if isinstance(m.name, bytes) else m.name
         out[name] = bytes(np.asarray(model.buffers[m.buffer].data, dtype=np.uint8))
     return out
+
+
+#: The kernels a partition must load with: LiteRT's builtin kernels alone (their checks name
+#: the failing op), the default set (XNNPACK) and the reference kernels ``verify`` runs.
+LOAD_CHECKS = ("BUILTIN_WITHOUT_DEFAULT_DELEGATES", "AUTO", "BUILTIN_REF")
+
+
+def refusal(model_bytes: bytes) -> tuple[str, str] | None:
+    """(kernels, LiteRT's message) when LiteRT cannot load and allocate ``model_bytes``; else None."""
+    import warnings
+
+    from ai_edge_litert.interpreter import Interpreter, OpResolverType
+
+    from etforge.core.quiet import native_stderr
+
+    for kernels in LOAD_CHECKS:
+        try:
+            with warnings.catch_warnings(), native_stderr():
+                warnings.simplefilter("ignore", UserWarning)
+                it = Interpreter(
+                    model_content=model_bytes, experimental_op_resolver_type=getattr(OpResolverType, kernels)
+                )
+                it.allocate_tensors()
+            del it
+        except (RuntimeError, ValueError) as exc:
+            return kernels, " ".join(str(exc).split())
+    return None
+
+
+def check_loads(name: str, model_bytes: bytes, operators: list[str], op_nodes: dict[int, list[str]]) -> None:
+    """A partition LiteRT refuses is a compile error naming its op and node, never an artifact."""
+    import re
+
+    from etforge.core.errors import EtforgeError
+
+    refused = refusal(model_bytes)
+    if refused is None:
+        return
+    kernels, message = refused
+    where = ""
+    found = re.search(r"Node number (\d+) \((\w+)\) failed to (?:prepare|invoke)", message)
+    if found and int(found.group(1)) < len(operators):
+        index = int(found.group(1))
+        nodes = ", ".join(op_nodes.get(index, [])) or "?"
+        where = f" its op {index} ({operators[index]}, from node {nodes})"
+    raise EtforgeError(
+        f"NPU partition {name}: LiteRT refuses{where} ({kernels} kernels): {message[:400]}; "
+        "nothing written (a converter plugin produced a model LiteRT cannot run)"
+    )

@@ -227,13 +227,16 @@ def lower(
     options: dict[str, Any] | None = None,
     reg: Registry | None = None,
     early: bool = True,
+    lowering: dict[str, Any] | None = None,
 ) -> tuple[EdgeProgramManager, EtforgePartitioner, list[Partition], dict[str, float]]:
     """NPU delegation, then the CPU backend's lowering.
 
     With ``early`` (the default), NPU partitions are delegated on the quantized ATen program and
     only the rest goes through ``to_edge`` (``core/early.py``); the classic path, ExecuTorch's
     single pass over everything, is the fallback and the reference (``early=False``).
-    Returns the Edge program, the partitioner (its decisions), the partitions and stage times.
+    Returns the Edge program, the partitioner (its decisions), the partitions and stage times;
+    ``lowering`` (when given) gets the path taken and why (``path``, ``reason``, ``fallback``:
+    the early path was tried and could not be exact).
     """
     reg = reg or registry()
     options = {**target.option_defaults(), **(options or {})}
@@ -246,11 +249,20 @@ def lower(
         partitioner = EtforgePartitioner(target, options, reg, lowering=low)
         partitioner.remember_constants(ep)  # it is handed fake copies of the program
         early_result = None
+        why: dict[str, Any] = {"path": "classic", "reason": "", "fallback": False}
         # Early delegation is proven on quantized programs (what the NPU runs); a float program
         # (--float, the litert target) lowers the classic way, here and when verify rebuilds it.
-        if early and target.npu is not None and _quantized(ep):
-            early_result = _lower_early(ep, target, options, reg, partitioner, config)
+        if not early:
+            why["reason"] = "the classic path was asked for (early=False)"
+        elif target.npu is None:
+            why["reason"] = f"{target.name} has no NPU: nothing is delegated, to_edge lowers everything"
+        elif not _quantized(ep):
+            why["reason"] = "a float program: early delegation is proven on quantized programs only"
+        else:
+            early_result = _lower_early(ep, target, options, reg, partitioner, config, why)
+            why["fallback"] = early_result is None
         if early_result is not None:
+            why = {"path": "early", "reason": "NPU partitions delegated on the quantized ATen program"}
             edge = early_result
             path = "early"
         else:
@@ -259,9 +271,16 @@ def lower(
             partitioner.remember_constants(ep)
             edge = _lower_classic(ep, partitioner, config, low)
         lowered = low.in_tag_order()
+    if lowering is not None:
+        lowering.update(why)
     backend.strip_lowering_specs(edge.exported_program())
     t1 = time.perf_counter()
     parts = [Partition(x.name, x.converted, x.payload, x.processed) for x in lowered]
+    from etforge.core.litert import check_loads
+
+    for part in parts:  # before anything is serialized or written: every partition loads in LiteRT
+        c = part.converted
+        check_loads(part.name, c.tflite, list(c.operators), dict(c.op_nodes))
     _set_runtime_backend_ids(edge.exported_program(), parts)
     host = edge.exported_program()
     with delegate_stubs.shape_only(host):
@@ -314,10 +333,12 @@ def _lower_early(
     reg: Registry,
     partitioner: EtforgePartitioner,
     config: EdgeCompileConfig,
+    why: dict[str, Any] | None = None,
 ) -> EdgeProgramManager | None:
     """Delegate on the quantized ATen program, then ``to_edge`` the rest (``core/early.py``).
 
-    ``None`` when the early path cannot be exact for this program: the caller lowers classically.
+    ``None`` when the early path cannot be exact for this program: the caller lowers classically
+    (``why["reason"]`` says which node stopped it, and how).
     The delegates keep their shape stubs (``core/delegate_stubs.py``) for the CPU lowering;
     the caller restores them.
     """
@@ -341,7 +362,9 @@ def _lower_early(
         delegated = to_backend(work, partitioner)
         # Ops kept whole for the NPU that it did not take are decomposed, as to_edge would.
         early.decompose(delegated, cpu_keep, {k: v for k, v in full.items() if k not in cpu_keep})
-    except early.NotExact:
+    except early.NotExact as exc:
+        if why is not None:
+            why["reason"] = f"the early path cannot be exact: {exc}"
         return None
     delegate_stubs.stub(delegated)
     edge = _to_edge_decomposed(delegated, config)
@@ -349,8 +372,18 @@ def _lower_early(
     # The remainder's Edge form must leave the NPU nothing: else the classic path would
     # have delegated more, and it is the reference.
     probe = EtforgePartitioner(target, options, reg)
-    if probe.partition(clone_program(edge.exported_program())).partition_tags:
+    probed = probe.partition(clone_program(edge.exported_program()))
+    if probed.partition_tags:
         delegate_stubs.restore(edge.exported_program())
+        if why is not None:
+            taken = [
+                n.name for n in probed.tagged_exported_program.graph_module.graph.nodes if "delegation_tag" in n.meta
+            ]
+            why["reason"] = (
+                f"the NPU takes nodes of the remainder's Edge form ({', '.join(taken[:4])}"
+                + (" …" if len(taken) > 4 else "")
+                + "), which the classic path delegates"
+            )
         return None
     return edge
 

@@ -160,6 +160,8 @@ def build_report(result: CompileResult, reg: Registry, model: str) -> dict[str, 
         # the pytree leaves of what forward returns, in the .pte's output order (core.signature)
         "outputs": signature.describe_outputs(result.host_program),
         "stages": {k: round(v, 4) for k, v in result.stage_seconds.items()},
+        # "early" | "classic" and why; "fallback": the early path was tried and could not be exact.
+        "lowering": dict(result.lowering),
         "nodes": nodes,
         "macs": {"total": total, "npu": on_npu, "npu_share": (on_npu / total) if total else 0.0},
         "partitions": partitions,

@@ -135,6 +135,9 @@ def _build(report: dict[str, Any], out: str | None, width: int, most: int) -> li
             "  ",
             most=most,
         )
+    low = report.get("lowering") or {}
+    if low.get("fallback"):  # the slow path, never silent: one line naming the node and why
+        lines.append(_one(f"note: lowered the classic way (slower): {low.get('reason', '')}", width))
     notes = list(report.get("notes", []))
     for fig, info in (report.get("npu_figures") or {}).items():
         if isinstance(info, dict) and info.get("assumption"):  # decided with a figure that is not vendor data

@@ -56,3 +56,19 @@ def conv_head(calibration: int = 4) -> tuple[Any, list[tuple[Any, ...]]]:
     ).eval()
     g = torch.Generator().manual_seed(1)
     return model, [(torch.randn(1, 3, 8, 8, generator=g),) for _ in range(calibration)]
+
+
+def torchvision_models() -> Any:
+    """``torchvision.models``, importable beside the CPU torch wheel (model definitions only).
+
+    The registry's torchvision wheel is built against CUDA torch: its C ops do not load, and
+    ``import torchvision`` fails registering their meta/autograd kernels. Empty modules stand
+    in for those two registration modules; ``torchvision.models`` needs no C op."""
+    import sys
+    import types
+
+    for name in ("torchvision._meta_registrations", "torchvision._autograd_registrations"):
+        sys.modules.setdefault(name, types.ModuleType(name))
+    import torchvision.models
+
+    return torchvision.models

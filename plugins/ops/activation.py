@@ -249,6 +249,21 @@ def _fixed_output(scale: float, zero_point: int) -> Callable[[Node, TargetSpec],
     return test
 
 
+def _one_domain(node: Node, target: TargetSpec) -> bool | str:
+    """LiteRT's LOGISTIC, TANH and HARD_SWISH take and give one type: an int8 input with a float
+    output (a composite op quantized whole, then decomposed: SiLU's sigmoid) does not load."""
+    from etforge.core.ophelpers import input_qparams, output_qparams
+
+    quantized_in, quantized_out = input_qparams(node, 0) is not None, output_qparams(node) is not None
+    if quantized_in == quantized_out:
+        return True
+    return "int8 input, float output" if quantized_in else "float input, int8 output"
+
+
+#: The constraint every one-type LiteRT activation states.
+ONE_DOMAIN = Constraint("input and output both int8 or both float", _one_domain)
+
+
 class Unary(OpConverter):
     """A layout-agnostic unary op with a fixed LiteRT builtin."""
 
@@ -273,19 +288,23 @@ class Relu(Unary):
 class Sigmoid(Unary):
     ops = ("aten.sigmoid.default",)
     litert = "LOGISTIC"
-    constraints = (Constraint("int8 output scale 1/256, zero point -128", _fixed_output(1.0 / 256.0, -128)),)
+    constraints = (
+        ONE_DOMAIN,
+        Constraint("int8 output scale 1/256, zero point -128", _fixed_output(1.0 / 256.0, -128)),
+    )
 
 
 class Tanh(Unary):
     ops = ("aten.tanh.default",)
     litert = "TANH"
-    constraints = (Constraint("int8 output scale 1/128, zero point 0", _fixed_output(1.0 / 128.0, 0)),)
+    constraints = (ONE_DOMAIN, Constraint("int8 output scale 1/128, zero point 0", _fixed_output(1.0 / 128.0, 0)))
 
 
 class Hardswish(Unary):
     ops = ("aten.hardswish.default",)
     preserve = ("aten.hardswish.default",)
     litert = "HARD_SWISH"
+    constraints = (ONE_DOMAIN,)
 
 
 @hookimpl

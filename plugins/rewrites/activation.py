@@ -1,5 +1,5 @@
-"""hardsigmoid(x) = relu6(x + 3) / 6 and hardswish(x) = x * hardsigmoid(x), spelt with ops
-every int8 NPU target converts.
+"""hardsigmoid(x) = relu6(x + 3) / 6, hardswish(x) = x * hardsigmoid(x) and silu(x) =
+x * sigmoid(x), spelt with ops every int8 NPU target converts.
 
 Squeeze-excitation gates (MobileNetV3) close with ``F.hardsigmoid``; LiteRT has no
 HARD_SIGMOID, and left alone the op either stays float on the CPU of an int8 model or has
@@ -56,6 +56,35 @@ class Hardsigmoid(Rewrite):
         return changed
 
 
+class Silu(Rewrite):
+    """SiLU (swish) as ``x * sigmoid(x)``, before quantization.
+
+    LiteRT has no SiLU. Quantized whole, ``silu`` reaches the NPU decomposed into a LOGISTIC
+    whose output nobody quantized (int8 in, float out: a partition LiteRT refuses to load);
+    spelt out, the sigmoid gets its fixed int8 output (1/256, -128) and the product its own
+    qparams, each one NPU op rounding once, as the PT2E reference does."""
+
+    description = "silu(x) -> mul(x, sigmoid(x))"
+    npu_only = True
+
+    def apply(self, gm: GraphModule, target: TargetSpec) -> bool:
+        import torch
+
+        from etforge.core.rewrite import call, calls, val
+
+        aten = torch.ops.aten
+        changed = False
+        for node in calls(gm, aten.silu.default, aten.silu_.default):
+            x = node.args[0]
+            v = val(x)
+            if v is None or not v.is_floating_point():
+                continue
+            gate = call(gm, aten.sigmoid.default, (x,), node)
+            node.replace_all_uses_with(call(gm, aten.mul.Tensor, (x, gate), node))
+            changed = True
+        return changed
+
+
 @hookimpl
 def etforge_rewrites() -> list[Rewrite]:
-    return [Hardsigmoid()]
+    return [Hardsigmoid(), Silu()]

@@ -1,0 +1,78 @@
+"""Real-model conformance: torchvision's families compile, take the fast path and verify.
+
+Each family (``tests/models/torchvision_families.py``: torchvision's own definitions with
+in-place activations, ``+=`` residuals, channel shuffles, dropout; seeded weights, 96x96,
+8 calibration samples) compiles on one RT700 target, the three targets in rotation, and
+``verify`` runs its ``.pte`` against the PT2E quantized reference. ``bench/realworld.py``
+runs the full families x targets matrix (docs/targets.md, "Real models (torchvision)").
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from models.torchvision_families import FAMILIES, build
+
+import etforge
+
+#: Family -> the target it compiles on here (every target gets three or four).
+PLACEMENT: dict[str, str] = {
+    "resnet18": "imxrt700",  # add_ residuals, relu_ (no out variant on the portable CPU)
+    "shufflenet_v2_x0_5": "imxrt700",  # view/transpose/view shuffle, chunk
+    "efficientnet_b0": "imxrt700",  # SiLU (LOGISTIC + MUL), SE gates, dropout_
+    "mobilenet_v2": "imxrt700",  # ReLU6(inplace=True): hardtanh_
+    "squeezenet1_1": "imxrt700cm",  # relu_ after every conv, ceil-mode pools
+    "mnasnet0_5": "imxrt700cm",  # relu_ fused into convs
+    "mobilenet_v3_small": "imxrt700cm",  # hardswish_, SE gates with hardsigmoid
+    "regnet_x_400mf": "imxrt700cm",  # grouped convolutions
+    "mobilenet_v3_large": "cortex-m33",
+    "googlenet": "cortex-m33",  # inception branches, ceil-mode pools
+}
+
+#: Families with an op the NPU has no form for yet (grouped convolution on Neutron): more
+#: than one partition is expected; the others are one partition on an NPU target.
+SPLIT_ON_NPU = frozenset({"regnet_x_400mf"})
+
+#: Seeded samples per verify (as the architecture suite).
+SAMPLES = 4
+
+
+def test_every_family_is_placed_and_every_target_covered() -> None:
+    assert sorted(PLACEMENT) == sorted(FAMILIES)
+    for target in ("imxrt700", "imxrt700cm", "cortex-m33"):
+        assert sum(t == target for t in PLACEMENT.values()) >= 2, target
+
+
+@pytest.mark.parametrize(("family", "target"), sorted(PLACEMENT.items()))
+def test_family_compiles_takes_the_fast_path_and_verifies(family: str, target: str) -> None:
+    model, example, calibration = build(family)
+    compiled = etforge.compile(model, example, target=target, calibration=calibration)
+    report = compiled.report
+    # In-place ops are functional before quantization, without a re-trace.
+    assert not any("in-place" in note for note in report["notes"]), report["notes"]
+    if target == "cortex-m33":
+        assert not report["partitions"]
+    else:
+        assert report["lowering"]["path"] == "early", report["lowering"]
+        assert report["macs"]["npu_share"] > 0.5, report["macs"]
+        if family not in SPLIT_ON_NPU:
+            assert len(report["partitions"]) == 1, [p["name"] for p in report["partitions"]]
+    verification = compiled.verify(samples=SAMPLES)
+    if not verification.ok and all(_rounding_only(f) for f in verification.failures):
+        pytest.xfail(f"verify's rounding model (issue 24): {verification.failures}")
+    assert verification.ok, verification.failures
+
+
+def _rounding_only(failure: str) -> bool:
+    """A verify failure that is the known gap in its reference, not a conversion error.
+
+    LiteRT's MEAN and AVERAGE_POOL_2D round half away from zero, the PT2E reference half to
+    even: an average over an even count of int8 values ties between two steps (SE gates'
+    global pools), which verify's fixed per-op gate counts as a wrong constant. And with
+    every op within a step of its reference, a deep random-weight net can move a top-1 among
+    4 samples. Issue 24 gives verify the device's rounding; until then these two are xfail,
+    any other failure fails."""
+    pooled = re.match(r"NPU op \S+:(mean|avg_pool2d)\w* has \d+ of [\d,]+ values one step off", failure)
+    amplified = "top-1 agreement" in failure and "every op is within 1 step of its reference op" in failure
+    return bool(pooled or amplified)
