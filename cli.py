@@ -1363,9 +1363,6 @@ def zoo_data(model: str, path: str) -> None:
     console.print(f"wrote {path}: x {list(x.shape)} float32, y {list(y.shape)} int64 ({len(y)} test samples)")
 
 
-if __name__ == "__main__":
-    main()
-
 
 @main.group()
 def cache() -> None:
@@ -1456,3 +1453,7 @@ def cache_clear() -> None:
     except OSError as exc:
         removed, errors = [], [f"cannot read the build cache {c.root}: {exc.strerror or type(exc).__name__}"]
     _cache_done(c.root, removed, errors)
+
+
+if __name__ == "__main__":  # after every command is defined: `python -m etforge.cli cache info`
+    run()

@@ -23,12 +23,8 @@ from etforge.runtime.firmware import build, device, sources
 from support import run_cli
 
 ZOO = ["cifarnet", "ds_cnn", "resnet8", "autoencoder", "digits_cnn"]
-#: Known difference, not a tolerance: etforge's host kernels for cortex_m::quantized_add /
-#: quantized_avg_pool2d are ExecuTorch's Python references, which round differently from
-#: CMSIS-NN (one int8 step on a few values). Helper "cmref" replaces them with bit-exact ones.
-XFAIL = {
-    "resnet8": "host cortex_m references (quantized_add / avg_pool2d) are not bit-exact with CMSIS-NN yet",
-}
+#: Programs known to differ on the device (none: the host runs etforge's CMSIS-NN-exact kernels).
+XFAIL: dict[str, str] = {}
 SAMPLES = 3
 
 

@@ -9,8 +9,6 @@ runs the full families x targets matrix (docs/targets.md, "Real models (torchvis
 
 from __future__ import annotations
 
-import re
-
 import pytest
 from models.torchvision_families import FAMILIES, build
 
@@ -30,9 +28,9 @@ PLACEMENT: dict[str, str] = {
     "googlenet": "cortex-m33",  # inception branches, ceil-mode pools
 }
 
-#: Families with an op the NPU has no form for yet (grouped convolution on Neutron): more
-#: than one partition is expected; the others are one partition on an NPU target.
-SPLIT_ON_NPU = frozenset({"regnet_x_400mf"})
+#: Families with an op the NPU has no form for yet (none since grouped convolutions are split
+#: for Neutron): every family is one partition on an NPU target.
+SPLIT_ON_NPU: frozenset[str] = frozenset()
 
 #: Seeded samples per verify (as the architecture suite).
 SAMPLES = 4
@@ -59,20 +57,4 @@ def test_family_compiles_takes_the_fast_path_and_verifies(family: str, target: s
         if family not in SPLIT_ON_NPU:
             assert len(report["partitions"]) == 1, [p["name"] for p in report["partitions"]]
     verification = compiled.verify(samples=SAMPLES)
-    if not verification.ok and all(_rounding_only(f) for f in verification.failures):
-        pytest.xfail(f"verify's rounding model (issue 24): {verification.failures}")
     assert verification.ok, verification.failures
-
-
-def _rounding_only(failure: str) -> bool:
-    """A verify failure that is the known gap in its reference, not a conversion error.
-
-    LiteRT's MEAN and AVERAGE_POOL_2D round half away from zero, the PT2E reference half to
-    even: an average over an even count of int8 values ties between two steps (SE gates'
-    global pools), which verify's fixed per-op gate counts as a wrong constant. And with
-    every op within a step of its reference, a deep random-weight net can move a top-1 among
-    4 samples. Issue 24 gives verify the device's rounding; until then these two are xfail,
-    any other failure fails."""
-    pooled = re.match(r"NPU op \S+:(mean|avg_pool2d)\w* has \d+ of [\d,]+ values one step off", failure)
-    amplified = "top-1 agreement" in failure and "every op is within 1 step of its reference op" in failure
-    return bool(pooled or amplified)
