@@ -530,7 +530,9 @@ def compile_cmd(
         return
     if cached:
         console.print("[green]✓[/] restored from the build cache (nothing changed since it was built)")
-    console.print(f"cache: {info.get('mode', 'miss')} ({escape(str(info.get('reason', '')))})", soft_wrap=True)
+    console.print(
+        f"cache: {info.get('mode', 'miss')} ({escape(str(info.get('reason', '')))})", soft_wrap=True
+    )
     _print_summary(report, out, generated)
 
 
@@ -1133,7 +1135,11 @@ def run_cmd(
     help="With --model: the script's quantized program (torch.export.save); the reference is lowered from it.",
 )
 @click.option(
-    "--samples", type=click.IntRange(min=1), default=32, show_default=True, help="Seeded random inputs to compare on."
+    "--samples",
+    type=click.IntRange(min=1),
+    default=32,
+    show_default=True,
+    help="Seeded random inputs to compare on.",
 )
 @click.option("--seed", default=0, show_default=True)
 @click.option(
@@ -1363,7 +1369,6 @@ def zoo_data(model: str, path: str) -> None:
     console.print(f"wrote {path}: x {list(x.shape)} float32, y {list(y.shape)} int64 ({len(y)} test samples)")
 
 
-
 @main.group()
 def cache() -> None:
     """The build cache (docs/batch.md): where it is, how big, prune or clear it."""
@@ -1379,7 +1384,9 @@ def _size(text: str) -> int:
     try:
         value = float(number)
     except ValueError:
-        raise click.BadParameter(f"{text!r} is not a size (bytes, or a number with K/M/G)", param_hint="--max-size") from None
+        raise click.BadParameter(
+            f"{text!r} is not a size (bytes, or a number with K/M/G)", param_hint="--max-size"
+        ) from None
     if not math.isfinite(value):
         raise click.BadParameter(f"{text!r} is not a finite size", param_hint="--max-size")
     if value < 0:

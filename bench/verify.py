@@ -54,7 +54,9 @@ def main() -> None:
     torch.set_num_threads(1)
     reg = registry()
     if args.speed:
-        speed(args.models.split(",") if args.models != ",".join(zoo.ZOO) else ["mobilenet_v2_96"], args.samples)
+        speed(
+            args.models.split(",") if args.models != ",".join(zoo.ZOO) else ["mobilenet_v2_96"], args.samples
+        )
         return
     print(
         f"{'model':>18} {'target':>11} {'kernels':>9} {'max steps':>9} {'mean':>7} {'top-1 q':>8} "
@@ -119,8 +121,10 @@ def _timed(fn: Any) -> tuple[Any, float, float]:
 def speed(models: list[str], samples: int) -> None:
     """Reference path per sample, etforge kernels vs ExecuTorch's Python references."""
     reg = registry()
-    print(f"{'model':>18} {'samples':>7} {'new cpu s':>9} {'old cpu s':>9} {'ratio cpu':>9} "
-          f"{'new wall s':>10} {'old wall s':>10} {'ratio wall':>10} {'outputs equal':>13}")
+    print(
+        f"{'model':>18} {'samples':>7} {'new cpu s':>9} {'old cpu s':>9} {'ratio cpu':>9} "
+        f"{'new wall s':>10} {'old wall s':>10} {'ratio wall':>10} {'outputs equal':>13}"
+    )
     for name in models:
         model, example = zoo.build(name)
         result = compile_model(model, example, "cortex-m33", calibration=zoo.calibration(name, 16), reg=reg)
@@ -128,7 +132,9 @@ def speed(models: list[str], samples: int) -> None:
         interp = PteInterpreter(result.pte)
         batches = _inputs(report, 0, samples)
 
-        def path(batch: Any, interp: PteInterpreter = interp, program: Any = result.host_program) -> list[Any]:
+        def path(
+            batch: Any, interp: PteInterpreter = interp, program: Any = result.host_program
+        ) -> list[Any]:
             return [*interp.run(list(batch)), *run_program(program, batch)]
 
         path(batches[0])  # warm both: first calls resolve kernels
@@ -144,9 +150,11 @@ def speed(models: list[str], samples: int) -> None:
             old_cpu, old_wall = old_cpu + c, old_wall + w
             equal += all(torch.equal(a, b) for a, b in zip(ours, theirs, strict=True))
         n = len(batches)
-        print(f"{name:>18} {n:>7} {new_cpu / n:>9.3f} {old_cpu / n:>9.3f} {old_cpu / new_cpu:>8.1f}x "
-              f"{new_wall / n:>10.3f} {old_wall / n:>10.3f} {old_wall / new_wall:>9.1f}x {equal:>9}/{n:<3}",
-              flush=True)
+        print(
+            f"{name:>18} {n:>7} {new_cpu / n:>9.3f} {old_cpu / n:>9.3f} {old_cpu / new_cpu:>8.1f}x "
+            f"{new_wall / n:>10.3f} {old_wall / n:>10.3f} {old_wall / new_wall:>9.1f}x {equal:>9}/{n:<3}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

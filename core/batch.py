@@ -164,7 +164,9 @@ def load_manifest(path: Path, out: Path) -> list[Job]:
         if not isinstance(opts, dict):
             raise EtforgeError(f"manifest {path}: jobs[{i}].options must be a table")
         model = model_ref(extra["model"], f"jobs[{i}].model")
-        jobs += _jobs(model, [extra["target"]], [_option_table(opts, path, f"jobs[{i}].options")], out, float_, calib)
+        jobs += _jobs(
+            model, [extra["target"]], [_option_table(opts, path, f"jobs[{i}].options")], out, float_, calib
+        )
     if not jobs:
         raise EtforgeError(f"manifest {path}: no jobs (give 'models' and 'targets', or 'jobs')")
     outs = [j.out for j in jobs]
@@ -189,7 +191,9 @@ def _option_table(table: dict[Any, Any], path: Path, where: str) -> dict[str, st
         if isinstance(value, bool):
             value = "true" if value else "false"
         if not isinstance(value, (str, int, float)):
-            raise EtforgeError(f"manifest {path}: {where}.{key} must be a string, number or boolean, not {value!r}")
+            raise EtforgeError(
+                f"manifest {path}: {where}.{key} must be a string, number or boolean, not {value!r}"
+            )
         out[str(key)] = str(value)
     return out
 

@@ -128,7 +128,10 @@ def compile_model(
         if on_programs is not None:
             on_programs(ep, q)
         with stage("lower"):
-            return (q, *pipeline.lower(q if q is not None else ep, tgt, opts, reg, early=early, lowering=lowering))
+            return (
+                q,
+                *pipeline.lower(q if q is not None else ep, tgt, opts, reg, early=early, lowering=lowering),
+            )
 
     # Every CPU op needs a kernel the device links: ops without one are decomposed (and the
     # program rebuilt) or refused here, before anything is serialized or written.

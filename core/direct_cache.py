@@ -193,7 +193,6 @@ def _changed(path: str, facts: dict[str, Any]) -> str | None:
         return "is unreadable"
 
 
-
 def _checksum(body: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
@@ -252,7 +251,9 @@ class DirectCache:
                 return None
             if "sha256" in facts:
                 st = os.stat(path)
-                if _stat_facts(st) != {k: facts.get(k) for k in _stat_facts(st)} and not _too_new(st, time.time_ns()):
+                if _stat_facts(st) != {k: facts.get(k) for k in _stat_facts(st)} and not _too_new(
+                    st, time.time_ns()
+                ):
                     facts.update(_stat_facts(st))  # touched, same bytes: remember the new stat
                     refreshed = True
         for name, value in body["env"].items():
@@ -265,7 +266,9 @@ class DirectCache:
                 return None
         for dist, version in body["dists"].items():
             if _version(dist) != version:
-                self.why = f"{dist} is {_version(dist) or 'not installed'} now, {version} for the cached build"
+                self.why = (
+                    f"{dist} is {_version(dist) or 'not installed'} now, {version} for the cached build"
+                )
                 return None
         if refreshed:
             with contextlib.suppress(OSError):
@@ -412,7 +415,12 @@ class Session:
                 return
             rec = self.recorder
             self.store.save(
-                self.front, build_key, files, imported_distributions(), rec.environment(), rec.missing_modules()
+                self.front,
+                build_key,
+                files,
+                imported_distributions(),
+                rec.environment(),
+                rec.missing_modules(),
             )
         except Exception as exc:  # noqa: BLE001  (a manifest that cannot be written never fails a compile)
             self.why = f"direct-mode manifest not written ({type(exc).__name__})"

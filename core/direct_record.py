@@ -40,7 +40,6 @@ def _sha256_file(path: str) -> str:
     return h.hexdigest()
 
 
-
 # --- recording what a build reads ------------------------------------------------------------
 
 #: The recorder the audit hook feeds, or None. Audit hooks cannot be removed, so the hook
@@ -75,8 +74,23 @@ _OPAQUE_EVENTS = {
 #: entry points wrapped while recording (``torch.from_file``, ``numpy.fromfile``, mmap).
 #: A compiled module of any other distribution, imported by the model, may read files from
 #: native code, which nothing observes: the entry is not eligible for direct mode.
-_OBSERVED_NATIVE = ("torch", "numpy", "PIL", "executorch", "torchao", "ai_edge_litert", "flatbuffers",
-                    "yaml", "_yaml", "markupsafe", "sympy", "mpmath", "jinja2", "rich", "click")
+_OBSERVED_NATIVE = (
+    "torch",
+    "numpy",
+    "PIL",
+    "executorch",
+    "torchao",
+    "ai_edge_litert",
+    "flatbuffers",
+    "yaml",
+    "_yaml",
+    "markupsafe",
+    "sympy",
+    "mpmath",
+    "jinja2",
+    "rich",
+    "click",
+)
 _NATIVE_SUFFIXES = (".so", ".pyd", ".dylib")
 #: Environment variables of the stack (torch, ExecuTorch, etforge ...): recorded whoever reads them.
 _STACK_ENV = ("TORCH", "PYTORCH", "AOT", "INDUCTOR", "FX_", "EXECUTORCH", "ETFORGE", "LITERT", "OMP_", "MKL_")

@@ -56,8 +56,14 @@ def _known_ops(spec: OptionSpec, value: Any, target: TargetSpec) -> None:
         import difflib
 
         close = difflib.get_close_matches(unknown[0], sorted(known), n=3)
-        hint = f" (did you mean {', '.join(close)}?)" if close else f" ({len(known)} known, e.g. {min(known, default='none')})"
-        raise ValueError(f"option {spec.name!r}: {unknown[0]!r} is no op the target's converters handle{hint}")
+        hint = (
+            f" (did you mean {', '.join(close)}?)"
+            if close
+            else f" ({len(known)} known, e.g. {min(known, default='none')})"
+        )
+        raise ValueError(
+            f"option {spec.name!r}: {unknown[0]!r} is no op the target's converters handle{hint}"
+        )
 
 
 def _typed(spec: OptionSpec, value: Any) -> Any:

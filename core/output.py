@@ -125,7 +125,13 @@ def _finishable(out: Path, new: Path, leftovers: list[tuple[str, Path]]) -> bool
     m = _SIBLING.match(new.name)
     pid = m["pid"] if m else None
     paired = any(k == "old" and (mm := _SIBLING.match(p.name)) and mm["pid"] == pid for k, p in leftovers)
-    return paired and new.is_dir() and not new.is_symlink() and (new / PTE).is_file() and (new / REPORT).is_file()
+    return (
+        paired
+        and new.is_dir()
+        and not new.is_symlink()
+        and (new / PTE).is_file()
+        and (new / REPORT).is_file()
+    )
 
 
 def _resolve(out: Path) -> Path:

@@ -377,7 +377,9 @@ def _lower_early(
         delegate_stubs.restore(edge.exported_program())
         if why is not None:
             taken = [
-                n.name for n in probed.tagged_exported_program.graph_module.graph.nodes if "delegation_tag" in n.meta
+                n.name
+                for n in probed.tagged_exported_program.graph_module.graph.nodes
+                if "delegation_tag" in n.meta
             ]
             why["reason"] = (
                 f"the NPU takes nodes of the remainder's Edge form ({', '.join(taken[:4])}"

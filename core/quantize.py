@@ -247,4 +247,3 @@ def convert(model: GraphModule) -> GraphModule:
 
     with one_thread():
         return convert_pt2e(model)
-

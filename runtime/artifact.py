@@ -54,7 +54,9 @@ def check_hashes(out: Path, report: dict[str, Any]) -> list[str]:
     Returns notes (a report from before the hash chain: nothing to check against)."""
     recorded = report.get(FILES_KEY)
     if recorded is None:
-        return [f"{out / output.REPORT} records no side-file hashes (an older compile): side files not hash-checked"]
+        return [
+            f"{out / output.REPORT} records no side-file hashes (an older compile): side files not hash-checked"
+        ]
     for name, digest in sorted(recorded.items()):
         path = out / name
         if not path.is_file():
@@ -100,10 +102,14 @@ def compare_payloads(pte_path: Path, program: Any, rebuilt: dict[str, bytes]) ->
             name = None
         ref = rebuilt.get(name) if name is not None else None
         if ref is None:
-            failures.append(f"{pte_path}: delegate payload {i} is not the payload of any partition rebuilt from {output.QUANTIZED_PROGRAM}")
+            failures.append(
+                f"{pte_path}: delegate payload {i} is not the payload of any partition rebuilt from {output.QUANTIZED_PROGRAM}"
+            )
             continue
         wanted.pop(name, None)
-        at = next((k for k, (a, b) in enumerate(zip(raw, ref, strict=False)) if a != b), min(len(raw), len(ref)))
+        at = next(
+            (k for k, (a, b) in enumerate(zip(raw, ref, strict=False)) if a != b), min(len(raw), len(ref))
+        )
         failures.append(
             f"{pte_path}: delegate payload {i} (partition {name}) differs from the rebuilt partition at byte "
             f"{at:,} of {len(ref):,}: the program's NPU bytes are not the compiled ones; recompile"

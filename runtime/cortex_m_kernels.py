@@ -155,7 +155,9 @@ def _exp_on_negative_values(val: torch.Tensor) -> torch.Tensor:
     x2 = _doubling_high_mult(x, x)
     inner = wrap32(divide_by_pow2(_doubling_high_mult(x2, x2), 2) + _doubling_high_mult(x2, x))
     inner = wrap32(_doubling_high_mult(inner, 715827883) + x2)
-    result = wrap32(1895147668 + _doubling_high_mult(torch.full_like(x, 1895147668), wrap32(x + divide_by_pow2(inner, 1))))
+    result = wrap32(
+        1895147668 + _doubling_high_mult(torch.full_like(x, 1895147668), wrap32(x + divide_by_pow2(inner, 1)))
+    )
     for constant in (1672461947, 1302514674, 790015084, 290630308, 39332535, 720401, 242):
         select = (remainder & (1 << shift)) != 0
         result = torch.where(select, _doubling_high_mult(result, constant), result)
@@ -170,7 +172,9 @@ def _one_over_one_plus_x(val: torch.Tensor) -> torch.Tensor:
     x = wrap32(1515870810 + _doubling_high_mult(half_den, -1010580540))
     one = 1 << 29
     for _ in range(3):
-        x = wrap32(x + _mult_by_pow2(_doubling_high_mult(x, wrap32(one - _doubling_high_mult(half_den, x))), 2))
+        x = wrap32(
+            x + _mult_by_pow2(_doubling_high_mult(x, wrap32(one - _doubling_high_mult(half_den, x))), 2)
+        )
     return _mult_by_pow2(x, 1)
 
 
@@ -197,8 +201,14 @@ def _exact_float(bound: float) -> torch.dtype:
 
 
 def _int_conv(
-    x: torch.Tensor, w: torch.Tensor, stride: Sequence[int], padding: Sequence[int],
-    dilation: Sequence[int], groups: int, transposed: bool = False, output_padding: Sequence[int] = (0, 0),
+    x: torch.Tensor,
+    w: torch.Tensor,
+    stride: Sequence[int],
+    padding: Sequence[int],
+    dilation: Sequence[int],
+    groups: int,
+    transposed: bool = False,
+    output_padding: Sequence[int] = (0, 0),
 ) -> tuple[torch.Tensor, int]:
     """Integer NCHW convolution (int64 result, and a bound on its magnitude) through float:
     float32 when every partial sum is provably below 2**24 (exact), float64 otherwise (exact
@@ -208,8 +218,14 @@ def _int_conv(
     dt = _exact_float(bound)
     if transposed:
         y = F.conv_transpose2d(
-            x.to(dt), w.to(dt), None, stride=tuple(stride), padding=tuple(padding),
-            output_padding=tuple(output_padding), groups=groups, dilation=tuple(dilation),
+            x.to(dt),
+            w.to(dt),
+            None,
+            stride=tuple(stride),
+            padding=tuple(padding),
+            output_padding=tuple(output_padding),
+            groups=groups,
+            dilation=tuple(dilation),
         )
     else:
         y = F.conv2d(x.to(dt), w.to(dt), None, tuple(stride), tuple(padding), tuple(dilation), groups)
@@ -233,9 +249,20 @@ def _finish(
 
 
 def _conv(
-    x: torch.Tensor, dims: tuple[int, int, int, int], weight_ohwi: torch.Tensor, bias: torch.Tensor | None,
-    stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int], groups: int,
-    input_offset: int, output_offset: int, mults: torch.Tensor, shifts: torch.Tensor, lo: int, hi: int,
+    x: torch.Tensor,
+    dims: tuple[int, int, int, int],
+    weight_ohwi: torch.Tensor,
+    bias: torch.Tensor | None,
+    stride: Sequence[int],
+    padding: Sequence[int],
+    dilation: Sequence[int],
+    groups: int,
+    input_offset: int,
+    output_offset: int,
+    mults: torch.Tensor,
+    shifts: torch.Tensor,
+    lo: int,
+    hi: int,
 ) -> torch.Tensor:
     """Shared body of ``arm_convolve_wrapper_s8`` / ``arm_depthwise_conv_wrapper_s8``: returns NHWC int8."""
     xin = x.permute(0, 3, 1, 2).to(torch.int16) + input_offset  # channels-last memory
@@ -255,7 +282,12 @@ def _conv(
 
 
 def quantize_per_tensor(
-    input: torch.Tensor, scale: float, zero_point: int, quant_min: int, quant_max: int, dtype: Any,
+    input: torch.Tensor,
+    scale: float,
+    zero_point: int,
+    quant_min: int,
+    quant_max: int,
+    dtype: Any,
     out: torch.Tensor,
 ) -> torch.Tensor:
     """``op_quantize_per_tensor.cpp``: ``zp + nearbyint(x * (1.0f / (float)scale))`` in float32."""
@@ -267,7 +299,12 @@ def quantize_per_tensor(
 
 
 def dequantize_per_tensor(
-    input: torch.Tensor, scale: float, zero_point: int, quant_min: int, quant_max: int, dtype: Any,
+    input: torch.Tensor,
+    scale: float,
+    zero_point: int,
+    quant_min: int,
+    quant_max: int,
+    dtype: Any,
     out: torch.Tensor,
 ) -> torch.Tensor:
     """``op_dequantize_per_tensor.cpp``: ``(float)(q - zp) * (float)scale`` in float32."""
@@ -275,7 +312,9 @@ def dequantize_per_tensor(
     return write_raw(out, q.to(torch.float32) * torch.tensor(np.float32(scale)))
 
 
-def _broadcast_pair(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, bool]:
+def _broadcast_pair(
+    a: torch.Tensor, b: torch.Tensor, out: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, bool]:
     """The wrappers' channel broadcast: the larger operand's raw bytes in chunks of C, each
     combined with the channels-only operand; returns (big, small, swapped)."""
     ra, rb = raw(_like(a, out)), raw(_like(b, out))
@@ -289,13 +328,26 @@ def _broadcast_pair(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> tupl
 
 
 def quantized_add(
-    self: torch.Tensor, self_zero_point: int, self_multiplier: int, self_shift: int,
-    other: torch.Tensor, other_zero_point: int, other_multiplier: int, other_shift: int,
-    output_zero_point: int, output_multiplier: int, output_shift: int,
-    activation_min: int, activation_max: int, out: torch.Tensor,
+    self: torch.Tensor,
+    self_zero_point: int,
+    self_multiplier: int,
+    self_shift: int,
+    other: torch.Tensor,
+    other_zero_point: int,
+    other_multiplier: int,
+    other_shift: int,
+    output_zero_point: int,
+    output_multiplier: int,
+    output_shift: int,
+    activation_min: int,
+    activation_max: int,
+    out: torch.Tensor,
 ) -> torch.Tensor:
     """``arm_elementwise_add_s8`` with the wrapper's left shift of 20."""
-    params = [(self_zero_point, self_multiplier, self_shift), (other_zero_point, other_multiplier, other_shift)]
+    params = [
+        (self_zero_point, self_multiplier, self_shift),
+        (other_zero_point, other_multiplier, other_shift),
+    ]
     x1, x2, swapped = _broadcast_pair(self, other, out)
     if swapped:
         params.reverse()
@@ -307,8 +359,14 @@ def quantized_add(
 
 
 def quantized_mul(
-    self: torch.Tensor, self_zero_point: int, other: torch.Tensor, other_zero_point: int,
-    output_zero_point: int, output_multiplier: int, output_shift: int, out: torch.Tensor,
+    self: torch.Tensor,
+    self_zero_point: int,
+    other: torch.Tensor,
+    other_zero_point: int,
+    output_zero_point: int,
+    output_multiplier: int,
+    output_shift: int,
+    out: torch.Tensor,
 ) -> torch.Tensor:
     """``arm_elementwise_mul_s8`` (activation -128..127, as the wrapper passes)."""
     zps = [self_zero_point, other_zero_point]
@@ -321,8 +379,13 @@ def quantized_mul(
 
 
 def quantized_div(
-    self: torch.Tensor, self_zero_point: int, other: torch.Tensor, other_zero_point: int,
-    output_zero_point: int, output_scale: float, out: torch.Tensor,
+    self: torch.Tensor,
+    self_zero_point: int,
+    other: torch.Tensor,
+    other_zero_point: int,
+    output_zero_point: int,
+    output_scale: float,
+    out: torch.Tensor,
 ) -> torch.Tensor:
     """``op_quantized_div.cpp``: float32 quotient, ``std::round`` (half away from zero)."""
     info = torch.iinfo(out.dtype)
@@ -348,7 +411,9 @@ def _dims4(t: torch.Tensor) -> tuple[int, int, int, int]:
     return sizes[0], sizes[1], sizes[2], sizes[3]
 
 
-def _minmax(fn: Callable[..., torch.Tensor], a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+def _minmax(
+    fn: Callable[..., torch.Tensor], a: torch.Tensor, b: torch.Tensor, out: torch.Tensor
+) -> torch.Tensor:
     """``arm_minimum_s8`` / ``arm_maximum_s8``: their pointer walk over the raw buffers, row by row.
 
     Equal shapes and scalars are one vector operation. Other broadcasts follow CMSIS-NN's loops,
@@ -420,10 +485,18 @@ def maximum(self: torch.Tensor, other: torch.Tensor, out: torch.Tensor) -> torch
 
 
 def quantized_linear(
-    input: torch.Tensor, weights: torch.Tensor, bias: torch.Tensor | None, kernel_sum: torch.Tensor | None,
-    input_offset: int, filter_offset: int, output_offset: int,
-    requantize_multipliers: Sequence[int], requantize_shifts: Sequence[int],
-    activation_max: int, activation_min: int, out: torch.Tensor,
+    input: torch.Tensor,
+    weights: torch.Tensor,
+    bias: torch.Tensor | None,
+    kernel_sum: torch.Tensor | None,
+    input_offset: int,
+    filter_offset: int,
+    output_offset: int,
+    requantize_multipliers: Sequence[int],
+    requantize_shifts: Sequence[int],
+    activation_max: int,
+    activation_min: int,
+    out: torch.Tensor,
 ) -> torch.Tensor:
     """``arm_fully_connected_s8`` (per-tensor: the wrapper passes element 0 of each list).
 
@@ -440,14 +513,26 @@ def quantized_linear(
         acc = _int_matmul(x + input_offset, (w + filter_offset).T)
         if bias is not None:
             acc = acc + raw(bias).to(torch.int64).view(1, -1)
-    res = _finish(acc, int(requantize_multipliers[0]), int(requantize_shifts[0]), output_offset,
-                  activation_min, activation_max)
+    res = _finish(
+        acc,
+        int(requantize_multipliers[0]),
+        int(requantize_shifts[0]),
+        output_offset,
+        activation_min,
+        activation_max,
+    )
     return write_raw(out, res)
 
 
 def quantized_batch_matmul(
-    lhs: torch.Tensor, lhs_zero_point: int, rhs_transposed: torch.Tensor, rhs_zero_point: int,
-    output_zero_point: int, output_multiplier: int, output_shift: int, scratch: torch.Tensor,
+    lhs: torch.Tensor,
+    lhs_zero_point: int,
+    rhs_transposed: torch.Tensor,
+    rhs_zero_point: int,
+    output_zero_point: int,
+    output_multiplier: int,
+    output_shift: int,
+    scratch: torch.Tensor,
     out: torch.Tensor,
 ) -> torch.Tensor:
     """``arm_batch_matmul_s8``: the ``*_zero_point`` arguments are CMSIS offsets (added)."""
@@ -460,8 +545,14 @@ def quantized_batch_matmul(
 
 
 def softmax(
-    input: torch.Tensor, dim: int, input_zero_point: int, output_zero_point: int,
-    input_multiplier: int, input_shift: int, diff_min: int, out: torch.Tensor,
+    input: torch.Tensor,
+    dim: int,
+    input_zero_point: int,
+    output_zero_point: int,
+    input_multiplier: int,
+    input_shift: int,
+    diff_min: int,
+    out: torch.Tensor,
 ) -> torch.Tensor:
     """``arm_softmax_s8`` over the last dimension (the wrapper refuses any other)."""
     if dim not in (-1, input.dim() - 1):
@@ -499,7 +590,11 @@ def _is_channels_last(t: torch.Tensor) -> bool:
 
 
 def pad(
-    input: torch.Tensor, pre_pad: Sequence[int], post_pad: Sequence[int], pad_value: int, out: torch.Tensor,
+    input: torch.Tensor,
+    pre_pad: Sequence[int],
+    post_pad: Sequence[int],
+    pad_value: int,
+    out: torch.Tensor,
 ) -> torch.Tensor:
     """``arm_pad_s8``: pads given in the buffer's (N, H, W, C)-like physical order of 4 dims."""
     rank = input.dim()
@@ -513,19 +608,45 @@ def pad(
     return write_raw(out, F.pad(x, spec, mode="constant", value=int(pad_value)))
 
 
-def _conv_common(nhwc: Callable[[torch.Tensor], tuple[torch.Tensor, tuple[int, int, int, int]]]) -> Callable[..., Any]:
+def _conv_common(
+    nhwc: Callable[[torch.Tensor], tuple[torch.Tensor, tuple[int, int, int, int]]],
+) -> Callable[..., Any]:
     def quantized_conv2d(
-        input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, stride: Sequence[int],
-        padding: Sequence[int], dilation: Sequence[int], input_offset: int, output_offset: int,
-        requantize_multipliers: torch.Tensor, requantize_shifts: torch.Tensor,
-        activation_min: int, activation_max: int, scratch: torch.Tensor, out: torch.Tensor,
+        input: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        stride: Sequence[int],
+        padding: Sequence[int],
+        dilation: Sequence[int],
+        input_offset: int,
+        output_offset: int,
+        requantize_multipliers: torch.Tensor,
+        requantize_shifts: torch.Tensor,
+        activation_min: int,
+        activation_max: int,
+        scratch: torch.Tensor,
+        out: torch.Tensor,
     ) -> torch.Tensor:
         """``arm_convolve_wrapper_s8``: weight OHWI, groups = C_in / I."""
         x, (n, h, w, c) = nhwc(input)
         o, kh, kw, i = (int(s) for s in weight.shape)
         wt = raw(weight).view(o, kh, kw, i)
-        res = _conv(x, (n, h, w, c), wt, bias, stride, padding, dilation, c // i, input_offset, output_offset,
-                    requantize_multipliers, requantize_shifts, activation_min, activation_max)
+        res = _conv(
+            x,
+            (n, h, w, c),
+            wt,
+            bias,
+            stride,
+            padding,
+            dilation,
+            c // i,
+            input_offset,
+            output_offset,
+            requantize_multipliers,
+            requantize_shifts,
+            activation_min,
+            activation_max,
+        )
         return write_raw(out, res.contiguous())
 
     return quantized_conv2d
@@ -535,19 +656,46 @@ quantized_conv2d = _conv_common(_nhwc)
 quantized_conv2d_nhwc = _conv_common(_nhwc_explicit)
 
 
-def _dw_common(nhwc: Callable[[torch.Tensor], tuple[torch.Tensor, tuple[int, int, int, int]]]) -> Callable[..., Any]:
+def _dw_common(
+    nhwc: Callable[[torch.Tensor], tuple[torch.Tensor, tuple[int, int, int, int]]],
+) -> Callable[..., Any]:
     def quantized_depthwise_conv2d(
-        input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, stride: Sequence[int],
-        padding: Sequence[int], dilation: Sequence[int], depth_multiplier: int, input_offset: int,
-        output_offset: int, requantize_multipliers: torch.Tensor, requantize_shifts: torch.Tensor,
-        activation_min: int, activation_max: int, scratch: torch.Tensor, out: torch.Tensor,
+        input: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        stride: Sequence[int],
+        padding: Sequence[int],
+        dilation: Sequence[int],
+        depth_multiplier: int,
+        input_offset: int,
+        output_offset: int,
+        requantize_multipliers: torch.Tensor,
+        requantize_shifts: torch.Tensor,
+        activation_min: int,
+        activation_max: int,
+        scratch: torch.Tensor,
+        out: torch.Tensor,
     ) -> torch.Tensor:
         """``arm_depthwise_conv_wrapper_s8``: weight [1, H, W, C_in * ch_mult]."""
         x, (n, h, w, c) = nhwc(input)
         _, kh, kw, co = (int(s) for s in weight.shape)
         wt = raw(weight).view(kh, kw, co).permute(2, 0, 1).reshape(co, kh, kw, 1)
-        res = _conv(x, (n, h, w, c), wt, bias, stride, padding, dilation, c, input_offset, output_offset,
-                    requantize_multipliers, requantize_shifts, activation_min, activation_max)
+        res = _conv(
+            x,
+            (n, h, w, c),
+            wt,
+            bias,
+            stride,
+            padding,
+            dilation,
+            c,
+            input_offset,
+            output_offset,
+            requantize_multipliers,
+            requantize_shifts,
+            activation_min,
+            activation_max,
+        )
         return write_raw(out, res.contiguous())
 
     return quantized_depthwise_conv2d
@@ -557,12 +705,25 @@ quantized_depthwise_conv2d = _dw_common(_nhwc)
 quantized_depthwise_conv2d_nhwc = _dw_common(_nhwc_explicit)
 
 
-def _tconv_common(nhwc: Callable[[torch.Tensor], tuple[torch.Tensor, tuple[int, int, int, int]]]) -> Callable[..., Any]:
+def _tconv_common(
+    nhwc: Callable[[torch.Tensor], tuple[torch.Tensor, tuple[int, int, int, int]]],
+) -> Callable[..., Any]:
     def quantized_transpose_conv2d(
-        input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, stride: Sequence[int],
-        padding: Sequence[int], output_padding: Sequence[int], dilation: Sequence[int], input_offset: int,
-        output_offset: int, requantize_multipliers: torch.Tensor, requantize_shifts: torch.Tensor,
-        activation_min: int, activation_max: int, scratch: torch.Tensor, output_scratch: torch.Tensor,
+        input: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        stride: Sequence[int],
+        padding: Sequence[int],
+        output_padding: Sequence[int],
+        dilation: Sequence[int],
+        input_offset: int,
+        output_offset: int,
+        requantize_multipliers: torch.Tensor,
+        requantize_shifts: torch.Tensor,
+        activation_min: int,
+        activation_max: int,
+        scratch: torch.Tensor,
+        output_scratch: torch.Tensor,
         out: torch.Tensor,
     ) -> torch.Tensor:
         """``arm_transpose_conv_wrapper_s8``: int32 sums of the scattered products, bias,
@@ -572,7 +733,10 @@ def _tconv_common(nhwc: Callable[[torch.Tensor], tuple[torch.Tensor, tuple[int, 
         ``padding`` the output extends past every kernel tap and CMSIS-NN leaves those rows or
         columns unwritten (whatever the buffer held): refused rather than guessed.
         """
-        for axis, op, p in (("height", output_padding[0], padding[0]), ("width", output_padding[1], padding[1])):
+        for axis, op, p in (
+            ("height", output_padding[0], padding[0]),
+            ("width", output_padding[1], padding[1]),
+        ):
             if int(op) > int(p):
                 raise RuntimeError(
                     f"output_padding {int(op)} > padding {int(p)} in {axis}: CMSIS-NN leaves the last "
@@ -583,8 +747,9 @@ def _tconv_common(nhwc: Callable[[torch.Tensor], tuple[torch.Tensor, tuple[int, 
         groups = c // i
         xin = x.permute(0, 3, 1, 2).to(torch.int64) + input_offset
         wt = raw(weight).view(o, kh, kw, i).permute(3, 0, 1, 2).to(torch.int64)  # IOHW
-        acc, _ = _int_conv(xin, wt, stride, padding, dilation, groups, transposed=True,
-                           output_padding=output_padding)
+        acc, _ = _int_conv(
+            xin, wt, stride, padding, dilation, groups, transposed=True, output_padding=output_padding
+        )
         if bias is not None:
             acc = acc + raw(bias).to(torch.int64).view(1, -1, 1, 1)
         m = raw(requantize_multipliers).to(torch.int64)[:o].view(1, -1, 1, 1)
@@ -611,8 +776,13 @@ def _pool_out(size: int, kernel: int, stride: int, pad: int, ceil_mode: bool) ->
 
 
 def avgpool_s8(
-    x: torch.Tensor, kernel: Sequence[int], stride: Sequence[int], padding: Sequence[int],
-    out_hw: tuple[int, int], act_min: int = -128, act_max: int = 127,
+    x: torch.Tensor,
+    kernel: Sequence[int],
+    stride: Sequence[int],
+    padding: Sequence[int],
+    out_hw: tuple[int, int],
+    act_min: int = -128,
+    act_max: int = 127,
 ) -> torch.Tensor:
     """``arm_avgpool_s8`` on NHWC int8: window sum over the valid positions, divided by their
     count rounding half away from zero (``(sum ± count/2) / count`` in C), clamped."""
@@ -637,18 +807,31 @@ def avgpool_s8(
     return res.clamp(act_min, act_max).to(torch.int8).permute(0, 2, 3, 1)
 
 
-def _avg_common(nhwc: Callable[[torch.Tensor], tuple[torch.Tensor, tuple[int, int, int, int]]], nchw_out: bool) -> Callable[..., Any]:
+def _avg_common(
+    nhwc: Callable[[torch.Tensor], tuple[torch.Tensor, tuple[int, int, int, int]]], nchw_out: bool
+) -> Callable[..., Any]:
     def quantized_avg_pool2d(
-        input: torch.Tensor, kernel_size: Sequence[int], stride: Sequence[int], padding: Sequence[int],
-        ceil_mode: bool, zero_point: int, multiplier: int, shift: int, scratch: torch.Tensor,
+        input: torch.Tensor,
+        kernel_size: Sequence[int],
+        stride: Sequence[int],
+        padding: Sequence[int],
+        ceil_mode: bool,
+        zero_point: int,
+        multiplier: int,
+        shift: int,
+        scratch: torch.Tensor,
         out: torch.Tensor,
     ) -> torch.Tensor:
         """``op_quantized_avg_pool2d.cpp``: ``arm_avgpool_s8`` on the raw int8 values; the zero
         point, multiplier and shift are unused there (input and output share their quantization)."""
         x, (n, h, w, c) = nhwc(input)
-        oh, ow = (int(out.shape[2]), int(out.shape[3])) if nchw_out else (int(out.shape[1]), int(out.shape[2]))
-        for size, k, s, p, o, axis in ((h, kernel_size[0], stride[0], padding[0], oh, "height"),
-                                       (w, kernel_size[1], stride[1], padding[1], ow, "width")):
+        oh, ow = (
+            (int(out.shape[2]), int(out.shape[3])) if nchw_out else (int(out.shape[1]), int(out.shape[2]))
+        )
+        for size, k, s, p, o, axis in (
+            (h, kernel_size[0], stride[0], padding[0], oh, "height"),
+            (w, kernel_size[1], stride[1], padding[1], ow, "width"),
+        ):
             if _pool_out(size, int(k), int(s), int(p), bool(ceil_mode)) != o:
                 raise RuntimeError(f"output {axis} {o} is not the pooled size (the device kernel refuses it)")
         return write_raw(out, avgpool_s8(x, kernel_size, stride, padding, (oh, ow)).contiguous())
@@ -661,8 +844,13 @@ quantized_avg_pool2d_nhwc = _avg_common(_nhwc_explicit, False)
 
 
 def maxpool_s8(
-    x: torch.Tensor, kernel: Sequence[int], stride: Sequence[int], padding: Sequence[int],
-    out_hw: tuple[int, int], act_min: int, act_max: int,
+    x: torch.Tensor,
+    kernel: Sequence[int],
+    stride: Sequence[int],
+    padding: Sequence[int],
+    out_hw: tuple[int, int],
+    act_min: int,
+    act_max: int,
 ) -> torch.Tensor:
     """``arm_max_pool_s8`` on NHWC int8: max over the valid window positions, clamped."""
     oh, ow = out_hw
@@ -677,11 +865,21 @@ def maxpool_s8(
     return res.clamp(act_min, act_max).to(torch.int8).permute(0, 2, 3, 1)
 
 
-def _max_common(nhwc: Callable[[torch.Tensor], tuple[torch.Tensor, tuple[int, int, int, int]]], nchw_out: bool) -> Callable[..., Any]:
+def _max_common(
+    nhwc: Callable[[torch.Tensor], tuple[torch.Tensor, tuple[int, int, int, int]]], nchw_out: bool
+) -> Callable[..., Any]:
     def quantized_max_pool2d(
-        input: torch.Tensor, kernel_size: Sequence[int], stride: Sequence[int], padding: Sequence[int],
-        dilation: Sequence[int], ceil_mode: bool, input_zero_point: int, output_zero_point: int,
-        activation_min: int, activation_max: int, out: torch.Tensor,
+        input: torch.Tensor,
+        kernel_size: Sequence[int],
+        stride: Sequence[int],
+        padding: Sequence[int],
+        dilation: Sequence[int],
+        ceil_mode: bool,
+        input_zero_point: int,
+        output_zero_point: int,
+        activation_min: int,
+        activation_max: int,
+        out: torch.Tensor,
     ) -> torch.Tensor:
         """``op_quantized_max_pool2d.cpp``: ``arm_max_pool_s8``; the wrapper refuses ceil mode,
         dilation and differing zero points, so does this."""
@@ -692,7 +890,9 @@ def _max_common(nhwc: Callable[[torch.Tensor], tuple[torch.Tensor, tuple[int, in
         if input_zero_point != output_zero_point:
             raise RuntimeError("input and output zero points differ: the device kernel refuses it")
         x, _ = nhwc(input)
-        oh, ow = (int(out.shape[2]), int(out.shape[3])) if nchw_out else (int(out.shape[1]), int(out.shape[2]))
+        oh, ow = (
+            (int(out.shape[2]), int(out.shape[3])) if nchw_out else (int(out.shape[1]), int(out.shape[2]))
+        )
         res = maxpool_s8(x, kernel_size, stride, padding, (oh, ow), activation_min, activation_max)
         return write_raw(out, res.contiguous())
 

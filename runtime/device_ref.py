@@ -150,7 +150,9 @@ class Reference:
         if not isinstance(src, Node):
             raise NotExact("quantizes a constant")
         acts: list[Node] = []
-        while node_op(src) in _ACTIVATIONS and isinstance(src.args[0], Node) and not is_dequantize(src.args[0]):
+        while (
+            node_op(src) in _ACTIVATIONS and isinstance(src.args[0], Node) and not is_dequantize(src.args[0])
+        ):
             acts.append(src)
             src = src.args[0]
         lo, hi = out.qmin, out.qmax
@@ -202,6 +204,7 @@ class Reference:
 
     def _move(self, node: Node, out: Out) -> np.ndarray:
         """Copy/select ops: the op on the codes, when every input is on the output's grid."""
+
         def codes(a: Any) -> Any:
             if isinstance(a, (list, tuple)):
                 return type(a)(codes(x) for x in a)
@@ -259,7 +262,9 @@ class Reference:
         acc = self._accumulate(x, w, lambda a, b: a @ b.T)
         return self._finish(acc, x, w, bias, out, axis=-1)
 
-    def _accumulate(self, x: Any, w: Any, fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> np.ndarray:
+    def _accumulate(
+        self, x: Any, w: Any, fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    ) -> np.ndarray:
         if not isinstance(x, Q) or not isinstance(w, Q) or x.axis is not None:
             raise NotExact("float weights or a per-channel input")
         if np.any(w.zero_point != 0):
@@ -297,7 +302,9 @@ class Reference:
         for v in (a, b):
             if isinstance(v, np.ndarray):  # a float constant meeting int8: symmetric, own scale
                 scale = float(ti.f32(float(np.abs(v).max()) / 127.0 or 1.0))
-                v = Q(np.clip(np.round(v / scale), -127, 127).astype(np.int64), np.float64(scale), np.int64(0))
+                v = Q(
+                    np.clip(np.round(v / scale), -127, 127).astype(np.int64), np.float64(scale), np.int64(0)
+                )
             if not isinstance(v, Q) or v.axis is not None:
                 raise NotExact(f"{node_op(node)}: an operand is not a per-tensor int8 value")
             qs.append(v)
@@ -344,7 +351,9 @@ class Reference:
             padding = (0, 0)
         else:
             ones = torch.ones_like(t)
-        pool = dict(kernel_size=kernel, stride=stride, padding=padding, ceil_mode=ceil_mode, divisor_override=1)
+        pool = dict(
+            kernel_size=kernel, stride=stride, padding=padding, ceil_mode=ceil_mode, divisor_override=1
+        )
         sums = torch.nn.functional.avg_pool2d(t, **pool)  # type: ignore[arg-type]
         counts = torch.nn.functional.avg_pool2d(ones, **pool)  # type: ignore[arg-type]
         return ti.divide_round_away(sums.round().long().numpy(), counts.round().long().numpy())
@@ -428,7 +437,9 @@ def _pair(v: Any) -> tuple[int, int]:
     return (int(v[0]), int(v[0])) if len(v) == 1 else (int(v[0]), int(v[1]))
 
 
-def _conv_nd(a: torch.Tensor, b: torch.Tensor, stride: Any, padding: Any, dilation: Any, groups: int) -> torch.Tensor:
+def _conv_nd(
+    a: torch.Tensor, b: torch.Tensor, stride: Any, padding: Any, dilation: Any, groups: int
+) -> torch.Tensor:
     fn = {3: torch.nn.functional.conv1d, 4: torch.nn.functional.conv2d}.get(a.dim())
     if fn is None:
         raise NotExact(f"{a.dim() - 2}-D convolution")

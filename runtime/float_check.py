@@ -82,7 +82,11 @@ def float_target(target: Any) -> Any:
 
 
 def check_float_program(
-    float_ep: Any, target: Any, options: dict[str, Any] | None, reg: Any, batches: Sequence[tuple[torch.Tensor, ...]]
+    float_ep: Any,
+    target: Any,
+    options: dict[str, Any] | None,
+    reg: Any,
+    batches: Sequence[tuple[torch.Tensor, ...]],
 ) -> list[FloatOp]:
     """Lower ``float_ep`` (the float program) as ``compile --float`` would and check every
     NPU op of it on ``batches``; per op, the worst relative error over the batches."""

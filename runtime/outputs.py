@@ -64,7 +64,9 @@ def flatten(program: ExportedProgram, value: Any) -> list[Any]:
     return list(pytree.tree_leaves(value)) if isinstance(value, (tuple, list, dict)) else [value]
 
 
-def exact_leaves(program: ExportedProgram, module: torch.fx.GraphModule, inputs: tuple[Any, ...]) -> list[Any]:
+def exact_leaves(
+    program: ExportedProgram, module: torch.fx.GraphModule, inputs: tuple[Any, ...]
+) -> list[Any]:
     """The quantized reference's output leaves evaluated in float64 (``runtime.reference``;
     floating-point leaves returned as float32), flattened as the program's."""
     from etforge.runtime.reference import Float64

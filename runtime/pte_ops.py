@@ -92,7 +92,6 @@ class Kernel:
             out.copy_(value)
         return outs[0] if len(outs) == 1 else tuple(outs)
 
-
     def _contiguous(self, args: Sequence[Any]) -> Any:
         """The ATen kernel on contiguous copies of channels-last integer tensors, results copied
         back into the planned outputs.

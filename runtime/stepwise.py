@@ -53,9 +53,7 @@ class OpParity:
     torch_values_off: int = 0
 
 
-def _measure(
-    partition: str, node: str, ours: torch.Tensor, ref: torch.Tensor, **extra: Any
-) -> OpParity:
+def _measure(partition: str, node: str, ours: torch.Tensor, ref: torch.Tensor, **extra: Any) -> OpParity:
     off = (ours.to(torch.int32) - ref.to(torch.int32)).abs()
     first = ""
     if off.numel() and bool((off > 0).any()):

@@ -289,7 +289,11 @@ def verify(
     from etforge.runtime.cortex_m_kernels import NOT_PROVEN
 
     ops = {step.name.removesuffix(".out") for step in interp.steps}
-    result.notes.extend(f"{op}: host kernel not proven equal to the device: {why}" for op, why in NOT_PROVEN.items() if op in ops)
+    result.notes.extend(
+        f"{op}: host kernel not proven equal to the device: {why}"
+        for op, why in NOT_PROVEN.items()
+        if op in ops
+    )
     if stand_ins:
         names = ", ".join(sorted(b.partition for b in stand_ins.values()))
         result.notes.append(
@@ -540,7 +544,9 @@ def _gate_cpu_ops(result: Verification, cpu_ops: list[dict[str, Any]]) -> None:
 FLOAT_CHECK_SAMPLES = 4
 
 
-def _float_check(result: Verification, float_ep: ExportedProgram, report: dict[str, Any], samples: int, seed: int) -> None:
+def _float_check(
+    result: Verification, float_ep: ExportedProgram, report: dict[str, Any], samples: int, seed: int
+) -> None:
     """Every NPU converter in float form against the float Edge ops (``runtime.float_check``)."""
     from etforge.runtime import float_check
 

@@ -109,7 +109,9 @@ USER_MODEL = f"{REPO / 'tests' / 'models' / 'user_models.py'}:small"
         (("cache", "prune", "--max-size", "abc"), "--max-size"),
     ],
 )
-def test_bad_values_are_usage_errors_naming_the_option(tmp_path: Path, args: tuple[str, ...], named: str) -> None:
+def test_bad_values_are_usage_errors_naming_the_option(
+    tmp_path: Path, args: tuple[str, ...], named: str
+) -> None:
     argv = [str(tmp_path / "o") if a == "OUT" else a for a in args]
     if argv[0] == "compile":
         argv += ["-o", str(tmp_path / "o")]
@@ -160,7 +162,9 @@ def full_disk(tmp_path: Path) -> Iterator[Path]:
     """A 64 KiB tmpfs: a real ENOSPC (the test needs root or CAP_SYS_ADMIN to mount it)."""
     mnt = tmp_path / "full"
     mnt.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)], capture_output=True).returncode:
+    if subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)], capture_output=True
+    ).returncode:
         pytest.skip("cannot mount a small tmpfs here (needs root)")
     try:
         yield mnt

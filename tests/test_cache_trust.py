@@ -81,7 +81,9 @@ def test_a_planted_entry_naming_another_model_is_not_restored(tmp_path: Path) ->
     second = run_cli("compile", spec, "-o", str(tmp_path / "b"), env=env)
     assert second.returncode == 0, second.stdout + second.stderr
     warnings = [ln for ln in second.stderr.splitlines() if ln.startswith("warning:")]
-    assert len(warnings) == 1 and "a/m.py:build" in warnings[0] and "not trusted" in warnings[0], second.stderr
+    assert len(warnings) == 1 and "a/m.py:build" in warnings[0] and "not trusted" in warnings[0], (
+        second.stderr
+    )
     rebuilt = json.loads((tmp_path / "b" / "report.json").read_text())
     assert rebuilt["model"] == spec and rebuilt["cache"]["mode"] == "miss"
     assert (tmp_path / "b" / "model.pte").read_bytes() == (tmp_path / "a" / "model.pte").read_bytes()
@@ -109,7 +111,9 @@ def read_only_cache(tmp_path: Path) -> Iterator[Path]:
     """A cache with two builds on a file system remounted read-only (needs root to mount)."""
     mnt = tmp_path / "ro"
     mnt.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True).returncode:
+    if subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True
+    ).returncode:
         pytest.skip("cannot mount a tmpfs here (needs root)")
     try:
         c = BuildCache(mnt)
@@ -122,7 +126,9 @@ def read_only_cache(tmp_path: Path) -> Iterator[Path]:
 
 
 @pytest.mark.parametrize("args", [("clear",), ("prune", "--max-size", "0")])
-def test_a_read_only_cache_is_reported_not_claimed_removed(read_only_cache: Path, args: tuple[str, ...]) -> None:
+def test_a_read_only_cache_is_reported_not_claimed_removed(
+    read_only_cache: Path, args: tuple[str, ...]
+) -> None:
     proc = _cache_cli(read_only_cache, *args)
     errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
     assert proc.returncode == 1, proc.stdout + proc.stderr

@@ -59,8 +59,20 @@ def lib(request: pytest.FixtureRequest) -> ctypes.CDLL:
     so = cache / f"libcmsisnn-{digest.hexdigest()[:16]}.so"
     if not so.exists():
         tmp = so.with_suffix(".tmp")
-        cmd = ["gcc", "-O1", "-shared", "-fPIC", "-w", f"-I{NN / 'Include'}", "-DARM_NN_ENABLE_F32=0",
-               "-DARM_NN_ENABLE_F16=0", "-o", str(tmp), *map(str, sources), "-lm"]
+        cmd = [
+            "gcc",
+            "-O1",
+            "-shared",
+            "-fPIC",
+            "-w",
+            f"-I{NN / 'Include'}",
+            "-DARM_NN_ENABLE_F32=0",
+            "-DARM_NN_ENABLE_F16=0",
+            "-o",
+            str(tmp),
+            *map(str, sources),
+            "-lm",
+        ]
         subprocess.run(cmd, check=True, capture_output=True)
         tmp.replace(so)
     return ctypes.CDLL(str(so))
@@ -83,7 +95,9 @@ def _i8(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
     return rng.integers(-128, 128, size=shape, dtype=np.int8)
 
 
-def _requant_params(rng: np.random.Generator, n: int, lo: int = -12, hi: int = 0) -> tuple[np.ndarray, np.ndarray]:
+def _requant_params(
+    rng: np.random.Generator, n: int, lo: int = -12, hi: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
     mult = rng.integers(1 << 30, (1 << 31) - 1, size=n, dtype=np.int64).astype(np.int32)
     shift = rng.integers(lo, hi + 1, size=n).astype(np.int32)
     return mult, shift
@@ -110,11 +124,40 @@ def test_add(lib: ctypes.CDLL, rng: np.random.Generator) -> None:
         zp1, zp2, ozp = (int(x) for x in rng.integers(-128, 128, 3))
         amin, amax = sorted(int(x) for x in rng.integers(-128, 128, 2))
         ref = np.zeros(n, np.int8)
-        lib.shim_add(_p8(a), _p8(b), n, zp1, int(m1), int(s1), zp2, int(m2), int(s2), ozp, int(mo), int(so),
-                     amin, amax, _p8(ref))
+        lib.shim_add(
+            _p8(a),
+            _p8(b),
+            n,
+            zp1,
+            int(m1),
+            int(s1),
+            zp2,
+            int(m2),
+            int(s2),
+            ozp,
+            int(mo),
+            int(so),
+            amin,
+            amax,
+            _p8(ref),
+        )
         out = torch.empty(n, dtype=torch.int8)
-        K.quantized_add(torch.from_numpy(a), zp1, int(m1), int(s1), torch.from_numpy(b), zp2, int(m2), int(s2),
-                        ozp, int(mo), int(so), amin, amax, out)
+        K.quantized_add(
+            torch.from_numpy(a),
+            zp1,
+            int(m1),
+            int(s1),
+            torch.from_numpy(b),
+            zp2,
+            int(m2),
+            int(s2),
+            ozp,
+            int(mo),
+            int(so),
+            amin,
+            amax,
+            out,
+        )
         np.testing.assert_array_equal(out.numpy(), ref)
 
 
@@ -142,8 +185,21 @@ def _conv_case(rng: np.random.Generator, depthwise: bool) -> dict[str, int]:
     w = int(rng.integers(d[1] * (k[1] - 1) + 1, 10))
     oh = (h + 2 * p[0] - d[0] * (k[0] - 1) - 1) // s[0] + 1
     ow = (w + 2 * p[1] - d[1] * (k[1] - 1) - 1) // s[1] + 1
-    return dict(n=int(rng.integers(1, 3)), h=h, w=w, kh=k[0], kw=k[1], sh=s[0], sw=s[1], ph=p[0], pw=p[1],
-                dh=d[0], dw=d[1], oh=oh, ow=ow)
+    return dict(
+        n=int(rng.integers(1, 3)),
+        h=h,
+        w=w,
+        kh=k[0],
+        kw=k[1],
+        sh=s[0],
+        sw=s[1],
+        ph=p[0],
+        pw=p[1],
+        dh=d[0],
+        dw=d[1],
+        oh=oh,
+        ow=ow,
+    )
 
 
 def test_conv2d(lib: ctypes.CDLL, rng: np.random.Generator) -> None:
@@ -160,15 +216,53 @@ def test_conv2d(lib: ctypes.CDLL, rng: np.random.Generator) -> None:
         in_off, out_off = int(rng.integers(-127, 129)), int(rng.integers(-128, 128))
         amin, amax = (-128, 127) if trial % 2 else (0, 100)
         ref = np.zeros((g["n"], g["oh"], g["ow"], o), np.int8)
-        status = lib.shim_conv(_p8(x), g["n"], g["h"], g["w"], c, _p8(wt), o, g["kh"], g["kw"], ki, _p32(bias),
-                               g["oh"], g["ow"], g["sh"], g["sw"], g["ph"], g["pw"], g["dh"], g["dw"], in_off,
-                               out_off, _p32(mult), _p32(shift), amin, amax, _p8(ref))
+        status = lib.shim_conv(
+            _p8(x),
+            g["n"],
+            g["h"],
+            g["w"],
+            c,
+            _p8(wt),
+            o,
+            g["kh"],
+            g["kw"],
+            ki,
+            _p32(bias),
+            g["oh"],
+            g["ow"],
+            g["sh"],
+            g["sw"],
+            g["ph"],
+            g["pw"],
+            g["dh"],
+            g["dw"],
+            in_off,
+            out_off,
+            _p32(mult),
+            _p32(shift),
+            amin,
+            amax,
+            _p8(ref),
+        )
         if status != 0:
             continue  # a shape CMSIS-NN refuses (e.g. grouped with dilation)
         out = _out_cl(g["n"], o, g["oh"], g["ow"])
-        K.quantized_conv2d(_nchw_cl(x), torch.from_numpy(wt), None if bias is None else torch.from_numpy(bias),
-                           [g["sh"], g["sw"]], [g["ph"], g["pw"]], [g["dh"], g["dw"]], in_off, out_off,
-                           torch.from_numpy(mult), torch.from_numpy(shift), amin, amax, torch.empty(0), out)
+        K.quantized_conv2d(
+            _nchw_cl(x),
+            torch.from_numpy(wt),
+            None if bias is None else torch.from_numpy(bias),
+            [g["sh"], g["sw"]],
+            [g["ph"], g["pw"]],
+            [g["dh"], g["dw"]],
+            in_off,
+            out_off,
+            torch.from_numpy(mult),
+            torch.from_numpy(shift),
+            amin,
+            amax,
+            torch.empty(0),
+            out,
+        )
         np.testing.assert_array_equal(_bytes(out), ref.reshape(-1), err_msg=str(g))
 
 
@@ -189,15 +283,53 @@ def test_depthwise_conv2d(lib: ctypes.CDLL, rng: np.random.Generator) -> None:
         in_off, out_off = int(rng.integers(-127, 129)), int(rng.integers(-128, 128))
         amin, amax = (-128, 127) if trial % 2 else (-50, 90)
         ref = np.zeros((g["n"], g["oh"], g["ow"], co), np.int8)
-        status = lib.shim_dw(_p8(x), g["n"], g["h"], g["w"], c, _p8(wt), g["kh"], g["kw"], co, _p32(bias),
-                             g["oh"], g["ow"], g["sh"], g["sw"], g["ph"], g["pw"], g["dh"], g["dw"], ch_mult,
-                             in_off, out_off, _p32(mult), _p32(shift), amin, amax, _p8(ref))
+        status = lib.shim_dw(
+            _p8(x),
+            g["n"],
+            g["h"],
+            g["w"],
+            c,
+            _p8(wt),
+            g["kh"],
+            g["kw"],
+            co,
+            _p32(bias),
+            g["oh"],
+            g["ow"],
+            g["sh"],
+            g["sw"],
+            g["ph"],
+            g["pw"],
+            g["dh"],
+            g["dw"],
+            ch_mult,
+            in_off,
+            out_off,
+            _p32(mult),
+            _p32(shift),
+            amin,
+            amax,
+            _p8(ref),
+        )
         assert status == 0
         out = _out_cl(g["n"], co, g["oh"], g["ow"])
         K.quantized_depthwise_conv2d(
-            _nchw_cl(x), torch.from_numpy(wt), None if bias is None else torch.from_numpy(bias),
-            [g["sh"], g["sw"]], [g["ph"], g["pw"]], [g["dh"], g["dw"]], ch_mult, in_off, out_off,
-            torch.from_numpy(mult), torch.from_numpy(shift), amin, amax, torch.empty(0), out)
+            _nchw_cl(x),
+            torch.from_numpy(wt),
+            None if bias is None else torch.from_numpy(bias),
+            [g["sh"], g["sw"]],
+            [g["ph"], g["pw"]],
+            [g["dh"], g["dw"]],
+            ch_mult,
+            in_off,
+            out_off,
+            torch.from_numpy(mult),
+            torch.from_numpy(shift),
+            amin,
+            amax,
+            torch.empty(0),
+            out,
+        )
         np.testing.assert_array_equal(_bytes(out), ref.reshape(-1), err_msg=str(g))
 
 
@@ -211,11 +343,37 @@ def test_linear(lib: ctypes.CDLL, rng: np.random.Generator) -> None:
         f_off = 0 if trial % 2 else int(rng.integers(-20, 20))
         amin, amax = (-128, 127) if trial % 2 else (-10, 120)
         ref = np.zeros((b, o), np.int8)
-        lib.shim_fc(_p8(x), b, k, _p8(wt), o, _p32(bias), in_off, f_off, out_off, int(mult), int(shift), amin, amax,
-                    _p8(ref))
+        lib.shim_fc(
+            _p8(x),
+            b,
+            k,
+            _p8(wt),
+            o,
+            _p32(bias),
+            in_off,
+            f_off,
+            out_off,
+            int(mult),
+            int(shift),
+            amin,
+            amax,
+            _p8(ref),
+        )
         out = torch.empty((b, o), dtype=torch.int8)
-        K.quantized_linear(torch.from_numpy(x), torch.from_numpy(wt), None if bias is None else torch.from_numpy(bias),
-                           None, in_off, f_off, out_off, [int(mult)], [int(shift)], amax, amin, out)
+        K.quantized_linear(
+            torch.from_numpy(x),
+            torch.from_numpy(wt),
+            None if bias is None else torch.from_numpy(bias),
+            None,
+            in_off,
+            f_off,
+            out_off,
+            [int(mult)],
+            [int(shift)],
+            amax,
+            amin,
+            out,
+        )
         np.testing.assert_array_equal(out.numpy(), ref)
 
 
@@ -236,12 +394,36 @@ def test_avg_pool2d(lib: ctypes.CDLL, rng: np.random.Generator) -> None:
         n, c = int(rng.integers(1, 3)), int(rng.integers(1, 20))
         x = _i8(rng, (n, g["h"], g["w"], c))
         ref = np.zeros((n, oh, ow, c), np.int8)
-        status = lib.shim_avgpool(_p8(x), n, g["h"], g["w"], c, oh, ow, g["kh"], g["kw"], g["sh"], g["sw"],
-                                  g["ph"], g["pw"], _p8(ref))
+        status = lib.shim_avgpool(
+            _p8(x),
+            n,
+            g["h"],
+            g["w"],
+            c,
+            oh,
+            ow,
+            g["kh"],
+            g["kw"],
+            g["sh"],
+            g["sw"],
+            g["ph"],
+            g["pw"],
+            _p8(ref),
+        )
         assert status == 0
         out = _out_cl(n, c, oh, ow)
-        K.quantized_avg_pool2d(_nchw_cl(x), [g["kh"], g["kw"]], [g["sh"], g["sw"]], [g["ph"], g["pw"]], ceil,
-                               3, 1 << 30, -2, torch.empty(0), out)
+        K.quantized_avg_pool2d(
+            _nchw_cl(x),
+            [g["kh"], g["kw"]],
+            [g["sh"], g["sw"]],
+            [g["ph"], g["pw"]],
+            ceil,
+            3,
+            1 << 30,
+            -2,
+            torch.empty(0),
+            out,
+        )
         np.testing.assert_array_equal(_bytes(out), ref.reshape(-1), err_msg=str(g))
 
 
@@ -266,11 +448,38 @@ def test_max_pool2d(lib: ctypes.CDLL, rng: np.random.Generator) -> None:
         x = _i8(rng, (n, g["h"], g["w"], c))
         amin, amax = (-128, 127) if trial % 2 else (-20, 60)
         ref = np.zeros((n, oh, ow, c), np.int8)
-        lib.shim_maxpool(_p8(x), n, g["h"], g["w"], c, oh, ow, g["kh"], g["kw"], g["sh"], g["sw"], g["ph"], g["pw"],
-                         amin, amax, _p8(ref))
+        lib.shim_maxpool(
+            _p8(x),
+            n,
+            g["h"],
+            g["w"],
+            c,
+            oh,
+            ow,
+            g["kh"],
+            g["kw"],
+            g["sh"],
+            g["sw"],
+            g["ph"],
+            g["pw"],
+            amin,
+            amax,
+            _p8(ref),
+        )
         out = _out_cl(n, c, oh, ow)
-        K.quantized_max_pool2d(_nchw_cl(x), [g["kh"], g["kw"]], [g["sh"], g["sw"]], [g["ph"], g["pw"]], [1, 1],
-                               False, 5, 5, amin, amax, out)
+        K.quantized_max_pool2d(
+            _nchw_cl(x),
+            [g["kh"], g["kw"]],
+            [g["sh"], g["sw"]],
+            [g["ph"], g["pw"]],
+            [1, 1],
+            False,
+            5,
+            5,
+            amin,
+            amax,
+            out,
+        )
         np.testing.assert_array_equal(_bytes(out), ref.reshape(-1), err_msg=str(g))
 
 
@@ -306,8 +515,17 @@ def test_batch_matmul(lib: ctypes.CDLL, rng: np.random.Generator) -> None:
         ref = np.zeros((b, m, n), np.int8)
         assert lib.shim_bmm(_p8(lhs), b, m, k, _p8(rhs), n, lo, ro, oo, int(mult), int(shift), _p8(ref)) == 0
         out = torch.empty((b, m, n), dtype=torch.int8)
-        K.quantized_batch_matmul(torch.from_numpy(lhs), lo, torch.from_numpy(rhs), ro, oo, int(mult), int(shift),
-                                 torch.empty(0), out)
+        K.quantized_batch_matmul(
+            torch.from_numpy(lhs),
+            lo,
+            torch.from_numpy(rhs),
+            ro,
+            oo,
+            int(mult),
+            int(shift),
+            torch.empty(0),
+            out,
+        )
         np.testing.assert_array_equal(out.numpy(), ref)
 
 
@@ -331,8 +549,17 @@ def test_pad_and_transpose(lib: ctypes.CDLL, rng: np.random.Generator) -> None:
         in_dims = np.array(y.shape, np.int32)
         out_dims = in_dims[perm.astype(np.int64)].astype(np.int32)
         ref = np.zeros(tuple(out_dims), np.int8)
-        assert lib.shim_transpose(_p8(y), _p32(in_dims), _p32(out_dims), perm.ctypes.data_as(
-            ctypes.POINTER(ctypes.c_uint32)), 4, _p8(ref)) == 0
+        assert (
+            lib.shim_transpose(
+                _p8(y),
+                _p32(in_dims),
+                _p32(out_dims),
+                perm.ctypes.data_as(ctypes.POINTER(ctypes.c_uint32)),
+                4,
+                _p8(ref),
+            )
+            == 0
+        )
         out = torch.empty(tuple(int(d) for d in out_dims), dtype=torch.int8)
         K.transpose(torch.from_numpy(y), perm.tolist(), out)
         np.testing.assert_array_equal(out.numpy(), ref)
@@ -366,15 +593,24 @@ def test_quantize_dequantize_div(lib: ctypes.CDLL, rng: np.random.Generator) -> 
         x = (rng.standard_normal(n) * 30 * scale).astype(np.float32)
         x[: n // 4] = (np.round(x[: n // 4] / scale) + 0.5) * scale  # near-ties
         ref = np.zeros(n, np.int8)
-        lib.shim_quantize(x.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), n, ctypes.c_double(scale), zp, -128,
-                          127, _p8(ref))
+        lib.shim_quantize(
+            x.ctypes.data_as(ctypes.POINTER(ctypes.c_float)),
+            n,
+            ctypes.c_double(scale),
+            zp,
+            -128,
+            127,
+            _p8(ref),
+        )
         out = torch.empty(n, dtype=torch.int8)
         K.quantize_per_tensor(torch.from_numpy(x), scale, zp, -128, 127, torch.int8, out)
         np.testing.assert_array_equal(out.numpy(), ref)
 
         q = _i8(rng, (n,))
         fref = np.zeros(n, np.float32)
-        lib.shim_dequantize(_p8(q), n, ctypes.c_double(scale), zp, fref.ctypes.data_as(ctypes.POINTER(ctypes.c_float)))
+        lib.shim_dequantize(
+            _p8(q), n, ctypes.c_double(scale), zp, fref.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+        )
         fout = torch.empty(n, dtype=torch.float32)
         K.dequantize_per_tensor(torch.from_numpy(q), scale, zp, -128, 127, torch.int8, fout)
         assert fout.numpy().tobytes() == fref.tobytes()
@@ -409,20 +645,62 @@ def test_transpose_conv2d(lib: ctypes.CDLL, rng: np.random.Generator) -> None:
         mult, shift = _requant_params(rng, o, -11, 0)
         in_off, out_off = int(rng.integers(-127, 129)), int(rng.integers(-128, 128))
         out = _out_cl(n, o, oh, ow)
-        args = (_nchw_cl(x), torch.from_numpy(wt), torch.from_numpy(bias), [sh, sw], [ph, pw], [oph, opw], [1, 1],
-                in_off, out_off, torch.from_numpy(mult), torch.from_numpy(shift), -128, 127, torch.empty(0),
-                torch.empty(0), out)
+        args = (
+            _nchw_cl(x),
+            torch.from_numpy(wt),
+            torch.from_numpy(bias),
+            [sh, sw],
+            [ph, pw],
+            [oph, opw],
+            [1, 1],
+            in_off,
+            out_off,
+            torch.from_numpy(mult),
+            torch.from_numpy(shift),
+            -128,
+            127,
+            torch.empty(0),
+            torch.empty(0),
+            out,
+        )
         if oph > ph or opw > pw:  # CMSIS-NN leaves output past the last kernel tap unwritten
             with pytest.raises(RuntimeError, match="unwritten"):
                 K.quantized_transpose_conv2d(*args)
             continue  # (and the C writes past its output buffer there: not called)
         spare = np.zeros(n * (oh + kh + sh) * (ow + kw + sw) * o + 4096, np.int8)  # CMSIS-NN writes past
-        status = lib.shim_tconv(_p8(x), n, h, w, c, _p8(wt), o, kh, kw, _p32(bias), oh, ow, sh, sw, ph, pw, oph, opw,
-                                in_off, out_off, _p32(mult), _p32(shift), -128, 127, _p8(spare))
+        status = lib.shim_tconv(
+            _p8(x),
+            n,
+            h,
+            w,
+            c,
+            _p8(wt),
+            o,
+            kh,
+            kw,
+            _p32(bias),
+            oh,
+            ow,
+            sh,
+            sw,
+            ph,
+            pw,
+            oph,
+            opw,
+            in_off,
+            out_off,
+            _p32(mult),
+            _p32(shift),
+            -128,
+            127,
+            _p8(spare),
+        )
         assert status == 0
         ref = spare[: n * oh * ow * o]
         K.quantized_transpose_conv2d(*args)
-        np.testing.assert_array_equal(_bytes(out), ref.reshape(-1), err_msg=f"{(kh, kw, sh, sw, ph, pw, oph, opw)}")
+        np.testing.assert_array_equal(
+            _bytes(out), ref.reshape(-1), err_msg=f"{(kh, kw, sh, sw, ph, pw, oph, opw)}"
+        )
 
 
 class _Residual(torch.nn.Module):
@@ -463,14 +741,46 @@ def test_program_instructions_equal_cmsis_nn(lib: ctypes.CDLL) -> None:
             if step.name == "cortex_m::quantized_add.out":
                 a, zp1, m1, s1, b, zp2, m2, s2, ozp, om, os_, amin, amax = read
                 assert a.stride() == b.stride() == written[0][1].stride()
-                lib.shim_add(_p8(K.raw(a).numpy()), _p8(K.raw(b).numpy()), a.numel(), zp1, m1, s1, zp2, m2, s2, ozp,
-                             om, os_, amin, amax, _p8(ref))
+                lib.shim_add(
+                    _p8(K.raw(a).numpy()),
+                    _p8(K.raw(b).numpy()),
+                    a.numel(),
+                    zp1,
+                    m1,
+                    s1,
+                    zp2,
+                    m2,
+                    s2,
+                    ozp,
+                    om,
+                    os_,
+                    amin,
+                    amax,
+                    _p8(ref),
+                )
             elif step.name == "cortex_m::quantized_avg_pool2d.out":
                 t, k, s, p = read[:4]
                 n, c, h, w = t.shape
                 oh, ow = written[0][1].shape[2:]
-                assert lib.shim_avgpool(_p8(K.raw(t).numpy()), n, h, w, c, oh, ow, k[0], k[1], s[0], s[1], p[0], p[1],
-                                        _p8(ref)) == 0
+                assert (
+                    lib.shim_avgpool(
+                        _p8(K.raw(t).numpy()),
+                        n,
+                        h,
+                        w,
+                        c,
+                        oh,
+                        ow,
+                        k[0],
+                        k[1],
+                        s[0],
+                        s[1],
+                        p[0],
+                        p[1],
+                        _p8(ref),
+                    )
+                    == 0
+                )
             else:
                 continue
             seen.add(step.name)

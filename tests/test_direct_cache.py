@@ -123,7 +123,8 @@ def test_every_read_is_an_input_as_named(tmp_path: Path, monkeypatch: pytest.Mon
     )
     assert "wcur.pt" in why
     assert "raw.bin" in stale(
-        lambda: (tmp_path / "raw.bin").write_bytes(b"abce"), lambda: (tmp_path / "raw.bin").write_bytes(b"abcd")
+        lambda: (tmp_path / "raw.bin").write_bytes(b"abce"),
+        lambda: (tmp_path / "raw.bin").write_bytes(b"abcd"),
     )
     assert "np.bin" in stale(
         lambda: (tmp_path / "np.bin").write_bytes(b"wxyZ"), lambda: (tmp_path / "np.bin").write_bytes(b"wxyz")

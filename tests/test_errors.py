@@ -63,7 +63,15 @@ def test_bad_calibration_files(tmp_path: Path) -> None:
 
 def test_bad_option_values(tmp_path: Path) -> None:
     err = _fails(
-        "compile", "zoo:cifarnet", "--target", "cortex-m33", "-o", str(tmp_path / "o"), "--option", "isa=avx", code=2
+        "compile",
+        "zoo:cifarnet",
+        "--target",
+        "cortex-m33",
+        "-o",
+        str(tmp_path / "o"),
+        "--option",
+        "isa=avx",
+        code=2,
     )
     assert "option 'isa' must be one of auto, scalar, dsp, mve" in err
     err = _fails(

@@ -127,7 +127,9 @@ def test_per_op_gate_names_a_converter_many_steps_off(wrong_relu: Any) -> None:
     v = _compare(_ReluPlusInput(), _relu_calibration(), "imxrt700", wrong_relu, samples=4)
     assert not v.ok
     failure = next(f for f in v.failures if f.startswith("NPU op") and "device-exact reference" in f)
-    assert re.search(r"NPU op etforge_\d+:\w*relu\w* has [\d,]+ of [\d,]+ values off .*max \d+ steps", failure)
+    assert re.search(
+        r"NPU op etforge_\d+:\w*relu\w* has [\d,]+ of [\d,]+ values off .*max \d+ steps", failure
+    )
     # the end-to-end distance is reported; it is a gate only when asked for (fixed S, strict)
     assert v.max_steps_vs_exact > 3
     assert not [f for f in v.failures if f.startswith("max difference")]
@@ -161,7 +163,9 @@ def test_float_check_fails_the_approximate_gelu_swap(gelu_runs: dict[bool, Any])
     exact, approx = gelu_runs[False], gelu_runs[True]
     assert exact.float_ops > 0 and exact.float_max_rel <= FLOAT_REL_TOL
     assert approx.float_max_rel > 5 * FLOAT_REL_TOL
-    assert [f for f in approx.failures if re.search(r"NPU op etforge_\d+:\w*gelu\w* in float form", f)], approx.failures
+    assert [f for f in approx.failures if re.search(r"NPU op etforge_\d+:\w*gelu\w* in float form", f)], (
+        approx.failures
+    )
 
 
 def test_check_op_fails_the_approximate_gelu_swap() -> None:
@@ -171,7 +175,9 @@ def test_check_op_fails_the_approximate_gelu_swap() -> None:
     x = (8 * torch.rand(1, 8, 16, 16, generator=torch.Generator().manual_seed(0)) - 4,)
     gelu = torch.nn.GELU()
     check_op(gelu, x, target="imxrt700", plugins=[_gelu_plugin(False)])
-    check_op(gelu, x, target="imxrt700", plugins=[_gelu_plugin(True)], float_check=False)  # int8 alone: passes
+    check_op(
+        gelu, x, target="imxrt700", plugins=[_gelu_plugin(True)], float_check=False
+    )  # int8 alone: passes
     with pytest.raises(OpCheckError, match="float form"):
         check_op(gelu, x, target="imxrt700", plugins=[_gelu_plugin(True)])
 

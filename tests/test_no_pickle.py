@@ -97,7 +97,9 @@ def _copy(out: Path, dest: Path) -> Path:
     return dest
 
 
-def test_verify_never_unpickles_an_output_directory(built: tuple[Path, Path, dict[str, str]], tmp_path: Path) -> None:
+def test_verify_never_unpickles_an_output_directory(
+    built: tuple[Path, Path, dict[str, str]], tmp_path: Path
+) -> None:
     out = _copy(built[0], tmp_path / "out")
     marker = tmp_path / "EXECUTED"
     plant_sample_inputs(out / "float.pt2", marker)
@@ -110,7 +112,11 @@ def test_verify_never_unpickles_an_output_directory(built: tuple[Path, Path, dic
 
 @pytest.mark.parametrize(
     ("member", "plant"),
-    [("float.pt2", plant_sample_inputs), ("quantized.pt2", plant_sample_inputs), ("quantized.pt2", plant_weight)],
+    [
+        ("float.pt2", plant_sample_inputs),
+        ("quantized.pt2", plant_sample_inputs),
+        ("quantized.pt2", plant_weight),
+    ],
 )
 def test_every_program_file_is_loaded_tensors_only(
     built: tuple[Path, Path, dict[str, str]], tmp_path: Path, member: str, plant: Callable[[Path, Path], None]
@@ -145,7 +151,9 @@ def test_compile_never_unpickles_a_pt2_model(tmp_path: Path) -> None:
     assert f"error: {evil}: refused" in proc.stderr and not (tmp_path / "out").exists(), proc.stderr
 
 
-def test_a_planted_cache_entry_never_runs_code(built: tuple[Path, Path, dict[str, str]], tmp_path: Path) -> None:
+def test_a_planted_cache_entry_never_runs_code(
+    built: tuple[Path, Path, dict[str, str]], tmp_path: Path
+) -> None:
     """Whoever can write the cache can choose the bytes a compile restores (docs/batch.md:
     trust), but never run code: the restored programs are loaded tensors-only too."""
     out, model, env = built

@@ -78,7 +78,9 @@ def test_a_stray_partition_file_fails(compiled: dict[str, Path], tmp_path: Path)
     assert [f for f in v.failures if "etforge_9.tflite: not a partition of the program" in f], v.failures
 
 
-def test_a_program_and_report_from_another_output_are_named(compiled: dict[str, Path], tmp_path: Path) -> None:
+def test_a_program_and_report_from_another_output_are_named(
+    compiled: dict[str, Path], tmp_path: Path
+) -> None:
     """model.pte + report.json of the imxrt700cm compile beside imxrt700's side files: one
     line naming the first side file that is not the one the report records."""
     out = _copy(compiled, tmp_path)

@@ -297,7 +297,10 @@ class Sigmoid(Unary):
 class Tanh(Unary):
     ops = ("aten.tanh.default",)
     litert = "TANH"
-    constraints = (ONE_DOMAIN, Constraint("int8 output scale 1/128, zero point 0", _fixed_output(1.0 / 128.0, 0)))
+    constraints = (
+        ONE_DOMAIN,
+        Constraint("int8 output scale 1/128, zero point 0", _fixed_output(1.0 / 128.0, 0)),
+    )
 
 
 class Hardswish(Unary):
