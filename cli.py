@@ -898,7 +898,7 @@ def _write_pictures(out: Any, data: dict[str, Any], html_file: str | None, me_di
     if any("inputs" not in n for n in data.get("nodes", [])):
         raise EtforgeError(f"{out}: its report.json has no graph edges (an older etforge); recompile it")
     if html_file:
-        from etforge.core.placement_html import render
+        from etforge.codegen.placement_html import render
 
         path = Path(html_file)
         tmp = path.with_name(path.name + ".tmp")
@@ -909,7 +909,7 @@ def _write_pictures(out: Any, data: dict[str, Any], html_file: str | None, me_di
             raise EtforgeError(f"{path}: cannot write the picture: {exc.strerror or exc}") from None
         console.print(f"wrote {escape(str(path))} ({len(data.get('nodes', []))} nodes)", soft_wrap=True)
     if me_dir:
-        from etforge.core.model_explorer import write
+        from etforge.codegen.model_explorer import write
 
         try:
             files = write(out, data, Path(me_dir))

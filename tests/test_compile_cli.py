@@ -126,7 +126,7 @@ def test_calibration_of_wrong_dtype(tmp_path: Path) -> None:
 
 
 def test_unknown_target_lists_known(tmp_path: Path) -> None:
-    err = _fails(tmp_path, "compile", f"{MODEL}:small", "--target", "imxrt1170")
+    err = _fails(tmp_path, "compile", f"{MODEL}:small", "--target", "imxrt1170", code=2)  # a usage error
     assert "unknown target 'imxrt1170'" in err and "imxrt700cm" in err
 
 

@@ -23,7 +23,7 @@ import pytest
 import torch
 
 import etforge
-from etforge.core import model_explorer, placement_html
+from etforge.codegen import model_explorer, placement_html
 
 #: The CPU library a CPU op's namespace selects, as the picture names it.
 OP_LIBRARY = {"cortex_m": "cmsis-nn", "quantized_decomposed": "quantized", "aten": "portable"}

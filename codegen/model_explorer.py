@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from etforge.core.errors import EtforgeError
-from etforge.core.placement_html import CMSIS_NN, CPU_COLOURS, NPU_COLOURS, PORTABLE, QUANTIZED
+from etforge.codegen.placement_html import CMSIS_NN, CPU_COLOURS, NPU_COLOURS, PORTABLE, QUANTIZED
 
 #: Gradient of the per-operator MACs overlay on a partition (low -> high).
 MACS_GRADIENT = [{"stop": 0, "bgColor": "#f7fcf5"}, {"stop": 1, "bgColor": "#238b45"}]
