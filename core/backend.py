@@ -56,6 +56,9 @@ class Lowering:
     #: Every option of the compile, the build-only ones (a timeout) included: the compile
     #: specs carry only those that determine the output.
     options: dict[str, Any] = field(default_factory=dict)
+    #: The target the lowering was given: ``preprocess`` compiles for it, not for the
+    #: registry's target of that name (the float check's variant runs no NPU compiler).
+    target: TargetSpec | None = None
 
     @property
     def spec(self) -> CompileSpec:
@@ -77,9 +80,11 @@ _TOKENS = itertools.count()
 
 
 @contextmanager
-def lowering(reg: Registry, options: dict[str, Any] | None = None) -> Iterator[Lowering]:
+def lowering(
+    reg: Registry, options: dict[str, Any] | None = None, target: TargetSpec | None = None
+) -> Iterator[Lowering]:
     """A lowering with ``reg``: partitions converted inside the block land in ``.partitions``."""
-    low = Lowering(reg, f"{os.getpid()}.{next(_TOKENS)}", options=dict(options or {}))
+    low = Lowering(reg, f"{os.getpid()}.{next(_TOKENS)}", options=dict(options or {}), target=target)
     _ACTIVE[low.token] = low
     try:
         yield low
@@ -118,7 +123,8 @@ class EtforgeNpuBackend(BackendDetails):
         specs = _specs(compile_specs)
         low = _lowering(specs)
         reg = low.registry if low is not None else registry()
-        target = reg.target(specs["target"])
+        own = low.target if low is not None else None
+        target = own if own is not None and own.name == specs["target"] else reg.target(specs["target"])
         options = {**json.loads(specs.get("options", "{}")), **(low.options if low is not None else {})}
         name = str(specs.get(PARTITION_KEY, "etforge_0"))
         converted = convert_program(edge_program, target, reg.converters_for(target), name=name, reg=reg)

@@ -245,7 +245,7 @@ def lower(
     t0 = time.perf_counter()
     path = "classic"
     # The lowering hands preprocess this registry and collects the partitions it converts.
-    with backend.lowering(reg, options) as low:
+    with backend.lowering(reg, options, target) as low:
         partitioner = EtforgePartitioner(target, options, reg, lowering=low)
         partitioner.remember_constants(ep)  # it is handed fake copies of the program
         early_result = None

@@ -13,6 +13,10 @@ Everything else is the usual ``verify``: the script's ``.pte`` runs in the host
 interpreter and must compute, on every sample, exactly what the rebuilt Edge program
 computes; the per-op, top-1 and accuracy gates apply to that program. Whether the ``.pte``
 is byte for byte etforge's compile of the same program is reported as a note.
+
+The reference is lowered the way a script's ``to_edge_transform_and_lower`` lowers (the
+classic path, ``etforge.compile(..., lowering="classic")``), so the delegate payloads of a
+faithful script's ``.pte`` are byte for byte the rebuilt ones.
 """
 
 from __future__ import annotations
@@ -59,11 +63,10 @@ def verify_script_pte(
 
         result = compile_model(
             loaded.module, loaded.example_inputs, spec, calibration=calibration, options=opts,
-            program=loaded.program, reg=reg, what=model,
+            program=loaded.program, reg=reg, what=model, early=False,
         )  # fmt: skip
     report = build_report(result, reg, model)
-    program = result.quantized_program if result.quantized_program is not None else result.float_program
-    same = data == _serialized(_lowered(program, spec, opts, reg, early=False)[0]).buffer
+    same = data == result.pte  # the reference is lowered classic: a script's route
     report["pte_sha256"] = hashlib.sha256(data).hexdigest()
     with tempfile.TemporaryDirectory(prefix="etforge-verify-") as tmp:
         out = Path(tmp) / "out"
@@ -103,7 +106,8 @@ def _lower_quantized(loaded: Any, qep: Any, spec: Any, opts: dict[str, Any], reg
         loaded.module, loaded.example_inputs, loaded.calibration, spec, opts, reg, loaded.program, what
     )
     float_ep, _ = pipeline.rewrite(front.program, spec, reg)
-    edge, partitioner, parts = _lowered(qep, spec, opts, reg)
+    lowering: dict[str, Any] = {}
+    edge, partitioner, parts = _lowered(qep, spec, opts, reg, lowering)
     host = edge.exported_program()
     et = _serialized(edge)
     return CompileResult(
@@ -119,14 +123,18 @@ def _lower_quantized(loaded: Any, qep: Any, spec: Any, opts: dict[str, Any], reg
         partitions=parts,
         decisions=partitioner.decisions,
         notes=list(front.notes),
+        lowering=lowering,
     )
 
 
-def _lowered(program: Any, spec: Any, opts: dict[str, Any], reg: Any, early: bool = True) -> tuple[Any, ...]:
-    """(Edge program manager, partitioner, partitions); ``early=False`` is a script's route."""
+def _lowered(
+    program: Any, spec: Any, opts: dict[str, Any], reg: Any, lowering: dict[str, Any]
+) -> tuple[Any, ...]:
+    """(Edge program manager, partitioner, partitions), lowered the classic way (a script's
+    route); ``lowering`` gets the path taken, for the report ``verify`` rebuilds from."""
     from etforge.core import pipeline
 
-    edge, partitioner, parts, _ = pipeline.lower(program, spec, opts, reg, early=early)
+    edge, partitioner, parts, _ = pipeline.lower(program, spec, opts, reg, early=False, lowering=lowering)
     return edge, partitioner, parts
 
 

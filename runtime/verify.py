@@ -212,7 +212,10 @@ def rebuild(
     qep = load_program(qpath) if report["quantized"] else None
     target = reg.target(report["target"])
     options = {k: tuple(v) if isinstance(v, list) else v for k, v in report["options"].items()}
-    edge, _, parts, _ = lower(qep if qep is not None else float_ep, target, options, reg)
+    # The path the compile took (report.json): a classic compile (``lowering="classic"``, a
+    # script's .pte) is rebuilt classic, so its payloads are compared with their own kind.
+    early = (report.get("lowering") or {}).get("path") != "classic"
+    edge, _, parts, _ = lower(qep if qep is not None else float_ep, target, options, reg, early=early)
     if parts_out is not None:
         parts_out.extend(parts)
     for p in parts:
@@ -275,11 +278,18 @@ def verify(
         labeled = load_labeled(data, report)  # bad data fails before the long rebuild
     parts: list[Any] = []
     program, float_ep, qep, stand_ins = rebuild(out, report, registry(), parts)
-    byte_failures = artifact.compare_payloads(pte_path, interp.program, {p.name: p.processed for p in parts})
+    byte_notes: list[str] = []
+    byte_failures = artifact.compare_payloads(
+        pte_path, interp.program, {p.name: p.processed for p in parts}, byte_notes
+    )
     byte_failures += [
         f"{f}: not a partition of the program in {pte_path.name}; remove it or recompile"
         for f in artifact.stray_partition_files(out, [p.name for p in parts])
     ]
+    device = [bytes(d.data) for d in interp.program.backend_delegate_data]
+    if byte_failures and any(not raw.startswith(payload.MAGIC) and raw not in stand_ins for raw in device):
+        # device code that is not the rebuilt one has no LiteRT source to run in its place
+        raise EtforgeError("\n".join(byte_failures))
     edge_outputs: list[list[torch.Tensor]] = []
     with payload.host_stand_ins(stand_ins):
         result, agreement = _run_checks(
@@ -300,7 +310,7 @@ def verify(
             f"NPU partitions {names} are device microcode, which runs on the NPU only: verified "
             "the LiteRT partitions the NPU compiler compiled them from, in their place"
         )
-    result.notes.extend(hash_notes)
+    result.notes.extend(hash_notes + byte_notes)
     result.failures[:0] = byte_failures
     if not agreement.ok:
         result.failures.insert(
