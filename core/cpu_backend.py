@@ -28,6 +28,11 @@ class CpuBackend:
     #: This backend's ops that only move data between layouts (``namespace.op``, no
     #: overload), counted by the report's ``cpu_layout_conversions``.
     layout_ops: tuple[str, ...] = ()
+    #: The lowering folds Q/DQ into the ops between them, so each op computes its int8
+    #: output from its int8 inputs: an op whose values come from no input value
+    #: (``zeros_like``, ``full``) would produce the wrong int8 values, and the
+    #: ``ValueOpsAsConstants`` rewrite turns those into constants before quantization.
+    folds_qdq: bool = False
 
     def quantizer(self, target: TargetSpec, options: dict[str, Any]) -> Quantizer | None:
         """A PT2E quantizer for the nodes the NPU rules left unannotated (None: none)."""

@@ -83,6 +83,7 @@ class CortexMBackend(CpuBackend):
     kernel_libraries = ("cortex_m", "quantized", "portable", "portable_custom", "et_copy")
     kernel_namespaces = ("cortex_m",)
     layout_ops = ("cortex_m.transpose",)
+    folds_qdq = True
 
     def isa(self, target: TargetSpec, options: dict[str, Any]) -> str | None:
         """The CMSIS-NN implementation (scalar, dsp, mve) chosen for the core."""
