@@ -21,8 +21,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from etforge.core.errors import EtforgeError
 from etforge.codegen.placement_html import CMSIS_NN, CPU_COLOURS, NPU_COLOURS, PORTABLE, QUANTIZED
+from etforge.core.errors import EtforgeError
 
 #: Gradient of the per-operator MACs overlay on a partition (low -> high).
 MACS_GRADIENT = [{"stop": 0, "bgColor": "#f7fcf5"}, {"stop": 1, "bgColor": "#238b45"}]
