@@ -206,4 +206,4 @@ def cpu_op_parity(
     computed (NPU partition outputs included) forced to the host's."""
     values = HostInt8Values()
     run_program(host, inputs, kernels, observe=values)
-    return values.compare(reference.module(), inputs)
+    return values.compare(reference.module(check_guards=False), inputs)
