@@ -24,7 +24,9 @@ from typing import Any
 
 import torch
 from torch.export import ExportedProgram
-from torch.fx import Graph, GraphModule, Node
+from torch.fx import Graph, Node
+
+from etforge.core.graph_utils import clone_program
 
 
 def functionalize(ep: ExportedProgram, owned: bool = True) -> tuple[ExportedProgram, list[str]]:
@@ -34,7 +36,7 @@ def functionalize(ep: ExportedProgram, owned: bool = True) -> tuple[ExportedProg
     if not _mutating(ep.graph_module.graph):
         return ep, []
     if not owned:
-        ep = _copy(ep)
+        ep = clone_program(ep)
     gm = ep.graph_module
     left = []
     for node in _mutating(gm.graph):
@@ -281,30 +283,3 @@ def _canonical_names(ep: ExportedProgram) -> None:
             name = getattr(arg, "name", None)
             if name in renamed:
                 signature.outputs[i] = dataclasses.replace(arg, name=renamed[name])
-
-
-def _copy(ep: ExportedProgram) -> ExportedProgram:
-    """A structural copy (new graph, shared tensors) to edit without touching the caller's program."""
-    import copy
-
-    graph = Graph()
-    copies: dict[Node, Node] = {}
-    graph.output(graph.graph_copy(ep.graph_module.graph, copies))
-    gm = GraphModule(ep.graph_module, graph)
-    signature = copy.deepcopy(ep.graph_signature)
-    renamed = {old.name: new.name for old, new in copies.items() if old.name != new.name}
-    for spec in (*signature.input_specs, *signature.output_specs):
-        name = getattr(spec.arg, "name", None)
-        if name in renamed:  # the copy avoids Python builtins as names ("input" -> "input_1")
-            spec.arg = dataclasses.replace(spec.arg, name=renamed[name])
-    return ExportedProgram(
-        root=gm,
-        graph=gm.graph,
-        graph_signature=signature,
-        state_dict=ep.state_dict,
-        range_constraints=ep.range_constraints,
-        module_call_graph=copy.deepcopy(ep.module_call_graph),
-        example_inputs=ep.example_inputs,
-        constants=ep.constants,
-        verifiers=[ep.verifier],
-    )

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from typing import Any
 
 import torch
+from torch.export import ExportedProgram
 from torch.fx import Node
 
 QUANTIZE_OPS = frozenset(
@@ -128,3 +131,30 @@ def is_constant(arg: object) -> bool:
         arg = arg.args[0]  # type: ignore[union-attr]
         return is_constant(arg)
     return isinstance(arg, Node) and (arg.op == "get_attr" or bool(arg.meta.get(CONSTANT_KEY)))
+
+
+def clone_program(ep: ExportedProgram) -> ExportedProgram:
+    """A structural copy (new graph, shared tensors) to edit without touching the caller's program:
+    the front end rewrites in place, ``to_executorch`` rewrites graphs in place, and the lowered
+    Edge program must stay runnable on the host for ``verify``."""
+    graph = torch.fx.Graph()
+    copies: dict[Node, Node] = {}
+    graph.output(graph.graph_copy(ep.graph_module.graph, copies))
+    gm = torch.fx.GraphModule(ep.graph_module, graph)
+    signature = copy.deepcopy(ep.graph_signature)
+    renamed = {old.name: new.name for old, new in copies.items() if old.name != new.name}
+    for spec in (*signature.input_specs, *signature.output_specs):
+        name = getattr(spec.arg, "name", None)
+        if name in renamed:  # the copy avoids Python builtins as names ("input" -> "input_1")
+            spec.arg = dataclasses.replace(spec.arg, name=renamed[name])
+    return ExportedProgram(
+        root=gm,
+        graph=gm.graph,
+        graph_signature=signature,
+        state_dict=ep.state_dict,
+        range_constraints=ep.range_constraints,
+        module_call_graph=copy.deepcopy(ep.module_call_graph),
+        example_inputs=ep.example_inputs,
+        constants=ep.constants,
+        verifiers=[ep.verifier],
+    )

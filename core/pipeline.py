@@ -6,7 +6,6 @@ runs our partitioner and backend); these functions only wire plugins into it.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import time
 from collections.abc import Sequence
@@ -26,7 +25,7 @@ from torch.export import ExportedProgram
 from etforge.core import backend, delegate_stubs
 from etforge.core.errors import EtforgeError
 from etforge.core.front import export  # noqa: F401  (pipeline.export: the stage functions in one place)
-from etforge.core.graph_utils import node_op
+from etforge.core.graph_utils import clone_program, node_op  # noqa: F401  (pipeline.clone_program)
 from etforge.core.litert_convert import Converted
 from etforge.core.npu_compiler import NpuPayload
 from etforge.core.partitioner import EtforgePartitioner
@@ -479,33 +478,6 @@ def _set_runtime_backend_ids(ep: ExportedProgram, parts: list[Partition]) -> Non
             processed = getattr(mod, "processed_bytes", None)
             if processed is not None and bytes(processed) in ids:
                 mod._backend_id = ids[bytes(processed)]
-
-
-def clone_program(ep: ExportedProgram) -> ExportedProgram:
-    """A structural copy (new graph, shared tensors): ``to_executorch`` rewrites graphs in place,
-    and the lowered Edge program stays runnable on the host for ``verify``."""
-    graph = torch.fx.Graph()
-    copies: dict[torch.fx.Node, torch.fx.Node] = {}
-    graph.output(graph.graph_copy(ep.graph_module.graph, copies))
-    gm = torch.fx.GraphModule(ep.graph_module, graph)
-    signature = copy.deepcopy(ep.graph_signature)
-    renamed = {old.name: new.name for old, new in copies.items() if old.name != new.name}
-    if renamed:  # the copy avoids Python builtins as names ("input" -> "input_1")
-        for spec in (*signature.input_specs, *signature.output_specs):
-            name = getattr(spec.arg, "name", None)
-            if name in renamed:
-                spec.arg = dataclasses.replace(spec.arg, name=renamed[name])
-    return ExportedProgram(
-        root=gm,
-        graph=gm.graph,
-        graph_signature=signature,
-        state_dict=ep.state_dict,
-        range_constraints=ep.range_constraints,
-        module_call_graph=copy.deepcopy(ep.module_call_graph),
-        example_inputs=ep.example_inputs,
-        constants=ep.constants,
-        verifiers=[ep.verifier],
-    )
 
 
 def serialize(edge: EdgeProgramManager, *sharing: ExportedProgram) -> ExecutorchProgramManager:
