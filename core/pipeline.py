@@ -25,7 +25,7 @@ from torch.export import ExportedProgram
 from etforge.core import backend, delegate_stubs
 from etforge.core.errors import EtforgeError
 from etforge.core.front import export  # noqa: F401  (pipeline.export: the stage functions in one place)
-from etforge.core.graph_utils import clone_program, node_op  # noqa: F401  (pipeline.clone_program)
+from etforge.core.graph_utils import clone_program, node_op
 from etforge.core.litert_convert import Converted
 from etforge.core.npu_compiler import NpuPayload
 from etforge.core.partitioner import EtforgePartitioner
