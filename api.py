@@ -307,8 +307,12 @@ def compile(  # noqa: A001 (the natural name, as in torch.compile)
     options: dict[str, Any] | None = None,
     quantize: bool = True,
     lowering: str = "early",
+    strict: bool = False,
 ) -> Compiled:
     """Compile like ``etforge compile``; ``calibration`` defaults to the example inputs.
+
+    ``strict`` (``etforge compile --no-fallback``): a second-best path (``report["fallbacks"]``)
+    is an error, :class:`etforge.core.fallbacks.StrictFallback`.
 
     ``lowering="classic"`` delegates the way an ExecuTorch script does (``to_edge_transform_and_lower``
     with :meth:`Target.partitioners`), byte for byte; the default delegates NPU partitions
@@ -340,5 +344,6 @@ def compile(  # noqa: A001 (the natural name, as in torch.compile)
         quantize=quantize,
         reg=reg,
         early=lowering == "early",
+        strict=strict,
     )
     return Compiled(result, build_report(result, reg, what))

@@ -441,6 +441,11 @@ def _parse_options(pairs: tuple[str, ...]) -> dict[str, str]:
     help="Fail if the planned arena, or the arena beside an NPU partition's working memory, is larger.",
 )
 @click.option("--no-cache", is_flag=True, help="Compile afresh; neither read nor fill the build cache.")
+@click.option(
+    "--no-fallback",
+    is_flag=True,
+    help="Fail, writing nothing, where the compile would take a second-best path (report.json 'fallbacks').",
+)
 @click.option("--quiet", "-q", is_flag=True, help="Print only errors, warnings and the final line.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON (nothing else on stdout).")
 @click.option(
@@ -470,6 +475,7 @@ def compile_cmd(
     etrecord: bool,
     memory_budget: int | None,
     no_cache: bool,
+    no_fallback: bool,
     quiet: bool,
     as_json: bool,
     manifest: str | None,
@@ -484,8 +490,10 @@ def compile_cmd(
 
     _OUTPUT["quiet"] = quiet or as_json
     if manifest or len(models) > 1 or ray_address:
-        if etrecord or memory_budget or as_json:
-            raise click.UsageError("--etrecord, --memory-budget and --json go with a single model")
+        if etrecord or memory_budget or as_json or no_fallback:
+            raise click.UsageError(
+                "--etrecord, --memory-budget, --no-fallback and --json go with a single model"
+            )
         _compile_many(
             obj, models, manifest, target_name, Path(out_dir), calib, float_, raw_options, jobs, ray_address
         )
@@ -507,7 +515,17 @@ def compile_cmd(
     try:
         try:
             generated, report, cached = _compile_into(
-                staging, reg, model, target, options, calib, float_, etrecord, memory_budget, use_cache
+                staging,
+                reg,
+                model,
+                target,
+                options,
+                calib,
+                float_,
+                etrecord,
+                memory_budget,
+                use_cache,
+                no_fallback,
             )
             output.commit(staging, out)
         except OSError as exc:  # a full disk, a quota, a file system gone read-only
@@ -547,6 +565,7 @@ def _compile_into(
     etrecord: bool,
     memory_budget: int | None,
     use_cache: bool = False,
+    no_fallback: bool = False,
 ) -> tuple[Any, dict[str, Any], bool]:
     """The whole compile, written into ``staging`` (swapped in as OUT by the caller).
 
@@ -558,7 +577,7 @@ def _compile_into(
     """
     from etforge.core import output
 
-    flags = {"float": float_, "etrecord": etrecord, "budget": memory_budget}
+    flags = {"float": float_, "etrecord": etrecord, "budget": memory_budget, "no_fallback": no_fallback}
     direct = None
     if use_cache:
         from etforge.core import cache
@@ -579,20 +598,23 @@ def _compile_into(
             _say("warning", f"{direct.why}; rebuilding")
             direct.distrust(staging)  # never trusted: the entry goes, the normal path rebuilds
     recording = direct.recorder.recording() if direct is not None else contextlib.nullcontext()
-    generated, report, cached, key = _build_into(
-        staging,
-        reg,
-        model,
-        target,
-        options,
-        calib,
-        float_,
-        etrecord,
-        memory_budget,
-        use_cache,
-        flags,
-        recording,
-    )
+    from etforge.core import fallbacks
+
+    with fallbacks.recording(no_fallback):  # the front end's and the compile's
+        generated, report, cached, key = _build_into(
+            staging,
+            reg,
+            model,
+            target,
+            options,
+            calib,
+            float_,
+            etrecord,
+            memory_budget,
+            use_cache,
+            flags,
+            recording,
+        )
     if not use_cache:
         return generated, _cache_info(staging, report, "miss", "the build cache is off"), cached
     if direct is not None and key is not None:
@@ -706,6 +728,7 @@ def _build_into(
             what=model,
             front=front,
             on_programs=writer.start,
+            strict=bool(flags.get("no_fallback")),
         )
         result.notes[:0] = loaded.notes  # e.g. a dynamic batch fixed to the example's size
         from etforge.core.memory import check_budget, memory_stats

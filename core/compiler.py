@@ -12,7 +12,8 @@ import torch
 from executorch.exir import EdgeProgramManager, ExecutorchProgramManager
 from torch.export import ExportedProgram
 
-from etforge.core import boundaries, kernel_check, pipeline, signature
+from etforge.core import boundaries, fallbacks, kernel_check, pipeline, signature
+from etforge.core.fallbacks import Fallback
 from etforge.core.front import Front, NchwAtEdges, adapt_layout, front_end
 from etforge.core.partitioner import Decision
 from etforge.core.pipeline import Partition
@@ -45,6 +46,8 @@ class CompileResult:
     input_ranges: list[list[int] | None] = field(default_factory=list)
     #: The lowering path taken ("early" | "classic") and why (``pipeline.lower``).
     lowering: dict[str, Any] = field(default_factory=dict)
+    #: Second-best paths taken, in order (``core.fallbacks``).
+    fallbacks: list[Fallback] = field(default_factory=list)
 
 
 @contextlib.contextmanager
@@ -84,87 +87,94 @@ def compile_model(
     front: Front | None = None,
     on_programs: Callable[[ExportedProgram, ExportedProgram | None], None] | None = None,
     early: bool = True,
+    strict: bool = False,
 ) -> CompileResult:
     """Compile ``module`` (or the exported ``program``); ``front`` is an already exported
     front end (the CLI exports first, to look the build up in the cache). ``on_programs``
     gets the float and quantized programs as soon as they are final (again on a rebuild),
     so they can be written while the rest compiles: the float program alone before
-    quantization, then both (a program passed again is the same object)."""
-    reg = reg or registry()
-    tgt = reg.target(target) if isinstance(target, str) else target
-    opts = {**tgt.option_defaults(), **(options or {})}
-    progress = progress or _no_progress
-    times: dict[str, float] = {}
+    quantization, then both (a program passed again is the same object). ``strict``: any
+    fallback is an error (:class:`core.fallbacks.StrictFallback`)."""
+    with fallbacks.recording(strict) as log:
+        reg = reg or registry()
+        tgt = reg.target(target) if isinstance(target, str) else target
+        opts = {**tgt.option_defaults(), **(options or {})}
+        progress = progress or _no_progress
+        times: dict[str, float] = {}
 
-    def stage(name: str) -> contextlib.AbstractContextManager[Any]:
-        @contextlib.contextmanager
-        def timed() -> Iterator[None]:
-            start = time.perf_counter()
-            with progress(name):
-                yield
-            times[name] = time.perf_counter() - start
+        def stage(name: str) -> contextlib.AbstractContextManager[Any]:
+            @contextlib.contextmanager
+            def timed() -> Iterator[None]:
+                start = time.perf_counter()
+                with progress(name):
+                    yield
+                times[name] = time.perf_counter() - start
 
-        return timed()
+            return timed()
 
-    if front is None:
-        with stage("export"):
-            front = front_end(module, example_inputs, calibration, tgt, opts, reg, program, what)
-    float_ep, example_inputs, calibration = front.program, front.example, front.calibration
-    notes = list(front.notes)
-    with stage("rewrite"):
-        float_ep, rewritten = pipeline.rewrite(float_ep, tgt, reg)
-    if rewritten:
-        notes.append(f"graph rewrites applied: {', '.join(rewritten)}")
-    calib = list(calibration) if calibration else [tuple(example_inputs)]
-    lowering: dict[str, Any] = {}
+        if front is None:
+            with stage("export"):
+                front = front_end(module, example_inputs, calibration, tgt, opts, reg, program, what)
+        float_ep, example_inputs, calibration = front.program, front.example, front.calibration
+        notes = list(front.notes)
+        with stage("rewrite"):
+            float_ep, rewritten = pipeline.rewrite(float_ep, tgt, reg)
+        if rewritten:
+            notes.append(f"graph rewrites applied: {', '.join(rewritten)}")
+        calib = list(calibration) if calibration else [tuple(example_inputs)]
+        lowering: dict[str, Any] = {}
 
-    def build(ep: ExportedProgram) -> tuple[Any, ...]:
-        q = None
-        if on_programs is not None:
-            on_programs(ep, None)  # final already: written while quantization runs
-        if quantize:
-            with stage("quantize"):
-                q = pipeline.quantize(ep, tgt, calib, reg, opts)
-        if on_programs is not None:
-            on_programs(ep, q)
-        with stage("lower"):
-            return (
-                q,
-                *pipeline.lower(q if q is not None else ep, tgt, opts, reg, early=early, lowering=lowering),
-            )
+        def build(ep: ExportedProgram) -> tuple[Any, ...]:
+            q = None
+            if on_programs is not None:
+                on_programs(ep, None)  # final already: written while quantization runs
+            if quantize:
+                with stage("quantize"):
+                    q = pipeline.quantize(ep, tgt, calib, reg, opts)
+            if on_programs is not None:
+                on_programs(ep, q)
+            with stage("lower"):
+                return (
+                    q,
+                    *pipeline.lower(
+                        q if q is not None else ep, tgt, opts, reg, early=early, lowering=lowering
+                    ),
+                )
 
-    # Every CPU op needs a kernel the device links: ops without one are decomposed (and the
-    # program rebuilt) or refused here, before anything is serialized or written.
-    libraries = kernel_check.libraries_for(reg.cpu_backend(tgt))
-    float_ep, (qep, edge, partitioner, parts, breakdown) = kernel_check.lower_with_kernels(
-        float_ep, build, lambda built: built[1].exported_program(), libraries, tgt.name, notes
-    )
-    host_program = edge.exported_program()
-    with stage("serialize"):
-        et = pipeline.serialize(
-            EdgeProgramManager(
-                {"forward": pipeline.clone_program(host_program)}, compile_config=edge.compile_config
-            ),
-            host_program,
+        # Every CPU op needs a kernel the device links: ops without one are decomposed (and the
+        # program rebuilt) or refused here, before anything is serialized or written.
+        libraries = kernel_check.libraries_for(reg.cpu_backend(tgt))
+        float_ep, (qep, edge, partitioner, parts, breakdown) = kernel_check.lower_with_kernels(
+            float_ep, build, lambda built: built[1].exported_program(), libraries, tgt.name
         )
-        pte = et.buffer
-        boundaries.check_delegate_dim_orders(pte, _delegate_layouts(host_program, parts))
-        kernel_check.check_pte(pte, libraries, tgt.name)
-    return CompileResult(
-        target=tgt,
-        options=opts,
-        quantized=quantize,
-        float_program=float_ep,
-        quantized_program=qep,
-        edge=edge,
-        host_program=host_program,
-        executorch=et,
-        pte=pte,
-        partitions=parts,
-        decisions=partitioner.decisions,
-        stage_seconds=times,
-        lower_breakdown=breakdown,
-        notes=notes,
-        input_ranges=signature.input_ranges(example_inputs, calib),
-        lowering=lowering,
-    )
+        host_program = edge.exported_program()
+        with stage("serialize"):
+            et = pipeline.serialize(
+                EdgeProgramManager(
+                    {"forward": pipeline.clone_program(host_program)}, compile_config=edge.compile_config
+                ),
+                host_program,
+            )
+            pte = et.buffer
+            boundaries.check_delegate_dim_orders(pte, _delegate_layouts(host_program, parts))
+            kernel_check.check_pte(pte, libraries, tgt.name)
+        result = CompileResult(
+            target=tgt,
+            options=opts,
+            quantized=quantize,
+            float_program=float_ep,
+            quantized_program=qep,
+            edge=edge,
+            host_program=host_program,
+            executorch=et,
+            pte=pte,
+            partitions=parts,
+            decisions=partitioner.decisions,
+            stage_seconds=times,
+            lower_breakdown=breakdown,
+            notes=notes,
+            input_ranges=signature.input_ranges(example_inputs, calib),
+            lowering=lowering,
+            fallbacks=list(log.items),
+        )
+    return result

@@ -26,6 +26,8 @@ import torch
 from torch.export import ExportedProgram
 from torch.fx import Graph, Node
 
+from etforge.core import fallbacks
+from etforge.core.errors import first_line
 from etforge.core.graph_utils import clone_program
 
 
@@ -171,7 +173,10 @@ def _why_not_local(node: Node) -> str | None:
         for user in member.users:
             if user is not node and order[user] > order[node]:
                 return f"{user.name} reads {member.name}, which shares memory with {written.name}, after the write"
-    new = _value(functional, node)
+    try:
+        new = _value(functional, node)
+    except Exception as exc:  # the functional form cannot be evaluated here: torch's path decides
+        return f"computing {functional} on its traced inputs failed ({type(exc).__name__}: {first_line(exc)})"
     old = node.meta.get("val")
     if not isinstance(new, torch.Tensor) or not isinstance(old, torch.Tensor):
         return "no tensor value to check the functional form against"
@@ -187,13 +192,10 @@ def _value(op: torch._ops.OpOverload, node: Node) -> Any:
     fake = detect_fake_mode(
         [v for v in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(v, torch.Tensor)]
     )
-    try:
-        if fake is None:
-            return op(*args, **kwargs)
-        with fake:
-            return op(*args, **kwargs)
-    except Exception:
-        return None
+    if fake is None:
+        return op(*args, **kwargs)
+    with fake:
+        return op(*args, **kwargs)
 
 
 def _replace(node: Node) -> None:
@@ -236,8 +238,13 @@ def _refresh_after(start: Node) -> None:
             else:
                 with fake:
                     node.meta["val"] = node.target(*args, **kwargs)
-        except Exception:
-            continue
+        except Exception as exc:  # the node keeps its traced value: said, not hidden
+            fallbacks.record(
+                "front",
+                "kept the traced value (strides) of a node after an in-place op became functional",
+                node.name,
+                f"recomputing it failed ({type(exc).__name__}: {first_line(exc)})",
+            )
 
 
 def _candidate(node: Node) -> str:

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 import torch
 from torch.export import ExportedProgram
 
+from etforge.core import fallbacks
 from etforge.core.errors import EtforgeError
 
 T = TypeVar("T")
@@ -201,10 +202,10 @@ def lower_with_kernels(
     lowered: Callable[[T], ExportedProgram],
     libraries: Sequence[str],
     target: str,
-    notes: list[str],
 ) -> tuple[ExportedProgram, T]:
     """``build(float_program)`` (quantize + lower), redone with missing ops decomposed until every
-    CPU op has a kernel; returns the float program actually built from and the build.
+    CPU op has a kernel; returns the float program actually built from and the build. Each
+    decomposition is a recorded fallback (``core.fallbacks``).
 
     Raises :class:`EtforgeError` when an op has no kernel and no decomposition helps.
     """
@@ -213,17 +214,19 @@ def lower_with_kernels(
         built = build(float_program)
         missing = missing_kernels(lowered(built), libraries)
         if not missing:
-            if decomposed:
-                notes.append(
-                    f"decomposed {', '.join(decomposed)} (no kernel library of {target} provides "
-                    "it) into operators that have kernels"
-                )
             return float_program, built
         table = {
             op: fn for op, fn in decompositions(missing, float_program).items() if str(op) not in decomposed
         }
         if not table:
             raise error(missing, libraries, target, decomposed)
+        for op in table:
+            fallbacks.record(
+                "kernels",
+                "decomposed into operators that have kernels",
+                str(op),
+                f"no kernel library of {target} provides it",
+            )
         decomposed += [str(op) for op in table]
         float_program = decompose(float_program, table)
     raise error(missing, libraries, target, decomposed)

@@ -22,8 +22,8 @@ from executorch.exir import (
 )
 from torch.export import ExportedProgram
 
-from etforge.core import backend, delegate_stubs
-from etforge.core.errors import EtforgeError
+from etforge.core import backend, delegate_stubs, fallbacks
+from etforge.core.errors import EtforgeError, first_line
 from etforge.core.front import export  # noqa: F401  (pipeline.export: the stage functions in one place)
 from etforge.core.graph_utils import clone_program, node_op
 from etforge.core.litert_convert import Converted
@@ -260,6 +260,8 @@ def lower(
         else:
             early_result = _lower_early(ep, target, options, reg, partitioner, config, why)
             why["fallback"] = early_result is None
+            if early_result is None:
+                fallbacks.record("lower", "lowered the classic way (slower)", "", why["reason"])
         if early_result is not None:
             why = {"path": "early", "reason": "NPU partitions delegated on the quantized ATen program"}
             edge = early_result
@@ -315,6 +317,12 @@ def _lower_classic(
         # A kept-whole node ended up off the NPU (a partition-level refusal such as
         # min_partition_ops): redo with everything decomposed; converters of the
         # decomposed forms (addmm, permute ...) take what the NPU can run.
+        fallbacks.record(
+            "lower",
+            "re-lowered with every op decomposed",
+            "",
+            f"an op kept whole for the NPU stayed on the CPU ({first_line(exc)})",
+        )
         low.partitions.clear()
         partitioner.preserve = False
         return to_edge_transform_and_lower(ep, partitioner=[partitioner], compile_config=config)

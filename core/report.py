@@ -174,6 +174,8 @@ def build_report(result: CompileResult, reg: Registry, model: str) -> dict[str, 
         },
         "pte_sha256": hashlib.sha256(result.pte).hexdigest(),
         "notes": list(result.notes),
+        # second-best paths taken (stage, what, where, why): core.fallbacks; --strict refuses them
+        "fallbacks": [f.as_dict() for f in result.fallbacks],
         "io_quant": _io_quant(result.host_program),
     }
 

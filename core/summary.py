@@ -135,9 +135,9 @@ def _build(report: dict[str, Any], out: str | None, width: int, most: int) -> li
             "  ",
             most=most,
         )
-    low = report.get("lowering") or {}
-    if low.get("fallback"):  # the slow path, never silent: one line naming the node and why
-        lines.append(_one(f"note: lowered the classic way (slower): {low.get('reason', '')}", width))
+    for fb in report.get("fallbacks", []):  # second-best paths: never cut, never silent
+        where = f" ({fb.get('where')})" if fb.get("where") else ""
+        lines += _fill(f"fallback: {fb.get('what')}{where}: {fb.get('why')}", width, most=most)
     notes = list(report.get("notes", []))
     for fig, info in (report.get("npu_figures") or {}).items():
         if isinstance(info, dict) and info.get("assumption"):  # decided with a figure that is not vendor data
@@ -198,6 +198,7 @@ def summary_data(report: dict[str, Any], out: str | None = None) -> dict[str, An
             for k in ("arena_bytes", "lower_bound_bytes", "flash_bytes", "pte_bytes", "npu_partitions")
         },
         "notes": notes,
+        "fallbacks": list(report.get("fallbacks", [])),
         "host_only": bool(report.get("host_only")),
         "npu_compiler": (report.get("npu_compiler") or {}).get("status"),
     }

@@ -116,6 +116,15 @@ class CortexMBackend(CpuBackend):
         # gives every consumer its int8 producer; the usual passes then run as before.
         from executorch.backends.cortex_m.passes.aten_to_cortex_m_pass import AtenToCortexMPass
 
+        from etforge.core import fallbacks
+
+        fallbacks.record(
+            "cpu_lowering",
+            "re-ran ExecuTorch's Cortex-M passes with the CMSIS-NN substitution right after the q/dq folding",
+            "CortexMPassManager",
+            f"the usual pass order{pass_failure(first, ep)}",
+        )
+
         passes = list(CortexMPassManager.pass_list)
         at = next(i for i, p in enumerate(passes) if p.__name__ == "FoldAndAnnotateQParamsPass") + 1
         passes.insert(at, AtenToCortexMPass)
@@ -138,13 +147,22 @@ def copy_program(ep: ExportedProgram) -> ExportedProgram:
 
 
 def lowering_error(exc: BaseException, ep: ExportedProgram, target: TargetSpec) -> Exception:
-    """ExecuTorch's Cortex-M pass manager failed: one line naming the pass, node and op.
+    """ExecuTorch's Cortex-M pass manager failed: one line naming the pass, node and op."""
+    from etforge.core.errors import EtforgeError
+
+    return EtforgeError(
+        f"{target.name}: ExecuTorch's Cortex-M lowering{pass_failure(exc, ep)}; this graph pattern has no "
+        "CMSIS-NN lowering upstream (compile for a target with the NPU, or change the model around that node)"
+    )
+
+
+def pass_failure(exc: BaseException, ep: ExportedProgram) -> str:
+    """ " (pass P) failed at node N (op): Error: first line" from a pass manager's exception chain.
 
     Its exceptions wrap the pass name around torch.fx's "While executing %node" trace.
     """
     import re
 
-    from etforge.core.errors import EtforgeError
     from etforge.core.graph_utils import node_op
 
     chain, cause = [], exc
@@ -161,11 +179,8 @@ def lowering_error(exc: BaseException, ep: ExportedProgram, target: TargetSpec) 
     if where:
         node = nodes.get(where.group(1))
         at = f" at node {where.group(1)}" + (f" ({node_op(node)})" if node is not None else "")
-    return EtforgeError(
-        f"{target.name}: ExecuTorch's Cortex-M lowering"
-        f"{f' (pass {pass_name.group(1)})' if pass_name else ''} failed{at}: "
-        f"{type(root).__name__}: {first}; this graph pattern has no CMSIS-NN lowering upstream "
-        "(compile for a target with the NPU, or change the model around that node)"
+    return (
+        f"{f' (pass {pass_name.group(1)})' if pass_name else ''} failed{at}: {type(root).__name__}: {first}"
     )
 
 
