@@ -195,3 +195,6 @@ def test_a_decomposition_that_mutates_falls_back_to_the_classic_path() -> None:
     early = compile_model(model, calib[0], "litert", calibration=calib)
     classic = compile_model(model, calib[0], "litert", calibration=calib, early=False)
     assert early.pte == classic.pte
+    assert early.lowering["path"] == "classic" and early.lowering["fallback"], early.lowering
+    assert [(f.stage, f.what) for f in early.fallbacks] == [("lower", "lowered the classic way (slower)")]
+    assert "adaptive_avg_pool2d" in early.fallbacks[0].why and "mutates" in early.fallbacks[0].why
