@@ -253,8 +253,6 @@ def lower(
         # (--float, the litert target) lowers the classic way, here and when verify rebuilds it.
         if not early:
             why["reason"] = "the classic path was asked for (early=False)"
-        elif target.npu is None:
-            why["reason"] = f"{target.name} has no NPU: nothing is delegated, to_edge lowers everything"
         elif not _quantized(ep):
             why["reason"] = "a float program: early delegation is proven on quantized programs only"
         else:
@@ -263,7 +261,12 @@ def lower(
             if early_result is None:
                 fallbacks.record("lower", "lowered the classic way (slower)", "", why["reason"])
         if early_result is not None:
-            why = {"path": "early", "reason": "NPU partitions delegated on the quantized ATen program"}
+            why = {
+                "path": "early",
+                "reason": "NPU partitions delegated on the quantized ATen program"
+                if target.npu is not None
+                else f"{target.name} has no NPU: the program decomposed node by node, then to_edge's passes",
+            }
             edge = early_result
             path = "early"
         else:
@@ -344,6 +347,9 @@ def _lower_early(
 ) -> EdgeProgramManager | None:
     """Delegate on the quantized ATen program, then ``to_edge`` the rest (``core/early.py``).
 
+    On a target without an NPU nothing is delegated: the node-by-node decomposition replaces
+    ``to_edge``'s ``run_decompositions`` (which re-traces the whole program), same bytes.
+
     ``None`` when the early path cannot be exact for this program: the caller lowers classically
     (``why["reason"]`` says which node stopped it, and how).
     The delegates keep their shape stubs (``core/delegate_stubs.py``) for the CPU lowering;
@@ -355,7 +361,9 @@ def _lower_early(
     from etforge.core import early
 
     cpu_keep = set(getattr(config, "preserve_ops", None) or [])
-    if cpu_keep:
+    if target.npu is None:
+        keep = cpu_keep
+    elif cpu_keep:
         keep = set(_kept_whole(config, partitioner))
     else:
         keep = set(partitioner.ops_to_not_decompose(ep)[0])
@@ -365,6 +373,8 @@ def _lower_early(
     )
     try:
         early.prepare(work, keep, {k: v for k, v in full.items() if k not in keep})
+        if target.npu is None:  # nothing to delegate: the decomposition alone is the gain
+            return _to_edge_decomposed(work, config)
         handles = early.handles_by_ancestor(work.graph_module)
         delegated = to_backend(work, partitioner)
         # Ops kept whole for the NPU that it did not take are decomposed, as to_edge would.

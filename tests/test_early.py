@@ -121,6 +121,24 @@ def test_early_delegation_matches_the_classic_path(name: str, target: str) -> No
     assert float((out - ref).abs().max()) <= 1.001 * scale
 
 
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_without_an_npu_the_early_decomposition_gives_the_classic_bytes(name: str) -> None:
+    """cortex-m33: nothing to delegate; the node-by-node decomposition replaces to_edge's
+    re-tracing one (the early path's speed) and the .pte is the classic path's, byte for byte."""
+    from etforge.core.compiler import compile_model
+
+    cls, shape = CASES[name]
+    torch.manual_seed(0)
+    model = cls().eval()
+    g = torch.Generator().manual_seed(1)
+    calib = [(torch.randn(*shape, generator=g),) for _ in range(3)]
+    early = compile_model(model, calib[0], "cortex-m33", calibration=calib)
+    classic = compile_model(model, calib[0], "cortex-m33", calibration=calib, early=False)
+    assert early.lowering["path"] == "early" and classic.lowering["path"] == "classic"
+    assert not early.partitions and early.fallbacks == classic.fallbacks
+    assert early.pte == classic.pte
+
+
 def test_debug_handles_are_the_classic_paths() -> None:
     """to_edge numbers the remainder afresh; the early path gives every node the handle its
     origin had before delegation, so profiler rows (delegate debug maps and CPU ops) map back
