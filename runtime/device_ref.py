@@ -171,7 +171,7 @@ class Reference:
         if node.target is operator.getitem and node.args[1] == 0 and isinstance(node.args[0], Node):
             node = node.args[0]  # max_pool2d_with_indices' values
         op = node_op(node)
-        rule = _RULES.get(op)
+        rule = _RULES.get(op) or _nonlinear_rules().get(op)
         if rule is not None:
             return rule(self, node, out)
         if op in _MOVES:
@@ -428,6 +428,13 @@ class Reference:
         if float(x.scale) != out.scale or int(x.zero_point) != out.zero_point:
             raise NotExact(f"{node_op(node)}: input and output qparams differ")
         return x
+
+
+def _nonlinear_rules() -> dict[str, Callable[[Reference, Node, Out], np.ndarray]]:
+    """The rules of ``runtime.device_ref_nonlinear`` (imported late: it builds on this module)."""
+    from etforge.runtime.device_ref_nonlinear import RULES
+
+    return RULES
 
 
 def _pair(v: Any) -> tuple[int, int]:
