@@ -238,9 +238,12 @@ class Reference:
         """CONV_2D / DEPTHWISE_CONV_2D (ConvPerChannel): int32 sums, bias, per-channel MBQM."""
         x, w = self.operand(node.args[0]), self.operand(node.args[1])
         bias = self.operand(node.args[2]) if len(node.args) > 2 else None
-        stride, padding, dilation, transposed, _, groups = node.args[3:9]
-        if transposed:
-            raise NotExact("transposed convolution")
+        stride, padding, dilation, transposed, output_padding, groups = node.args[3:9]
+        if transposed:  # TRANSPOSE_CONV: the same int32 sums scattered, bias, per-channel MBQM
+            acc = self._accumulate(
+                x, w, lambda a, b: _conv_transpose_nd(a, b, stride, padding, output_padding, groups, dilation)
+            )
+            return self._finish(acc, x, w, bias, out, axis=1)
         acc = self._accumulate(x, w, lambda a, b: _conv_nd(a, b, stride, padding, dilation, groups))
         return self._finish(acc, x, w, bias, out, axis=1)
 
@@ -300,6 +303,10 @@ class Reference:
         a, b = self.operand(node.args[0]), self.operand(node.args[1])
         qs = []
         for v in (a, b):
+            if isinstance(v, torch.Tensor) and v.dtype not in (torch.int8, torch.uint8):
+                v = v.detach().double().numpy()  # an integer constant (x * 3): as the converter reads it
+            elif isinstance(v, (int, float)) and not isinstance(v, bool):
+                v = np.asarray(float(v))
             if isinstance(v, np.ndarray):  # a float constant meeting int8: symmetric, own scale
                 scale = float(ti.f32(float(np.abs(v).max()) / 127.0 or 1.0))
                 v = Q(
@@ -451,6 +458,15 @@ def _conv_nd(
     if fn is None:
         raise NotExact(f"{a.dim() - 2}-D convolution")
     return fn(a, b, None, stride, padding, dilation, groups)
+
+
+def _conv_transpose_nd(
+    a: torch.Tensor, b: torch.Tensor, stride: Any, padding: Any, output_padding: Any, groups: int, dilation: Any
+) -> torch.Tensor:
+    fn = {3: torch.nn.functional.conv_transpose1d, 4: torch.nn.functional.conv_transpose2d}.get(a.dim())
+    if fn is None:
+        raise NotExact(f"{a.dim() - 2}-D transposed convolution")
+    return fn(a, b, None, stride, padding, output_padding, groups, dilation)
 
 
 _RULES: dict[str, Callable[[Reference, Node, Out], np.ndarray]] = {

@@ -263,6 +263,50 @@ def _reduce_extreme(ref: Reference, node: Node, out: Out) -> np.ndarray:
     return fn(x.codes, axis=dims, keepdims=keep)
 
 
+def _mirror_pad(ref: Reference, node: Node, out: Out) -> np.ndarray:
+    """MIRROR_PAD (REFLECT): the codes reflected, input and output sharing qparams."""
+    mode = _arg(node, 2, "mode", "constant")
+    if mode != "reflect":
+        raise NotExact(f"pad mode {mode!r}")
+    x = ref._shared(node, out)
+    t = torch.from_numpy(x.codes.astype(np.float64))
+    return torch.nn.functional.pad(t, list(node.args[1]), mode="reflect").round().long().numpy()
+
+
+def _bilinear_axis(n_in: int, n_out: int, align: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """ComputeInterpolationValuesInteger along one axis: (lower, upper, position in 1/1024)."""
+    if align and n_out > 1:
+        scale = ((1 << 10) * (n_in - 1) + (n_out - 1) // 2) // (n_out - 1)
+        pos = np.arange(n_out, dtype=np.int64) * scale
+    else:
+        scale = ((1 << 10) * n_in + n_out // 2) // n_out
+        pos = np.arange(n_out, dtype=np.int64) * scale + scale // 2 - (1 << 9)  # half-pixel centers
+    lower = np.maximum(np.sign(pos) * (np.abs(pos) // (1 << 10)), 0)
+    upper = np.minimum(np.sign(pos + 1023) * (np.abs(pos + 1023) // (1 << 10)), n_in - 1)
+    return lower, upper, pos
+
+
+def _bilinear(ref: Reference, node: Node, out: Out) -> np.ndarray:
+    """RESIZE_BILINEAR (ResizeBilinearInteger): weights in 1/1024 steps, the 2^20-scaled sum
+    divided with halves away from zero; codes in and out on one grid (half-pixel centers unless
+    align_corners, as the converter sets them)."""
+    x = ref._shared(node, out)
+    if x.codes.ndim != 4:
+        raise NotExact("bilinear resize of a non-4-D tensor")
+    h_out, w_out = (int(d) for d in node.meta["val"].shape[-2:])
+    align = bool(_arg(node, 2, "align_corners", False))
+    y0, y1, py = _bilinear_axis(x.codes.shape[2], h_out, align)
+    x0, x1, px = _bilinear_axis(x.codes.shape[3], w_out, align)
+    dy, dx = (py - (1 << 10) * y0)[:, None], (px - (1 << 10) * x0)[None, :]
+    c = x.codes
+    total = (c[:, :, y0][:, :, :, x0] * ((1 << 10) - dy) * ((1 << 10) - dx)
+             + c[:, :, y1][:, :, :, x0] * dy * ((1 << 10) - dx)
+             + c[:, :, y0][:, :, :, x1] * ((1 << 10) - dy) * dx
+             + c[:, :, y1][:, :, :, x1] * dy * dx)  # fmt: skip
+    s = total + np.where(total > 0, 1 << 19, -(1 << 19))
+    return np.sign(s) * (np.abs(s) // (1 << 20))
+
+
 RULES: dict[str, Callable[[Reference, Node, Out], np.ndarray]] = {
     "aten._softmax.default": _softmax,
     "aten.softmax.int": _softmax,
@@ -282,4 +326,7 @@ RULES: dict[str, Callable[[Reference, Node, Out], np.ndarray]] = {
     "aten.addmm.default": _matmul,
     "aten.amax.default": _reduce_extreme,
     "aten.amin.default": _reduce_extreme,
+    "aten.pad.default": _mirror_pad,
+    "aten.upsample_bilinear2d.vec": _bilinear,
+    "aten.upsample_bilinear2d.default": _bilinear,
 }

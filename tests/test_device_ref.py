@@ -82,7 +82,7 @@ COVERS = {
 }
 
 
-def _parity(name: str, samples: int = 4) -> list[Any]:
+def _parity(name: str, samples: int = 4, target: str = "imxrt700") -> list[Any]:
     from etforge.core.compiler import compile_model
     from etforge.runtime.host import run_program
     from etforge.runtime.stepwise import op_parity
@@ -91,7 +91,7 @@ def _parity(name: str, samples: int = 4) -> list[Any]:
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(0)
     calib = [(torch.randn(*shape, generator=g),) for _ in range(4)]
-    result = compile_model(cls().eval(), calib[0], "imxrt700", calibration=calib)
+    result = compile_model(cls().eval(), calib[0], target, calibration=calib)
     found = []
     for _ in range(samples):
         calls: list[Any] = []
