@@ -90,7 +90,7 @@ class _Matrix(torch.nn.Module):
         y = torch.bmm(x, x.transpose(1, 2)).sum(-1, keepdim=True)
         z = (torch.mm(x[0], self.w) + torch.addmm(self.b, x[0], self.w)).unsqueeze(0)
         m = torch.amax(x, -1, keepdim=True) + torch.amin(x, -1, keepdim=True)
-        return y + z + m - x + self.p(x.unsqueeze(-1)).squeeze(-1)
+        return y + z + m + torch.neg(x) + self.p(x.unsqueeze(-1)).squeeze(-1)
 
 
 class _Resample(torch.nn.Module):
@@ -104,15 +104,14 @@ class _Resample(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         a = F.interpolate(x, scale_factor=2, mode="bilinear")
-        b = F.interpolate(x, size=(11, 11), mode="bilinear", align_corners=True)[..., :-1:, :-1]
+        b = F.interpolate(x, size=(11, 11), mode="bilinear", align_corners=True)
         d = F.interpolate(x, scale_factor=2, mode="nearest")
-        e = F.pad(x, (2, 2, 2, 2), mode="reflect")[..., :-1, :-1]
-        e = F.interpolate(e, size=(12, 12), mode="nearest")
+        e = F.pad(x, (1, 2, 2, 1), mode="reflect").mean((2, 3))
         y = torch.cat([x, self.c(x) * 3], 1)
         s1, s2 = torch.split(y, [3, 5], 1)
         z = y.permute(0, 2, 3, 1).reshape(1, -1, 8).mean(1)
-        head = a + b[..., :12, :12] + d + e + self.t(x)
-        return head.mean((2, 3)) + s1.mean((1, 2, 3)).unsqueeze(1) + s2.mean((1, 2, 3)).unsqueeze(1) + z[:, :4]
+        head = a + F.pad(b, (0, 1, 0, 1)) + d + self.t(x)
+        return head.mean((2, 3)) + e + s1.mean((1, 2, 3)).unsqueeze(1) + s2.mean((1, 2, 3)).unsqueeze(1) + z[:, :4]
 
 
 CASES = {
@@ -137,6 +136,8 @@ COVERS = {
     "matrix": {"bmm", "mm", "addmm", "prelu", "amax", "amin", "neg"},
     "resample": {"upsample_bilinear2d", "upsample_nearest2d", "pad", "convolution", "cat", "slice", "view"},
 }
+#: Where a target converts differently (imxrt700cm: a global mean is an AVERAGE_POOL_2D).
+COVERS_ON = {("pools", "imxrt700cm"): {"avg_pool2d", "getitem", "add"}}
 #: The NPU targets whose conversions the cases run through.
 TARGETS = ("imxrt700", "imxrt700cm")
 
@@ -167,7 +168,7 @@ def test_every_op_equals_its_device_exact_reference(name: str, target: str) -> N
     exact = [p for p in found if p.device_exact]
     assert all(p.elements_off == 0 for p in exact), [(p.node, p.first_off) for p in exact if p.elements_off]
     covered = {p.node.rstrip("_0123456789") for p in exact}
-    assert COVERS[name] <= covered, covered
+    assert COVERS_ON.get((name, target), COVERS[name]) <= covered, covered
     not_exact = [(p.node, p.reason) for p in found if not p.device_exact]
     assert not_exact == [], not_exact
 
