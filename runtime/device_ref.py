@@ -210,6 +210,8 @@ class Reference:
                 return type(a)(codes(x) for x in a)
             if not isinstance(a, Node):
                 return a
+            if not is_dequantize(a) and node_op(a) in _MOVES:  # a chain of moves in float (view of clone)
+                return torch.from_numpy(self._move(a, out).astype(np.float64))
             x = self.operand(a)
             if not isinstance(x, Q):
                 raise NotExact(f"{node_op(node)}: an operand is not an int8 value")

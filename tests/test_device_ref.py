@@ -106,15 +106,22 @@ class _Resample(torch.nn.Module):
         a = F.interpolate(x, scale_factor=2, mode="bilinear")
         b = F.interpolate(x, size=(11, 11), mode="bilinear", align_corners=True)
         d = F.interpolate(x, scale_factor=2, mode="nearest")
-        e = F.pad(x, (1, 2, 2, 1), mode="reflect").mean((2, 3))
         y = torch.cat([x, self.c(x) * 3], 1)
         s1, s2 = torch.split(y, [3, 5], 1)
         z = y.permute(0, 2, 3, 1).reshape(1, -1, 8).mean(1)
         head = a + F.pad(b, (0, 1, 0, 1)) + d + self.t(x)
-        return head.mean((2, 3)) + e + s1.mean((1, 2, 3)).unsqueeze(1) + s2.mean((1, 2, 3)).unsqueeze(1) + z[:, :4]
+        return head.mean((2, 3)) + s1.mean((1, 2, 3)).unsqueeze(1) + s2.mean((1, 2, 3)).unsqueeze(1) + z[:, :4]
+
+
+class _Reflect(torch.nn.Module):
+    """reflect padding (MIRROR_PAD)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.abs(x) + F.pad(x, (1, 1, 2, 2), mode="reflect")[..., 2:-2, :-2]
 
 
 CASES = {
+    "reflect": (_Reflect, (1, 4, 6, 6)),
     "convs": (_Convs, (1, 3, 10, 10)),
     "pools": (_Pools, (1, 8, 9, 9)),
     "elementwise": (_Elementwise, (1, 4, 6, 6)),
@@ -134,7 +141,8 @@ COVERS = {
     "nonlinear": _NONLINEAR,
     "nonlinear_4d": _NONLINEAR,
     "matrix": {"bmm", "mm", "addmm", "prelu", "amax", "amin", "neg"},
-    "resample": {"upsample_bilinear2d", "upsample_nearest2d", "pad", "convolution", "cat", "slice", "view"},
+    "resample": {"upsample_bilinear2d", "upsample_nearest2d", "convolution", "cat", "slice", "view"},
+    "reflect": {"pad", "abs", "add"},
 }
 #: Where a target converts differently (imxrt700cm: a global mean is an AVERAGE_POOL_2D).
 COVERS_ON = {("pools", "imxrt700cm"): {"avg_pool2d", "getitem", "add"}}
