@@ -324,6 +324,7 @@ RULES: dict[str, Callable[[Reference, Node, Out], np.ndarray]] = {
     "aten.mm.default": _matmul,
     "aten.bmm.default": _matmul,
     "aten.addmm.default": _matmul,
+    "aten.matmul.default": _matmul,
     "aten.amax.default": _reduce_extreme,
     "aten.amin.default": _reduce_extreme,
     "aten.pad.default": _mirror_pad,
