@@ -480,7 +480,13 @@ def _conv_nd(
 
 
 def _conv_transpose_nd(
-    a: torch.Tensor, b: torch.Tensor, stride: Any, padding: Any, output_padding: Any, groups: int, dilation: Any
+    a: torch.Tensor,
+    b: torch.Tensor,
+    stride: Any,
+    padding: Any,
+    output_padding: Any,
+    groups: int,
+    dilation: Any,
 ) -> torch.Tensor:
     fn = {3: torch.nn.functional.conv_transpose1d, 4: torch.nn.functional.conv_transpose2d}.get(a.dim())
     if fn is None:

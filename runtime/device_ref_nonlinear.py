@@ -32,7 +32,7 @@ import torch
 from etforge.core.graph_utils import is_constant, node_op
 from etforge.runtime import fixedpoint as fp
 from etforge.runtime import tflite_int as ti
-from etforge.runtime.device_ref import Q, NotExact, Out, _arg
+from etforge.runtime.device_ref import NotExact, Out, Q, _arg
 
 if TYPE_CHECKING:
     from torch.fx import Node
@@ -96,7 +96,9 @@ def _log(ref: Reference, node: Node, out: Out) -> np.ndarray:
     """LOG: the table maps x <= 0 to the lowest output value."""
     lowest = F32((out.qmin - out.zero_point) * F32(out.scale))
     return _lut(
-        _per_tensor(ref, node), out, lambda v: np.where(v <= 0, lowest, _cfloat("logf", np.where(v <= 0, 1, v)))
+        _per_tensor(ref, node),
+        out,
+        lambda v: np.where(v <= 0, lowest, _cfloat("logf", np.where(v <= 0, 1, v))),
     )
 
 

@@ -110,7 +110,9 @@ class _Resample(torch.nn.Module):
         s1, s2 = torch.split(y, [3, 5], 1)
         z = y.permute(0, 2, 3, 1).reshape(1, -1, 8).mean(1)
         head = a + F.pad(b, (0, 1, 0, 1)) + d + self.t(x)
-        return head.mean((2, 3)) + s1.mean((1, 2, 3)).unsqueeze(1) + s2.mean((1, 2, 3)).unsqueeze(1) + z[:, :4]
+        return (
+            head.mean((2, 3)) + s1.mean((1, 2, 3)).unsqueeze(1) + s2.mean((1, 2, 3)).unsqueeze(1) + z[:, :4]
+        )
 
 
 class _Reflect(torch.nn.Module):
@@ -210,7 +212,9 @@ def test_fixed_point_primitives_follow_tflite() -> None:
 def test_other_weights_and_inputs_stay_exact(name: str, seed: int) -> None:
     """Other seeds: other qparams, so other multipliers, shifts and tables."""
     found = [p for p in _parity(name, samples=2, seed=seed) if not p.skipped and p.device_exact]
-    assert found and all(p.elements_off == 0 for p in found), [(p.node, p.first_off) for p in found if p.elements_off]
+    assert found and all(p.elements_off == 0 for p in found), [
+        (p.node, p.first_off) for p in found if p.elements_off
+    ]
 
 
 class _HardSwish(torch.nn.Module):
@@ -249,3 +253,24 @@ def test_neg_with_a_nonzero_zero_point(target: str) -> None:
     x = torch.rand(1, 4, 8, 8) * 4.0 + 1.0  # all positive: zero point -128, output's +127
     calibration = [(torch.rand(1, 4, 8, 8) * 4.0 + 1.0,) for _ in range(4)]
     check_op(_Neg().eval(), (x,), target, calibration=calibration)
+
+
+#: gemmlowp's exp / reciprocal / inverse sqrt are accurate to a few raw units of Q0.31
+#: (its own tests bound them so); 2^-20 of full scale is far below one int8 step.
+FIXED_POINT_TOL = 2**-20
+
+
+def test_fixed_point_functions_approximate_the_math() -> None:
+    """exp on [-31, 0] (Q5.26 in), 1/(1+x) on [0, 1), 1/sqrt(n): each within FIXED_POINT_TOL."""
+    from etforge.runtime import fixedpoint as fp
+
+    x = np.linspace(-31.0, 0.0, 2001)
+    got = fp.exp_on_negative_values(np.round(x * 2**26).astype(np.int64), 5) / 2**31
+    assert np.abs(got - np.exp(np.round(x * 2**26) / 2**26)).max() < FIXED_POINT_TOL
+    y = np.linspace(0.0, 0.999, 1001)
+    got = fp.one_over_one_plus_x(np.round(y * 2**31).astype(np.int64)) / 2**31
+    assert np.abs(got - 1 / (1 + np.round(y * 2**31) / 2**31)).max() < FIXED_POINT_TOL
+    for n in (2, 3, 17, 1000, 65535, 1 << 20, (1 << 30) + 7):
+        m, shift = fp.inv_sqrt_multiplier(n, -1)
+        value = m / 2**31 * 2.0**shift
+        assert abs(value * np.sqrt(n) - 1) < FIXED_POINT_TOL * 16, n

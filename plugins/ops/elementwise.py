@@ -169,7 +169,9 @@ class Neg(Elementwise):
             ctx.emit_elementwise(node, self.litert, self.arity, self.options)
             return
         x = ctx.input(node.args[0])
-        minus_one = ctx.add_constant(np.asarray([-127], np.int8), "int8", "minus_one", Quant.per_tensor(1 / 127, 0))
+        minus_one = ctx.add_constant(
+            np.asarray([-127], np.int8), "int8", "minus_one", Quant.per_tensor(1 / 127, 0)
+        )
         ctx.emit("MUL", [x, minus_one], [ctx.output(node, x.perm)], options("MulOptions"))
 
 
