@@ -74,6 +74,8 @@ _MOVES = {
     "aten.upsample_nearest2d.default", "aten.pixel_shuffle.default", "aten.pixel_unshuffle.default",
     "aten.flatten.using_ints", "aten.maximum.default", "aten.minimum.default", "aten.alias_copy.default",
     "aten._to_copy.default", "aten.split_with_sizes_copy.default", "aten.unbind_copy.int",
+    "aten.split_with_sizes.default", "aten.split.Tensor", "aten.split_copy.Tensor", "aten.chunk.default",
+    "aten.unbind.int", "aten.dropout.default", "aten.feature_dropout.default", "aten.contiguous.default",
 }  # fmt: skip
 #: Activations a kernel fuses (clamp of the output codes) and their real bounds.
 _ACTIVATIONS = {
@@ -168,14 +170,17 @@ class Reference:
     def compute(self, node: Node, out: Out) -> np.ndarray:
         if is_dequantize(node):
             return self._requantize(self.operand(node), out)
-        if node.target is operator.getitem and node.args[1] == 0 and isinstance(node.args[0], Node):
-            node = node.args[0]  # max_pool2d_with_indices' values
+        index = 0
+        if node.target is operator.getitem and isinstance(node.args[0], Node):
+            node, index = node.args[0], int(node.args[1])  # max_pool2d_with_indices' values, a split
+            if index and node_op(node) not in _MOVES:
+                raise NotExact(f"output {index} of {node_op(node)}")
         op = node_op(node)
-        rule = _RULES.get(op)
+        rule = _RULES.get(op) or _nonlinear_rules().get(op)
         if rule is not None:
             return rule(self, node, out)
         if op in _MOVES:
-            return self._move(node, out)
+            return self._move(node, out, index)
         raise NotExact(f"no device-exact rule for {op}")
 
     # -- rules -------------------------------------------------------------------------------
@@ -202,7 +207,7 @@ class Reference:
         hi = out.qmax if rhi is None else min(out.qmax, ti.quantize_value(rhi, out.scale, out.zero_point))
         return np.clip(codes, lo, hi)
 
-    def _move(self, node: Node, out: Out) -> np.ndarray:
+    def _move(self, node: Node, out: Out, index: int = 0) -> np.ndarray:
         """Copy/select ops: the op on the codes, when every input is on the output's grid."""
 
         def codes(a: Any) -> Any:
@@ -210,6 +215,8 @@ class Reference:
                 return type(a)(codes(x) for x in a)
             if not isinstance(a, Node):
                 return a
+            if not is_dequantize(a) and node_op(a) in _MOVES:  # a chain of moves in float (view of clone)
+                return torch.from_numpy(self._move(a, out).astype(np.float64))
             x = self.operand(a)
             if not isinstance(x, Q):
                 raise NotExact(f"{node_op(node)}: an operand is not an int8 value")
@@ -222,7 +229,7 @@ class Reference:
         with torch.no_grad():
             res = node.target(*args, **kwargs)
         if isinstance(res, (tuple, list)):
-            res = res[0]
+            res = res[index]
         return res.round().to(torch.int64).numpy()
 
     def _pad(self, node: Node, out: Out) -> np.ndarray:
@@ -238,9 +245,12 @@ class Reference:
         """CONV_2D / DEPTHWISE_CONV_2D (ConvPerChannel): int32 sums, bias, per-channel MBQM."""
         x, w = self.operand(node.args[0]), self.operand(node.args[1])
         bias = self.operand(node.args[2]) if len(node.args) > 2 else None
-        stride, padding, dilation, transposed, _, groups = node.args[3:9]
-        if transposed:
-            raise NotExact("transposed convolution")
+        stride, padding, dilation, transposed, output_padding, groups = node.args[3:9]
+        if transposed:  # TRANSPOSE_CONV: the same int32 sums scattered, bias, per-channel MBQM
+            acc = self._accumulate(
+                x, w, lambda a, b: _conv_transpose_nd(a, b, stride, padding, output_padding, groups, dilation)
+            )
+            return self._finish(acc, x, w, bias, out, axis=1)
         acc = self._accumulate(x, w, lambda a, b: _conv_nd(a, b, stride, padding, dilation, groups))
         return self._finish(acc, x, w, bias, out, axis=1)
 
@@ -253,6 +263,18 @@ class Reference:
         if isinstance(padding, str):
             raise NotExact("string padding")
         acc = self._accumulate(x, w, lambda a, b: _conv_nd(a, b, stride, padding, dilation, groups))
+        return self._finish(acc, x, w, bias, out, axis=1)
+
+    def _conv_transpose(self, node: Node, out: Out) -> np.ndarray:
+        """ATen's conv_transpose1d / conv_transpose2d (the PT2E spelling of TRANSPOSE_CONV)."""
+        x, w = self.operand(node.args[0]), self.operand(node.args[1])
+        bias = self.operand(_arg(node, 2, "bias"))
+        stride, padding = _arg(node, 3, "stride", 1), _arg(node, 4, "padding", 0)
+        output_padding, groups = _arg(node, 5, "output_padding", 0), _arg(node, 6, "groups", 1)
+        dilation = _arg(node, 7, "dilation", 1)
+        acc = self._accumulate(
+            x, w, lambda a, b: _conv_transpose_nd(a, b, stride, padding, output_padding, groups, dilation)
+        )
         return self._finish(acc, x, w, bias, out, axis=1)
 
     def _linear(self, node: Node, out: Out) -> np.ndarray:
@@ -300,6 +322,10 @@ class Reference:
         a, b = self.operand(node.args[0]), self.operand(node.args[1])
         qs = []
         for v in (a, b):
+            if isinstance(v, torch.Tensor) and v.dtype not in (torch.int8, torch.uint8):
+                v = v.detach().double().numpy()  # an integer constant (x * 3): as the converter reads it
+            elif isinstance(v, (int, float)) and not isinstance(v, bool):
+                v = np.asarray(float(v))
             if isinstance(v, np.ndarray):  # a float constant meeting int8: symmetric, own scale
                 scale = float(ti.f32(float(np.abs(v).max()) / 127.0 or 1.0))
                 v = Q(
@@ -430,6 +456,13 @@ class Reference:
         return x
 
 
+def _nonlinear_rules() -> dict[str, Callable[[Reference, Node, Out], np.ndarray]]:
+    """The rules of ``runtime.device_ref_nonlinear`` (imported late: it builds on this module)."""
+    from etforge.runtime.device_ref_nonlinear import RULES
+
+    return RULES
+
+
 def _pair(v: Any) -> tuple[int, int]:
     if isinstance(v, int):
         return v, v
@@ -446,6 +479,21 @@ def _conv_nd(
     return fn(a, b, None, stride, padding, dilation, groups)
 
 
+def _conv_transpose_nd(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    stride: Any,
+    padding: Any,
+    output_padding: Any,
+    groups: int,
+    dilation: Any,
+) -> torch.Tensor:
+    fn = {3: torch.nn.functional.conv_transpose1d, 4: torch.nn.functional.conv_transpose2d}.get(a.dim())
+    if fn is None:
+        raise NotExact(f"{a.dim() - 2}-D transposed convolution")
+    return fn(a, b, None, stride, padding, output_padding, groups, dilation)
+
+
 _RULES: dict[str, Callable[[Reference, Node, Out], np.ndarray]] = {
     "aten.convolution.default": Reference._conv,
     "aten.linear.default": Reference._linear,
@@ -460,6 +508,8 @@ _RULES: dict[str, Callable[[Reference, Node, Out], np.ndarray]] = {
     "aten.constant_pad_nd.default": Reference._pad,
     "aten.conv2d.default": Reference._conv2d,
     "aten.conv1d.default": Reference._conv2d,
+    "aten.conv_transpose2d.input": Reference._conv_transpose,
+    "aten.conv_transpose1d.default": Reference._conv_transpose,
     "aten.add_.Tensor": Reference._add,
     "aten.relu_.default": Reference._activation,
     "aten.relu6.default": Reference._activation,

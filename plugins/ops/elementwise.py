@@ -15,6 +15,7 @@ from etforge.core.quant_rule import QuantRule
 if TYPE_CHECKING:
     from torch.fx import Node
 
+    from etforge.core.litert_convert import ConversionContext
     from etforge.core.target import TargetSpec
 
 
@@ -152,9 +153,26 @@ class Minimum(MinMax):
 
 
 class Neg(Elementwise):
+    """NEG; int8 as MUL by an exact -1 (code -127 at scale 1/127): LiteRT's int8 NEG negates
+    the codes, ignoring the zero point, so it is wrong for any zero point but 0."""
+
     ops = ("aten.neg.default",)
     litert = "NEG"
     constraints = (Constraint("per-tensor quantized input (npu neg_per_tensor)", _per_tensor_input),)
+
+    def convert(self, node: Node, ctx: ConversionContext) -> None:
+        import numpy as np
+
+        from etforge.core.litert import Quant, options
+
+        if ctx.value(node.args[0]).dtype != "int8":
+            ctx.emit_elementwise(node, self.litert, self.arity, self.options)
+            return
+        x = ctx.input(node.args[0])
+        minus_one = ctx.add_constant(
+            np.asarray([-127], np.int8), "int8", "minus_one", Quant.per_tensor(1 / 127, 0)
+        )
+        ctx.emit("MUL", [x, minus_one], [ctx.output(node, x.perm)], options("MulOptions"))
 
 
 @hookimpl
