@@ -111,7 +111,7 @@ def _tensor(value: Any, what: str, where: str) -> torch.Tensor:
     if isinstance(value, np.ndarray):
         if value.dtype == object or value.dtype.kind not in "biuf":
             raise EtforgeError(f"--data {where}: {what} has dtype {value.dtype}; expected numbers")
-        return torch.from_numpy(np.ascontiguousarray(value))
+        return torch.from_numpy(np.asarray(value, order="C"))
     raise EtforgeError(f"--data {where}: {what} is a {type(value).__name__}; expected an array or tensor")
 
 

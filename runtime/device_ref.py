@@ -165,7 +165,9 @@ class Reference:
             if rhi is not None:
                 hi = min(hi, ti.quantize_value(rhi, out.scale, out.zero_point))
         codes = self.compute(src, out)
-        return torch.from_numpy(np.clip(codes, lo, hi).astype(np.int8))
+        return torch.from_numpy(
+            np.asarray(np.clip(codes, lo, hi), dtype=np.int8)
+        )  # 0-d: numpy gives a scalar
 
     def compute(self, node: Node, out: Out) -> np.ndarray:
         if is_dequantize(node):

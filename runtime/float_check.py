@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from etforge.core import layout, payload
@@ -55,7 +56,7 @@ def float_op_check(lowered: Any, args: Sequence[torch.Tensor]) -> list[FloatOp]:
             if n.name not in values or not isinstance(ref, torch.Tensor) or not ref.is_floating_point():
                 return ref
             index, perm = values[n.name]
-            ours = torch.from_numpy(it.get_tensor(index).copy()).permute(layout.inverse(perm))
+            ours = torch.from_numpy(np.array(it.get_tensor(index))).permute(layout.inverse(perm))
             if tuple(ours.shape) != tuple(ref.shape):
                 return ref
             scale = float(ref.abs().max()) if ref.numel() else 0.0

@@ -49,7 +49,7 @@ def set_inputs(it: Any, inputs: Sequence[np.ndarray]) -> None:
     if len(details) != len(inputs):
         raise ValueError(f"LiteRT model takes {len(details)} inputs, got {len(inputs)}")
     for d, x in zip(details, inputs, strict=True):
-        arr = np.ascontiguousarray(x)
+        arr = np.asarray(x, order="C")  # (ascontiguousarray turns a 0-d array into [1])
         if tuple(arr.shape) != tuple(d["shape"]) or arr.dtype != d["dtype"]:
             raise ValueError(
                 f"LiteRT input {d['name']!r}: expected {d['dtype'].__name__}{list(d['shape'])}, got {arr.dtype}{list(arr.shape)}"
@@ -62,4 +62,6 @@ def run(model: bytes, inputs: Sequence[np.ndarray], kernels: str = "default") ->
     it = _interpreter(model, kernels)
     set_inputs(it, inputs)
     it.invoke()
-    return [it.get_tensor(d["index"]).copy() for d in it.get_output_details()]
+    return [
+        np.array(it.get_tensor(d["index"])) for d in it.get_output_details()
+    ]  # 0-d: an array, not a scalar

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from etforge.core import layout, payload
@@ -107,7 +108,7 @@ def op_parity(lowered: Any, args: Sequence[torch.Tensor], kernels: str = DEVICE_
                 found.append(_skipped(blob.partition, src.name, ref, NOT_RECORDED))
                 return ref
             index, perm = values[n.name]
-            ours = torch.from_numpy(it.get_tensor(index).copy()).permute(layout.inverse(perm))
+            ours = torch.from_numpy(np.array(it.get_tensor(index))).permute(layout.inverse(perm))
             if tuple(ours.shape) != tuple(ref.shape):
                 found.append(_skipped(blob.partition, src.name, ref, SHAPE_MISMATCH))
                 return ref

@@ -1,8 +1,10 @@
-"""Graph shapes from real models that broke a stage: a factory tensor, an SE gate.
+"""Graph shapes from real models that broke a stage: a factory tensor, an SE gate, 0-d tensors.
 
 ``x * torch.ones(...)``: the early path decomposes ``ones`` (a node with no tensor inputs)
 in the program's own fake mode. An SE gate ``x * gate`` with ``gate`` [N, C, 1, 1]
 broadcast over H x W runs as CMSIS-NN's channel-broadcast ``quantized_mul`` on cortex-m33.
+A full reduction (``mean()``, ``sum`` over every dim) hands an NPU partition 0-d tensors:
+numpy turns those into scalars or [1] arrays unless told not to, and verify crashed.
 """
 
 from __future__ import annotations
@@ -62,3 +64,26 @@ def test_an_se_gate_broadcast_over_hxw_runs_as_cmsis_nn_mul_on_cortex_m33() -> N
     c, v = _compile_and_compare(SqueezeExcite(), "cortex-m33")
     assert v.ok, v.failures
     assert c.report["cpu_ops"].get("cortex_m.quantized_mul.default") == 1
+
+
+class ScalarHead(nn.Module):
+    """Two full reductions feed a second partition: its inputs and output are 0-d."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = torch.relu(self.conv(x))
+        return y.mean() + y.amax((1, 2, 3)).sum() * 0.5, y
+
+
+def test_zero_dim_partition_inputs_verify_on_every_target() -> None:
+    g = torch.Generator().manual_seed(0)
+    calib = [(torch.randn(1, 3, 8, 8, generator=g),) for _ in range(3)]
+    for target in ("imxrt700", "imxrt700cm", "cortex-m33"):
+        compiled = etforge.compile(ScalarHead().eval(), calib[0], target=target, calibration=calib)
+        # (ExecuTorch's Cortex-M passes give the scalar sum the shape [1]: same value, noted)
+        assert compiled.report["outputs"][0]["shape"] == ([] if target == "imxrt700" else [1])
+        verification = compiled.verify(samples=2)
+        assert verification.ok, (target, verification.failures)

@@ -146,7 +146,7 @@ def load_inputs(path: Path, report: dict[str, Any]) -> list[tuple[torch.Tensor, 
             a = a[None]
         if list(a.shape[1:]) != shape:
             raise EtforgeError(f"{path}: array {i} has shape {list(a.shape)}, input {i} is {shape}")
-        stacked.append(torch.from_numpy(np.ascontiguousarray(a)).to(getattr(torch, s["dtype"])))
+        stacked.append(torch.from_numpy(np.asarray(a, order="C")).to(getattr(torch, s["dtype"])))
     counts = {t.shape[0] for t in stacked}
     if len(counts) != 1:
         raise EtforgeError(f"{path}: the arrays hold different numbers of samples ({sorted(counts)})")
