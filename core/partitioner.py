@@ -273,7 +273,15 @@ class EtforgePartitioner(Partitioner):
             if node_op(node) in conv.ops:
                 try:
                     return int(conv.macs(node))
-                except Exception:
+                except Exception as e:  # a plugin's bug: 0 MACs, said (strict: an error)
+                    from etforge.core import fallbacks
+
+                    fallbacks.record(
+                        "partition",
+                        "counted 0 MACs",
+                        f"{node.name} ({node_op(node)})",
+                        f"{conv.name}.macs of {self.registry.owner_label(conv)} failed: {type(e).__name__}: {e}",
+                    )
                     return 0
         return 0
 

@@ -304,3 +304,29 @@ def test_cli_strict_turns_a_raising_check_into_an_error(plugin_dir: Path, tmp_pa
     assert proc.returncode == 1
     assert "BrokenFloor (plugin 'bfloor' (broken-floor 0.2))" in proc.stderr and "KeyError" in proc.stderr
     assert "Traceback" not in proc.stderr and not (out / "model.pte").exists()
+
+
+class RaisingMacs(OpConverter):
+    """Refuses floor (it stays on the CPU), but its MAC count, asked all the same, is buggy."""
+
+    ops = ("aten.floor.default",)
+    litert = "FLOOR"
+
+    def check(self, node: torch.fx.Node, target: object) -> object:
+        from etforge.core.converter import unsupported
+
+        return unsupported("floor stays on the CPU here")
+
+    def macs(self, node: torch.fx.Node) -> int:
+        raise ZeroDivisionError("boom in macs")
+
+
+def test_raising_macs_is_a_named_fallback_not_a_silent_zero() -> None:
+    from etforge.core.fallbacks import StrictFallback, recording
+
+    result = _compile(_registry(RaisingMacs()))
+    (fb,) = [f for f in result.fallbacks if f.stage == "partition"]
+    assert fb.what == "counted 0 MACs" and "aten.floor.default" in fb.where
+    assert "plugin 'floorplug' (floor-dist 9.9)" in fb.why and "boom in macs" in fb.why
+    with recording(strict=True), pytest.raises(StrictFallback, match="boom in macs"):
+        _compile(_registry(RaisingMacs()))
