@@ -118,7 +118,21 @@ class Registry:
 
     @property
     def npu_compilers(self) -> dict[str, NpuCompiler]:
-        return {c.name: c for c in self._all("npu_compilers")}
+        return self._by_name("npu_compilers", "NPU compiler")
+
+    def _by_name(self, hook: str, kind: str) -> dict[str, Any]:
+        """Named contributions; two plugins giving one name is an error naming both (never a
+        silent first- or last-wins)."""
+        out: dict[str, Any] = {}
+        for item in self._all(hook):
+            name = item.name
+            if name in out and out[name] is not item:
+                raise PluginError(
+                    f"{kind} {name!r} is defined twice: by {self.owner_label(out[name])} and by "
+                    f"{self.owner_label(item)}; rename one (names select it on the command line)"
+                )
+            out[name] = item
+        return out
 
     @property
     def rewrites(self) -> list[Rewrite]:
@@ -135,7 +149,7 @@ class Registry:
 
     @property
     def cpu_backends(self) -> dict[str, CpuBackend]:
-        return {c.name: c for c in self._all("cpu_backends")}
+        return self._by_name("cpu_backends", "CPU backend")
 
     def cpu_backend(self, target: TargetSpec) -> CpuBackend:
         backends = self.cpu_backends
@@ -148,10 +162,7 @@ class Registry:
 
     @property
     def targets(self) -> dict[str, TargetSpec]:
-        out: dict[str, TargetSpec] = {}
-        for t in self._all("targets"):
-            out.setdefault(t.name, t)
-        return out
+        return self._by_name("targets", "target")
 
     def target(self, name: str) -> TargetSpec:
         targets = self.targets

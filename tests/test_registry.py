@@ -225,3 +225,26 @@ def test_core_reads_no_npu_spec_name() -> None:
                     if re.search(rf"\b{re.escape(name)}\b", text):
                         found.append(f"{path.name}:{line}: {name} in {text.strip()[:80]}")
     assert not found, "NPU spec names in core/:\n" + "\n".join(found)
+
+
+def test_a_name_defined_twice_is_an_error_naming_both_plugins() -> None:
+    """Two plugins giving one target (or CPU backend, NPU compiler) name: neither silently wins."""
+    import dataclasses
+
+    import pytest
+
+    from etforge.core.errors import PluginError
+
+    base = registry()
+    info = PluginInfo("imposter", "imposter-dist", "0.1", "tests.imposter")
+    info.provides["targets"] = [dataclasses.replace(base.target("imxrt700"), description="another chip")]
+    reg = Registry([*base.plugins, info])
+    with pytest.raises(PluginError) as err:
+        reg.target("imxrt700")
+    message = str(err.value)
+    assert (
+        "target 'imxrt700' is defined twice" in message and "plugin 'imposter' (imposter-dist 0.1)" in message
+    )
+    info.provides["targets"] = []
+    info.provides["cpu_backends"] = [base.cpu_backends["portable"]]  # the same object again: no conflict
+    assert Registry([*base.plugins, info]).cpu_backends["portable"] is base.cpu_backends["portable"]
