@@ -23,6 +23,7 @@ class DCase:
     fn: Callable[..., torch.Tensor]
     mods: Callable[[], dict[str, torch.nn.Module]] = field(default=dict)
     positive: bool = False  # inputs in [0, 1): an asymmetric quantizer gives zero point -128
+    also: tuple[str, ...] = ()  # further ops standing for the case's op on one side (a rewrite's)
 
 
 class Module(torch.nn.Module):
@@ -41,6 +42,11 @@ def inputs(case: DCase, seed: int) -> tuple[torch.Tensor, ...]:
     return tuple(
         torch.rand(s, generator=g) if case.positive else torch.randn(s, generator=g) for s in case.shapes
     )
+
+
+def matches(case: DCase, op: str) -> bool:
+    """Whether a compute node of op ``op`` is one whose placement the case compares."""
+    return op == case.op or op in case.also
 
 
 def _m(**mods: Callable[[], torch.nn.Module]) -> Callable[[], dict[str, torch.nn.Module]]:
@@ -106,7 +112,8 @@ CASES: list[DCase] = [
     DCase("bilinear-align-4-to-7", "aten.upsample_bilinear2d.vec", ((1, 4, 4, 4),),
           lambda m, x: F.interpolate(x, size=(7, 7), mode="bilinear", align_corners=True)),
     # -- matrix products --------------------------------------------------------------------
-    DCase("linear", "aten.addmm.default", ((2, 8),), _run, _m(m=lambda: torch.nn.Linear(8, 4))),
+    DCase("linear", "aten.addmm.default", ((2, 8),), _run, _m(m=lambda: torch.nn.Linear(8, 4)),
+          also=("aten.linear.default",)),
     DCase("mm-runtime-rhs", "aten.mm.default", ((3, 4), (4, 5)), lambda m, x, y: x @ y),
     DCase("bmm-zero-centred", "aten.bmm.default", ((2, 3, 4), (2, 4, 5)), lambda m, x, y: torch.bmm(x, y)),
     DCase("bmm-positive", "aten.bmm.default", ((2, 3, 4), (2, 4, 5)), lambda m, x, y: torch.bmm(x, y), positive=True),
@@ -115,8 +122,10 @@ CASES: list[DCase] = [
     DCase("cat-last-3", "aten.cat.default", ((1, 4, 3), (1, 4, 2), (1, 4, 5)),
           lambda m, x, y, z: torch.cat([x, y, z], -1)),
     # -- padding ----------------------------------------------------------------------------
-    DCase("pad-constant", "aten.constant_pad_nd.default", IMG, lambda m, x: F.pad(x, (1, 1, 2, 0))),
-    DCase("pad-constant-negative", "aten.constant_pad_nd.default", IMG, lambda m, x: F.pad(x, (-1, 1, 0, 0))),
+    DCase("pad-constant", "aten.constant_pad_nd.default", IMG, lambda m, x: F.pad(x, (1, 1, 2, 0)),
+          also=("aten.pad.default",)),
+    DCase("pad-constant-negative", "aten.constant_pad_nd.default", IMG, lambda m, x: F.pad(x, (-1, 1, 0, 0)),
+          also=("aten.pad.default",)),
     DCase("pad-reflect", "aten.pad.default", IMG, lambda m, x: F.pad(x, (1, 2, 2, 1), mode="reflect")),
     # -- activations ------------------------------------------------------------------------
     DCase("relu", "aten.relu.default", IMG, lambda m, x: torch.relu(x)),
@@ -126,7 +135,8 @@ CASES: list[DCase] = [
     DCase("sigmoid", "aten.sigmoid.default", IMG, lambda m, x: torch.sigmoid(x)),
     DCase("tanh", "aten.tanh.default", IMG, lambda m, x: torch.tanh(x)),
     DCase("leaky-relu", "aten.leaky_relu.default", IMG, lambda m, x: F.leaky_relu(x, 0.1)),
-    DCase("hardswish", "aten.hardswish.default", IMG, lambda m, x: F.hardswish(x)),
+    DCase("hardswish", "aten.hardswish.default", IMG, lambda m, x: F.hardswish(x),
+          also=("aten.add.Tensor", "aten.hardtanh.default", "aten.mul.Tensor")),  # etforge: x*relu6(x+3)/6
     # -- elementwise ------------------------------------------------------------------------
     DCase("add-same-shape", "aten.add.Tensor", ((1, 4, 4), (1, 4, 4)), lambda m, x, y: x + y),
     DCase("add-one-full-operand", "aten.add.Tensor", ((1, 4, 4), (1, 1, 4)), lambda m, x, y: x + y),
