@@ -130,6 +130,7 @@ CASES: list[DCase] = [
     # -- activations ------------------------------------------------------------------------
     DCase("relu", "aten.relu.default", IMG, lambda m, x: torch.relu(x)),
     DCase("relu6", "aten.hardtanh.default", IMG, lambda m, x: F.relu6(x)),
+    DCase("hardtanh-0-6", "aten.hardtanh.default", IMG, lambda m, x: F.hardtanh(x, 0.0, 6.0)),
     DCase("hardtanh-half", "aten.hardtanh.default", IMG, lambda m, x: F.hardtanh(x, -0.5, 0.5)),
     DCase("clamp-min-only", "aten.clamp.default", IMG, lambda m, x: torch.clamp(x, min=-0.5)),
     DCase("sigmoid", "aten.sigmoid.default", IMG, lambda m, x: torch.sigmoid(x)),
