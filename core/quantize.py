@@ -216,14 +216,15 @@ class ComposedQuantizer(Quantizer):
             return
         w_val, out_val = tensor_meta(weight), tensor_meta(node)
         if (
-            w_val is not None
+            rule.weight_axis != 0
+            and w_val is not None
             and out_val is not None
             and len(out_val.shape) > 1
             and w_val.shape[rule.weight_axis] != out_val.shape[1]
         ):
-            # e.g. a grouped transposed conv: its weight holds out/groups channels on the
-            # per-channel axis, so per-channel scales cannot match the bias (torch's
-            # quantize_per_channel fails); left float, the op runs on the CPU
+            # a grouped transposed conv (the only weights with channels on axis 1): its weight
+            # holds out/groups channels there, so per-channel scales cannot match the bias
+            # (torch's quantize_per_channel fails); left float, the op runs on the CPU
             return
         spec_map: dict[Node, QuantizationSpecBase | None] = {
             act: s.activation,

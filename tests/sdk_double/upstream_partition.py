@@ -31,7 +31,6 @@ def _op_name(node: object) -> str:
 def main(out: str, ids: list[str]) -> None:
     import logging
 
-    import torch
     from executorch.backends.nxp.backend.neutron_target_spec import NeutronTargetSpec
     from neutron_differential_cases import CASES
 
