@@ -1,13 +1,16 @@
 """Run in a child by tests: ExecuTorch's own NXP flow decides where each differential case goes.
 
 Usage: ``python upstream_partition.py OUT.json [CASE_ID ...]`` with this directory (the SDK
-test double) and ``tests/`` on ``PYTHONPATH``. For each case of
-``neutron_differential_cases.CASES``: export, upstream's ``NeutronQuantizer`` (which also runs
-its ATen passes, e.g. the grouped-convolution split), ``to_edge`` keeping the ops upstream
-keeps whole, upstream's Edge passes, then upstream's ``NeutronPartitioner.partition``. Writes
-``{case: {"nodes": n, "delegated": k, "all": [[op, delegated], ...]}}`` for the nodes of the
-case's op (``all``: every compute node). A child, so that the double and upstream's
-SDK-dependent modules never enter the test process's ``sys.modules``.
+test double) and ``tests/`` on ``PYTHONPATH``. One process for every case of
+``neutron_differential_cases.CASES`` (upstream is imported once): strict export, upstream's
+``NeutronQuantizer`` (which also runs its ATen passes, e.g. the grouped-convolution split),
+then ``to_edge_transform_and_lower`` with upstream's Edge passes and its
+``NeutronPartitioner``, as upstream's ``backends/nxp/tests/executorch_pipeline.py`` does,
+the partitioner recording its tags and delegating nothing (the double cannot compile).
+Writes ``{case: {"nodes": n, "delegated": k, "all": [[op, delegated], ...]}}`` (``all``:
+every compute node; ``nodes``/``delegated``: those the case compares) or ``{"error": ...}``
+when upstream's flow raises. A child, so that the double and upstream's SDK-dependent
+modules never enter the test process's ``sys.modules``.
 """
 
 from __future__ import annotations
