@@ -214,6 +214,18 @@ class ComposedQuantizer(Quantizer):
         act, weight, bias = args[0], args[1], args[2]
         if not (isinstance(act, Node) and isinstance(weight, Node)):
             return
+        w_val, out_val = tensor_meta(weight), tensor_meta(node)
+        if (
+            rule.weight_axis != 0
+            and w_val is not None
+            and out_val is not None
+            and len(out_val.shape) > 1
+            and w_val.shape[rule.weight_axis] != out_val.shape[1]
+        ):
+            # a grouped transposed conv (the only weights with channels on axis 1): its weight
+            # holds out/groups channels there, so per-channel scales cannot match the bias
+            # (torch's quantize_per_channel fails); left float, the op runs on the CPU
+            return
         spec_map: dict[Node, QuantizationSpecBase | None] = {
             act: s.activation,
             weight: s.weight(rule.weight_axis),

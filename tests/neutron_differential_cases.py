@@ -23,6 +23,7 @@ class DCase:
     fn: Callable[..., torch.Tensor]
     mods: Callable[[], dict[str, torch.nn.Module]] = field(default=dict)
     positive: bool = False  # inputs in [0, 1): an asymmetric quantizer gives zero point -128
+    also: tuple[str, ...] = ()  # further ops standing for the case's op on one side (a rewrite's)
 
 
 class Module(torch.nn.Module):
@@ -41,6 +42,11 @@ def inputs(case: DCase, seed: int) -> tuple[torch.Tensor, ...]:
     return tuple(
         torch.rand(s, generator=g) if case.positive else torch.randn(s, generator=g) for s in case.shapes
     )
+
+
+def matches(case: DCase, op: str) -> bool:
+    """Whether a compute node of op ``op`` is one whose placement the case compares."""
+    return op == case.op or op in case.also
 
 
 def _m(**mods: Callable[[], torch.nn.Module]) -> Callable[[], dict[str, torch.nn.Module]]:
@@ -66,6 +72,7 @@ CASES: list[DCase] = [
     DCase("conv-depthwise", CONV, IMG, _run, _m(m=lambda: torch.nn.Conv2d(4, 4, 3, groups=4))),
     DCase("conv-groups-2", CONV, IMG, _run, _m(m=lambda: torch.nn.Conv2d(4, 6, 3, groups=2))),
     DCase("conv-depth-multiplier-2", CONV, IMG, _run, _m(m=lambda: torch.nn.Conv2d(4, 8, 3, groups=4))),
+    DCase("conv-depth-multiplier-3", CONV, IMG, _run, _m(m=lambda: torch.nn.Conv2d(4, 12, 3, groups=4))),
     DCase("conv-groups-12", CONV, ((1, 24, 6, 6),), _run, _m(m=lambda: torch.nn.Conv2d(24, 24, 3, groups=12))),
     DCase("conv1d", CONV, ((1, 4, 10),), _run, _m(m=lambda: torch.nn.Conv1d(4, 6, 3))),
     DCase("tconv-stride-2", CONV, IMG, _run, _m(m=lambda: torch.nn.ConvTranspose2d(4, 4, 3, stride=2))),
@@ -81,6 +88,8 @@ CASES: list[DCase] = [
           lambda m, x: F.max_pool2d(x, 1, (1, W))),
     DCase("maxpool-ceil-mode", "aten.max_pool2d_with_indices.default", ((1, 4, 5, 5),),
           lambda m, x: F.max_pool2d(x, 2, ceil_mode=True)),
+    DCase("maxpool-dilation-2", "aten.max_pool2d_with_indices.default", IMG,
+          lambda m, x: F.max_pool2d(x, 2, 2, 0, 2)),
     DCase("avgpool-2", "aten.avg_pool2d.default", IMG, lambda m, x: F.avg_pool2d(x, 2)),
     DCase("avgpool-pad-counted", "aten.avg_pool2d.default", IMG, lambda m, x: F.avg_pool2d(x, 3, 1, 1)),
     DCase("avgpool-pad-excluded", "aten.avg_pool2d.default", IMG,
@@ -93,6 +102,7 @@ CASES: list[DCase] = [
     DCase("mean-hw-keepdim", "aten.mean.dim", IMG, lambda m, x: x.mean((2, 3), keepdim=True)),
     DCase("mean-channels", "aten.mean.dim", IMG, lambda m, x: x.mean(1, keepdim=True)),
     DCase("mean-last-no-keepdim", "aten.mean.dim", ((1, 4, 6),), lambda m, x: x.mean(-1)),
+    DCase("mean-chw", "aten.mean.dim", IMG, lambda m, x: x.mean((1, 2, 3), keepdim=True)),
     DCase("amax-channels", "aten.amax.default", IMG, lambda m, x: x.amax(1, keepdim=True)),
     # -- softmax ----------------------------------------------------------------------------
     DCase("softmax-last", "aten._softmax.default", ((1, 4, 16),), lambda m, x: x.softmax(-1)),
@@ -106,28 +116,37 @@ CASES: list[DCase] = [
     DCase("bilinear-align-4-to-7", "aten.upsample_bilinear2d.vec", ((1, 4, 4, 4),),
           lambda m, x: F.interpolate(x, size=(7, 7), mode="bilinear", align_corners=True)),
     # -- matrix products --------------------------------------------------------------------
-    DCase("linear", "aten.addmm.default", ((2, 8),), _run, _m(m=lambda: torch.nn.Linear(8, 4))),
+    DCase("linear", "aten.addmm.default", ((2, 8),), _run, _m(m=lambda: torch.nn.Linear(8, 4)),
+          also=("aten.linear.default",)),
     DCase("mm-runtime-rhs", "aten.mm.default", ((3, 4), (4, 5)), lambda m, x, y: x @ y),
     DCase("bmm-zero-centred", "aten.bmm.default", ((2, 3, 4), (2, 4, 5)), lambda m, x, y: torch.bmm(x, y)),
     DCase("bmm-positive", "aten.bmm.default", ((2, 3, 4), (2, 4, 5)), lambda m, x, y: torch.bmm(x, y), positive=True),
     # -- concatenation ----------------------------------------------------------------------
+    DCase("cat-channels-6", "aten.cat.default", ((1, 2, 3, 3),) * 6, lambda m, *xs: torch.cat(xs, 1)),
     DCase("cat-channels-2", "aten.cat.default", ((1, 4, 3, 3), (1, 2, 3, 3)), lambda m, x, y: torch.cat([x, y], 1)),
     DCase("cat-last-3", "aten.cat.default", ((1, 4, 3), (1, 4, 2), (1, 4, 5)),
           lambda m, x, y, z: torch.cat([x, y, z], -1)),
     # -- padding ----------------------------------------------------------------------------
-    DCase("pad-constant", "aten.constant_pad_nd.default", IMG, lambda m, x: F.pad(x, (1, 1, 2, 0))),
-    DCase("pad-constant-negative", "aten.constant_pad_nd.default", IMG, lambda m, x: F.pad(x, (-1, 1, 0, 0))),
+    DCase("pad-constant", "aten.constant_pad_nd.default", IMG, lambda m, x: F.pad(x, (1, 1, 2, 0)),
+          also=("aten.pad.default",)),
+    DCase("pad-constant-negative", "aten.constant_pad_nd.default", IMG, lambda m, x: F.pad(x, (-1, 1, 0, 0)),
+          also=("aten.pad.default",)),
     DCase("pad-reflect", "aten.pad.default", IMG, lambda m, x: F.pad(x, (1, 2, 2, 1), mode="reflect")),
     # -- activations ------------------------------------------------------------------------
     DCase("relu", "aten.relu.default", IMG, lambda m, x: torch.relu(x)),
+    DCase("clamp-0-1", "aten.clamp.default", IMG, lambda m, x: torch.clamp(x, 0.0, 1.0)),
     DCase("relu6", "aten.hardtanh.default", IMG, lambda m, x: F.relu6(x)),
+    DCase("hardtanh-0-6", "aten.hardtanh.default", IMG, lambda m, x: F.hardtanh(x, 0.0, 6.0)),
     DCase("hardtanh-half", "aten.hardtanh.default", IMG, lambda m, x: F.hardtanh(x, -0.5, 0.5)),
     DCase("clamp-min-only", "aten.clamp.default", IMG, lambda m, x: torch.clamp(x, min=-0.5)),
     DCase("sigmoid", "aten.sigmoid.default", IMG, lambda m, x: torch.sigmoid(x)),
     DCase("tanh", "aten.tanh.default", IMG, lambda m, x: torch.tanh(x)),
     DCase("leaky-relu", "aten.leaky_relu.default", IMG, lambda m, x: F.leaky_relu(x, 0.1)),
-    DCase("hardswish", "aten.hardswish.default", IMG, lambda m, x: F.hardswish(x)),
+    DCase("hardswish", "aten.hardswish.default", IMG, lambda m, x: F.hardswish(x),
+          also=("aten.add.Tensor", "aten.hardtanh.default", "aten.mul.Tensor")),  # etforge: x*relu6(x+3)/6
     # -- elementwise ------------------------------------------------------------------------
+    DCase("add-scalar", "aten.add.Tensor", IMG, lambda m, x: x + 0.5),
+    DCase("mul-scalar", "aten.mul.Tensor", IMG, lambda m, x: x * 2),
     DCase("add-same-shape", "aten.add.Tensor", ((1, 4, 4), (1, 4, 4)), lambda m, x, y: x + y),
     DCase("add-one-full-operand", "aten.add.Tensor", ((1, 4, 4), (1, 1, 4)), lambda m, x, y: x + y),
     DCase("add-both-broadcast", "aten.add.Tensor", ((1, 4, 1), (1, 1, 4)), lambda m, x, y: x + y),
@@ -135,7 +154,9 @@ CASES: list[DCase] = [
     DCase("mul-both-broadcast", "aten.mul.Tensor", ((1, 4, 1), (1, 1, 4)), lambda m, x, y: x * y),
     # -- data movement ----------------------------------------------------------------------
     DCase("permute-nhwc", "aten.permute_copy.default", IMG, lambda m, x: x.permute(0, 2, 3, 1)),
+    DCase("permute-rank-5", "aten.permute_copy.default", ((1, 2, 3, 4, 5),), lambda m, x: x.permute(0, 4, 2, 3, 1)),
     DCase("view-rank-8", "aten.view_copy.default", ((2, 128),), lambda m, x: x.view(2, 2, 2, 2, 2, 2, 2, 2) * 2),
+    DCase("flatten-4d", "aten.view_copy.default", IMG, lambda m, x: (x * 2).flatten(1) * 3),
     DCase("slice-step-1", "aten.slice_copy.Tensor", ((1, 8, 4),), lambda m, x: x[:, 1:7]),
     DCase("slice-step-2", "aten.slice_copy.Tensor", ((1, 8, 4),), lambda m, x: x[:, 1:7:2]),
 ]  # fmt: skip

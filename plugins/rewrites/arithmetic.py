@@ -1,7 +1,12 @@
-"""Division by a constant as multiplication by its reciprocal.
+"""Arithmetic with constants in the forms the NPU converters take.
 
-LiteRT's int8 DIV is not an NPU op (upstream Neutron has no div converter); MUL is, and
-``x / c == x * (1 / c)`` up to float rounding. Attention's ``q·kᵀ / √d`` is the usual case.
+Division by a constant as multiplication by its reciprocal: LiteRT's int8 DIV is not an NPU
+op (upstream Neutron has no div converter); MUL is, and ``x / c == x * (1 / c)`` up to float
+rounding. Attention's ``q·kᵀ / √d`` is the usual case.
+
+An integer scalar operand of a float op as a float: ``to_edge`` turns ``x * 2`` into a MUL by
+an int64 constant behind a float ``_to_dim_order_copy``, a float CPU op that kept the MUL off
+the NPU on the classic lowering path (``x * 2.0`` is a plain constant; same value).
 """
 
 from __future__ import annotations
@@ -51,6 +56,30 @@ class DivByConstant(Rewrite):
         return changed
 
 
+class IntScalarAsFloat(Rewrite):
+    description = "add/sub/mul/rsub of a float tensor and an int scalar -> the scalar as a float"
+
+    def apply(self, gm: GraphModule, target: TargetSpec) -> bool:
+        import torch
+
+        from etforge.core.rewrite import calls, val
+
+        aten = torch.ops.aten
+        ops = (aten.add.Tensor, aten.sub.Tensor, aten.mul.Tensor, aten.rsub.Scalar)
+        ops += (aten.add.Scalar, aten.sub.Scalar, aten.mul.Scalar)
+        changed = False
+        for node in calls(gm, *ops):
+            if len(node.args) != 2:
+                continue
+            x, c = node.args
+            v = val(x)
+            if v is None or not v.is_floating_point() or type(c) is not int:
+                continue
+            node.args = (x, float(c))
+            changed = True
+        return changed
+
+
 @hookimpl
 def etforge_rewrites() -> list[Rewrite]:
-    return [DivByConstant()]
+    return [DivByConstant(), IntScalarAsFloat()]
