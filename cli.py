@@ -9,6 +9,7 @@ traceback. Third-party noise is silenced unless ``-v`` (``core.quiet``).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import sys
@@ -514,7 +515,7 @@ def compile_cmd(
     use_cache = cache.enabled() and not no_cache
     try:
         try:
-            generated, report, cached = _compile_into(
+            job = _Job(
                 staging,
                 reg,
                 model,
@@ -527,6 +528,7 @@ def compile_cmd(
                 use_cache,
                 no_fallback,
             )
+            generated, report, cached = _compile_into(job)
             output.commit(staging, out)
         except OSError as exc:  # a full disk, a quota, a file system gone read-only
             raise output.write_error(out, exc) from None
@@ -554,19 +556,34 @@ def compile_cmd(
     _print_summary(report, out, generated)
 
 
-def _compile_into(
-    staging: Any,
-    reg: Registry,
-    model: str,
-    target: Any,
-    options: dict[str, Any],
-    calib: str | None,
-    float_: bool,
-    etrecord: bool,
-    memory_budget: int | None,
-    use_cache: bool = False,
-    no_fallback: bool = False,
-) -> tuple[Any, dict[str, Any], bool]:
+@dataclasses.dataclass(frozen=True)
+class _Job:
+    """One model's compile, as the command line asked for it (into ``staging``)."""
+
+    staging: Any
+    reg: Registry
+    model: str
+    target: Any
+    options: dict[str, Any]
+    calib: str | None
+    float_: bool
+    etrecord: bool
+    memory_budget: int | None
+    use_cache: bool = False
+    no_fallback: bool = False
+
+    @property
+    def flags(self) -> dict[str, Any]:
+        """The command-line flags that change the build (part of the cache key)."""
+        return {
+            "float": self.float_,
+            "etrecord": self.etrecord,
+            "budget": self.memory_budget,
+            "no_fallback": self.no_fallback,
+        }
+
+
+def _compile_into(job: _Job) -> tuple[Any, dict[str, Any], bool]:
     """The whole compile, written into ``staging`` (swapped in as OUT by the caller).
 
     Returns (codegen result, report, restored from the cache). The cache is asked twice:
@@ -577,7 +594,15 @@ def _compile_into(
     """
     from etforge.core import output
 
-    flags = {"float": float_, "etrecord": etrecord, "budget": memory_budget, "no_fallback": no_fallback}
+    staging, reg, model, target, options, calib = (
+        job.staging,
+        job.reg,
+        job.model,
+        job.target,
+        job.options,
+        job.calib,
+    )
+    float_, use_cache, flags = job.float_, job.use_cache, job.flags
     direct = None
     if use_cache:
         from etforge.core import cache
@@ -600,21 +625,8 @@ def _compile_into(
     recording = direct.recorder.recording() if direct is not None else contextlib.nullcontext()
     from etforge.core import fallbacks
 
-    with fallbacks.recording(no_fallback):  # the front end's and the compile's
-        generated, report, cached, key = _build_into(
-            staging,
-            reg,
-            model,
-            target,
-            options,
-            calib,
-            float_,
-            etrecord,
-            memory_budget,
-            use_cache,
-            flags,
-            recording,
-        )
+    with fallbacks.recording(job.no_fallback):  # the front end's and the compile's
+        generated, report, cached, key = _build_into(job, recording)
     if not use_cache:
         return generated, _cache_info(staging, report, "miss", "the build cache is off"), cached
     if direct is not None and key is not None:
@@ -642,17 +654,7 @@ def _cache_info(staging: Any, report: dict[str, Any], mode: str, reason: str) ->
 
 
 def _build_into(
-    staging: Any,
-    reg: Registry,
-    model: str,
-    target: Any,
-    options: dict[str, Any],
-    calib: str | None,
-    float_: bool,
-    etrecord: bool,
-    memory_budget: int | None,
-    use_cache: bool,
-    flags: dict[str, Any],
+    job: _Job,
     recording: contextlib.AbstractContextManager[Any],
 ) -> tuple[Any, dict[str, Any], bool, str | None]:
     """The front end, the full-key cache lookup and, on a miss, the build; also returns the
@@ -661,6 +663,18 @@ def _build_into(
     ``recording`` spans what runs the user's code and reads the user's files (loading,
     building, exporting the model, reading calibration data): direct mode's dependencies."""
     from etforge.core import output
+
+    staging, reg, model, target, options, calib = (
+        job.staging,
+        job.reg,
+        job.model,
+        job.target,
+        job.options,
+        job.calib,
+    )
+    float_, etrecord, memory_budget, use_cache, flags = (
+        job.float_, job.etrecord, job.memory_budget, job.use_cache, job.flags,
+    )  # fmt: skip
 
     with _progress("import"):
         import torch  # noqa: F401  (its import time is this stage)
