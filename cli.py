@@ -594,14 +594,7 @@ def _compile_into(job: _Job) -> tuple[Any, dict[str, Any], bool]:
     """
     from etforge.core import output
 
-    staging, reg, model, target, options, calib = (
-        job.staging,
-        job.reg,
-        job.model,
-        job.target,
-        job.options,
-        job.calib,
-    )
+    staging, reg, model, target, options, calib = (job.staging, job.reg, job.model, job.target, job.options, job.calib)  # fmt: skip
     float_, use_cache, flags = job.float_, job.use_cache, job.flags
     direct = None
     if use_cache:
@@ -664,14 +657,7 @@ def _build_into(
     building, exporting the model, reading calibration data): direct mode's dependencies."""
     from etforge.core import output
 
-    staging, reg, model, target, options, calib = (
-        job.staging,
-        job.reg,
-        job.model,
-        job.target,
-        job.options,
-        job.calib,
-    )
+    staging, reg, model, target, options, calib = (job.staging, job.reg, job.model, job.target, job.options, job.calib)  # fmt: skip
     float_, etrecord, memory_budget, use_cache, flags = (
         job.float_, job.etrecord, job.memory_budget, job.use_cache, job.flags,
     )  # fmt: skip
