@@ -106,8 +106,17 @@ UNCHECKED: dict[str, frozenset[str]] = {
     "_clone_dim_order": frozenset({"self"}),
 }
 
-#: CMSIS-NN ops whose input and output must be NHWC (``is_channels_last_tensor``).
-NHWC_ONLY = frozenset({"quantized_conv2d", "quantized_depthwise_conv2d", "quantized_transpose_conv2d"})
+#: CMSIS-NN ops whose input and output must be NHWC (``is_channels_last_tensor``; the pools
+#: through ``prepare_cmsis_pool2d_config``).
+NHWC_ONLY = frozenset(
+    {
+        "quantized_avg_pool2d",
+        "quantized_conv2d",
+        "quantized_depthwise_conv2d",
+        "quantized_max_pool2d",
+        "quantized_transpose_conv2d",
+    }
+)
 
 #: Namespaces of ExecuTorch's portable kernels.
 PORTABLE = frozenset({"aten", "dim_order_ops"})
@@ -300,6 +309,17 @@ def _copy(graph: Any, x: Node, order: Sequence[int], before: Node | None = None,
     return copy
 
 
+#: Copies made so far, by (tensor, dim order): a later user of the same tensor reuses one.
+Copies = dict[tuple[Node, tuple[int, ...]], Node]
+
+
+def _shared_copy(graph: Any, copies: Copies, x: Node, order: tuple[int, ...], user: Node) -> Node:
+    """``x`` in ``order``, made before its first user that needs it (which precedes the rest)."""
+    if (x, order) not in copies:
+        copies[(x, order)] = _copy(graph, x, order, before=user)
+    return copies[(x, order)]
+
+
 def _refake(node: Node) -> None:
     """The node's value recomputed from its (changed) inputs' fake values."""
     import torch
@@ -309,7 +329,7 @@ def _refake(node: Node) -> None:
     node.meta["val"] = node.target(*args, **kwargs)
 
 
-def _contiguous_run(graph: Any, node: Node, copies: dict[Node, Node]) -> None:
+def _contiguous_run(graph: Any, node: Node, copies: Copies) -> None:
     """Run ``node`` on contiguous copies of its inputs (``copies``: made so far, shared by
     later users); its users get its old dim order back."""
     old = _order(_val(node))
@@ -318,9 +338,7 @@ def _contiguous_run(graph: Any, node: Node, copies: dict[Node, Node]) -> None:
         v = _val(x)
         if v is None or is_contiguous(_order(v)):
             return x
-        if x not in copies:
-            copies[x] = _copy(graph, x, range(v.dim()), before=node)
-        return copies[x]
+        return _shared_copy(graph, copies, x, tuple(range(v.dim())), node)
 
     import torch
 
@@ -334,11 +352,13 @@ def _contiguous_run(graph: Any, node: Node, copies: dict[Node, Node]) -> None:
             u.replace_input_with(node, back)
 
 
-def _nhwc_inputs(graph: Any, node: Node) -> None:
-    """A CMSIS-NN convolution's input brought to NHWC."""
+def _nhwc_inputs(graph: Any, node: Node, copies: Copies) -> None:
+    """A CMSIS-NN convolution's or pool's input brought to NHWC (``copies``: shared with later
+    users); its output follows from the op's own shape function."""
     x = node.args[0]
     if isinstance(x, Node) and not _cortex_m_nhwc(_arg("input", _val(x))):
-        node.replace_input_with(x, _copy(graph, x, (0, 2, 3, 1), before=node))
+        node.replace_input_with(x, _shared_copy(graph, copies, x, (0, 2, 3, 1), node))
+        _refake(node)
 
 
 def _becomes_view(node: Node) -> bool:
@@ -363,7 +383,7 @@ def align(ep: ExportedProgram) -> list[str]:
     """
     graph = ep.graph_module.graph
     notes: list[str] = []
-    copies: dict[Node, Node] = {}
+    copies: Copies = {}
     for node in list(graph.nodes):
         if node.op != "call_function":
             continue
@@ -376,7 +396,7 @@ def align(ep: ExportedProgram) -> list[str]:
             continue
         ns, _, name = op.rpartition("::")
         if ns == "cortex_m":
-            _nhwc_inputs(graph, node)
+            _nhwc_inputs(graph, node, copies)
             how = "input copied to channels-last"
         elif _to_scalar(ep, node):
             how = "0-d constant passed as a scalar"
