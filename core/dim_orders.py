@@ -118,6 +118,9 @@ NHWC_ONLY = frozenset(
     }
 )
 
+#: Where the CPU lowering leaves ``align``'s lines on the program's graph module.
+NOTES_KEY = "etforge_dim_orders"
+
 #: Namespaces of ExecuTorch's portable kernels.
 PORTABLE = frozenset({"aten", "dim_order_ops"})
 
@@ -413,3 +416,13 @@ def align(ep: ExportedProgram) -> list[str]:
         graph.lint()
         ep.graph_module.recompile()
     return notes
+
+
+def summary(ep: ExportedProgram) -> list[str]:
+    """Report notes for what ``align`` did to ``ep``: one line counting the calls changed, and
+    every call it could not change (``verify`` refuses those, naming the instruction)."""
+    lines = list(ep.graph_module.meta.get(NOTES_KEY, ()))
+    left = [ln for ln in lines if " left as it was: " in ln]
+    done = len(lines) - len(left)
+    out = [f"dim orders: {done} kernel call(s) changed for the device's kernels (core/dim_orders.py)"] if done else []
+    return out + [f"dim orders: {ln}" for ln in left]

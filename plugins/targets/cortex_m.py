@@ -132,9 +132,9 @@ def _aligned(ep: ExportedProgram) -> ExportedProgram:
     """Every portable and CMSIS-NN kernel call given the dim orders its C++ kernel accepts
     (``core/dim_orders.py``): the pass manager leaves channels-last tensors where ExecuTorch's
     portable kernels refuse or miscompute them."""
-    from etforge.core.dim_orders import align
+    from etforge.core.dim_orders import NOTES_KEY, align
 
-    align(ep)
+    ep.graph_module.meta[NOTES_KEY] = align(ep)
     return ep
 
 
