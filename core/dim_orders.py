@@ -300,7 +300,9 @@ def _to_scalar(ep: ExportedProgram, node: Node) -> bool:
     return True
 
 
-def _copy(graph: Any, x: Node, order: Sequence[int], before: Node | None = None, after: Node | None = None) -> Node:
+def _copy(
+    graph: Any, x: Node, order: Sequence[int], before: Node | None = None, after: Node | None = None
+) -> Node:
     from executorch.exir.dialects._ops import ops as exir_ops
 
     target = exir_ops.edge.dim_order_ops._to_dim_order_copy.default
@@ -378,6 +380,13 @@ def _view_problem(args: Sequence[Arg]) -> str | None:
     return None
 
 
+def _still_broken(node: Node, op: str) -> bool:
+    after = node_args(node)
+    if after is None:
+        return False
+    return (_view_problem(after) if _becomes_view(node) else problem(_op(node) or op, after)) is not None
+
+
 def align(ep: ExportedProgram) -> list[str]:
     """Rewrite ``ep`` (in place) so every kernel call meets ``problem``'s rules.
 
@@ -406,9 +415,7 @@ def align(ep: ExportedProgram) -> list[str]:
         else:
             _contiguous_run(graph, node, copies)
             how = "run on contiguous copies"
-        after = node_args(node)
-        check = _view_problem if _becomes_view(node) else (lambda a: problem(_op(node) or op, a))
-        if after is not None and check(after) is not None:
+        if _still_broken(node, op):
             notes.append(f"{node.name} ({op}) left as it was: {why}")
             continue
         notes.append(f"{node.name} ({op}): {how}")
@@ -424,5 +431,9 @@ def summary(ep: ExportedProgram) -> list[str]:
     lines = list(ep.graph_module.meta.get(NOTES_KEY, ()))
     left = [ln for ln in lines if " left as it was: " in ln]
     done = len(lines) - len(left)
-    out = [f"dim orders: {done} kernel call(s) changed for the device's kernels (core/dim_orders.py)"] if done else []
+    out = (
+        [f"dim orders: {done} kernel call(s) changed for the device's kernels (core/dim_orders.py)"]
+        if done
+        else []
+    )
     return out + [f"dim orders: {ln}" for ln in left]

@@ -60,7 +60,9 @@ def test_mixed_dim_orders_are_refused_then_aligned(
     module: torch.nn.Module, n: int, instruction: str, why: str
 ) -> None:
     example = _inputs(n)
-    with pytest.raises(EtforgeError, match=rf"instruction \d+ {instruction} would fail .*on the device: .*{why}"):
+    with pytest.raises(
+        EtforgeError, match=rf"instruction \d+ {instruction} would fail .*on the device: .*{why}"
+    ):
         PteInterpreter(_pte(module, example, aligned=False)).run(list(example))
     got = PteInterpreter(_pte(module, example, aligned=True)).run(list(example))
     want = module(*example)
