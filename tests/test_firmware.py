@@ -27,6 +27,7 @@ ZOO = ["cifarnet", "ds_cnn", "resnet8", "autoencoder", "digits_cnn"]
 #: portable kernels used to refuse (mobilenet_v3_se, shufflenet: mixed dim orders) or miscompute
 #: (unet: channels-last ``cat``), and two more conv-heavy ones (core/dim_orders.py).
 FAMILIES = ["mobilenet_v3_se", "shufflenet", "unet", "efficientnet_lite", "dilated"]
+REALIGNED = {"mobilenet_v3_se", "shufflenet", "unet"}
 #: Programs known to differ on the device (none: the host runs etforge's CMSIS-NN-exact kernels).
 XFAIL: dict[str, str] = {}
 SAMPLES = 3
@@ -82,6 +83,10 @@ def family_outs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     for family in FAMILIES:
         model, example, calibration = build(family)
         compiled = etforge.compile(model, example, target="cortex-m33", calibration=calibration)
+        notes = [n for n in compiled.report["notes"] if n.startswith("dim orders:")]
+        assert not [n for n in notes if "not aligned" in n], notes
+        if family in REALIGNED:
+            assert notes and "kernel call(s) changed" in notes[0], compiled.report["notes"]
         out = compiled.save(root / family)
         compiled.codegen(out / "codegen")
         outs[family] = out
