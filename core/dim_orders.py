@@ -102,6 +102,8 @@ UNCHECKED: dict[str, frozenset[str]] = {
     "native_group_norm": frozenset({"weight", "bias"}),
     "_native_batch_norm_legit_no_training": frozenset({"weight", "bias", "running_mean", "running_var"}),
     "native_batch_norm": frozenset({"weight", "bias", "running_mean", "running_var"}),
+    # each tensor alone contiguous or channels-last (check_max_pool2d_with_indices_args)
+    "max_pool2d_with_indices": frozenset({"self", "out", "indices"}),
     "_to_dim_order_copy": frozenset({"self"}),
     "_clone_dim_order": frozenset({"self"}),
 }

@@ -91,6 +91,10 @@ def test_rules_match_the_cpp_kernels() -> None:
     one = Arg("tensors", (1, 8, 1, 1), cl)
     assert problem("aten::cat", [one, one, Arg("out", (1, 16, 1, 1), cl, True)]) is None
     assert problem("aten::cat", [Arg("tensors", (1, 8, 4, 4), cl), Arg("out", (1, 8, 4, 4), cl, True)])
+    # max pooling checks each tensor alone (its int64 indices may be contiguous)
+    pooled = Arg("out", (1, 8, 2, 2), cl, True)
+    indices = Arg("out", (1, 8, 2, 2), nchw, True)
+    assert problem("aten::max_pool2d_with_indices", [x_cl, pooled, indices]) is None
     # the copy op converts between orders; convolution's weight is not checked
     assert problem("dim_order_ops::_to_dim_order_copy", [x_cl, out]) is None
     assert problem("aten::convolution", [x, Arg("weight", (8, 8, 1, 1), cl), out]) is None
