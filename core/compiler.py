@@ -148,6 +148,9 @@ def compile_model(
             float_ep, build, lambda built: built[1].exported_program(), libraries, tgt.name
         )
         host_program = edge.exported_program()
+        from etforge.core.dim_orders import summary
+
+        notes.extend(summary(host_program))
         with stage("serialize"):
             et = pipeline.serialize(
                 EdgeProgramManager(

@@ -246,6 +246,7 @@ class PteInterpreter:
         """The method's outputs for ``inputs`` (copies, in the program's dim order)."""
         if not self.kernels:
             self.kernels = [kernel(o.name, o.overload) for o in self.plan.operators]
+            self.check_dim_orders()
         values = self._materialise(planned)
         tensor_inputs = [i for i in self.plan.inputs if i in self.specs]
         if len(tensor_inputs) != len(inputs):
@@ -269,6 +270,37 @@ class PteInterpreter:
                     )
                 pc = self._execute(self.steps[pc], values, kernels, trace)
         return [_snap(_resolve(values, i)) for i in self.plan.outputs]
+
+    def check_dim_orders(self) -> None:
+        """Every kernel call's tensors in dim orders the device's C++ kernel accepts and computes
+        right (``core/dim_orders.problem``): torch's kernels take any strides, ExecuTorch's
+        portable and CMSIS-NN kernels refuse or miscompute some, so a host run alone would pass
+        a program the device refuses."""
+        from etforge.core.dim_orders import Arg, problem
+
+        if not self.kernels:
+            self.kernels = [kernel(o.name, o.overload) for o in self.plan.operators]
+        for step in self.steps:
+            if step.kind != "kernel":
+                continue
+            ins = self.plan.chains[0].instructions[step.index].instr_args
+            op = self.plan.operators[ins.op_index]
+            schema_args = self.kernels[ins.op_index].schema.arguments
+            args: list[Arg] = []
+            for i, a in zip(ins.args[: len(schema_args)], schema_args, strict=True):
+                value = self.initial[i] if i >= 0 else None
+                items = value.items if isinstance(value, _Ref) else (i,)
+                for t in items:
+                    spec = self.specs.get(t)
+                    if spec is not None:
+                        order = tuple(int(d) for d in self.plan.values[t].val.dim_order)
+                        args.append(Arg(a.name, spec.sizes, order, bool(a.is_out)))
+            why = problem(str(op.name), args)
+            if why is not None:
+                raise EtforgeError(
+                    f"{self.source}: instruction {step.index} ({step.name}) would fail or compute "
+                    f"other values on the device: {why}"
+                )
 
     def io(self, step: Step) -> IO:
         """(values the instruction reads, values it writes): a kernel's out arguments and a

@@ -23,6 +23,11 @@ from etforge.runtime.firmware import build, device, sources
 from support import run_cli
 
 ZOO = ["cifarnet", "ds_cnn", "resnet8", "autoencoder", "digits_cnn"]
+#: Architecture-suite families (tests/models/architectures.py) whose cortex-m33 programs the
+#: portable kernels used to refuse (mobilenet_v3_se, shufflenet: mixed dim orders) or miscompute
+#: (unet: channels-last ``cat``), and two more conv-heavy ones (core/dim_orders.py).
+FAMILIES = ["mobilenet_v3_se", "shufflenet", "unet", "efficientnet_lite", "dilated"]
+REALIGNED = {"mobilenet_v3_se", "shufflenet", "unet"}
 #: Programs known to differ on the device (none: the host runs etforge's CMSIS-NN-exact kernels).
 XFAIL: dict[str, str] = {}
 SAMPLES = 3
@@ -66,6 +71,37 @@ def outs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {m: root / m / "cortex-m33" for m in ZOO}
 
 
+@pytest.fixture(scope="module")
+def family_outs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The families compiled for cortex-m33 (with ``codegen/``, as ``etforge compile`` writes)."""
+    from models.architectures import build
+
+    import etforge
+
+    root = tmp_path_factory.mktemp("families")
+    outs = {}
+    for family in FAMILIES:
+        model, example, calibration = build(family)
+        compiled = etforge.compile(model, example, target="cortex-m33", calibration=calibration)
+        notes = [n for n in compiled.report["notes"] if n.startswith("dim orders:")]
+        assert not [n for n in notes if "not aligned" in n], notes
+        if family in REALIGNED:
+            assert notes and "kernel call(s) changed" in notes[0], compiled.report["notes"]
+        out = compiled.save(root / family)
+        compiled.codegen(out / "codegen")
+        outs[family] = out
+    return outs
+
+
+def _bit_exact(out: Path) -> None:
+    v = device.verify(out, "qemu-m33", samples=SAMPLES)
+    assert v.failures == [], v.failures
+    assert v.identical == v.samples == SAMPLES
+    # memory truth: what ExecuTorch planned on the device is the report's arena
+    assert v.planned == v.report_arena and v.planned
+    assert all(n > 0 for n in v.instructions)
+
+
 @pytest.mark.parametrize(
     "model",
     [
@@ -74,12 +110,14 @@ def outs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     ],
 )
 def test_zoo_bit_exact_on_qemu(outs: dict[str, Path], model: str) -> None:
-    v = device.verify(outs[model], "qemu-m33", samples=SAMPLES)
-    assert v.failures == [], v.failures
-    assert v.identical == v.samples == SAMPLES
-    # memory truth: what ExecuTorch planned on the device is the report's arena
-    assert v.planned == v.report_arena and v.planned
-    assert all(n > 0 for n in v.instructions)
+    _bit_exact(outs[model])
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_architecture_family_bit_exact_on_qemu(family_outs: dict[str, Path], family: str) -> None:
+    """Every portable kernel call gets the dim orders its C++ kernel accepts: the device runs
+    the program and computes what the host interpreter computes."""
+    _bit_exact(family_outs[family])
 
 
 def test_run_cli_on_given_inputs(outs: dict[str, Path], tmp_path: Path) -> None:

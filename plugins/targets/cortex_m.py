@@ -107,9 +107,11 @@ class CortexMBackend(CpuBackend):
         logging.getLogger("executorch.exir.pass_manager").setLevel(logging.ERROR)
         config = target_config(target, options)
         try:
-            return CortexMPassManager(copy_program(ep), target_config=config).transform()
+            lowered = CortexMPassManager(copy_program(ep), target_config=config).transform()
         except Exception as exc:  # an upstream pass failing on a graph it does not expect
             first = exc
+        else:
+            return _aligned(lowered)
         # The passes after the q/dq folding re-trace the graph with fake tensors: a folded
         # linear (int8 x int8 + int32 bias) traces to int32, and an int8 op that takes it
         # (bmm) fails to trace. Substituting the CMSIS-NN ops once right after the folding
@@ -129,9 +131,20 @@ class CortexMBackend(CpuBackend):
         at = next(i for i, p in enumerate(passes) if p.__name__ == "FoldAndAnnotateQParamsPass") + 1
         passes.insert(at, AtenToCortexMPass)
         try:
-            return CortexMPassManager(ep, passes=passes, target_config=config).transform()
+            lowered = CortexMPassManager(ep, passes=passes, target_config=config).transform()
         except Exception:
             raise lowering_error(first, ep, target) from None
+        return _aligned(lowered)
+
+
+def _aligned(ep: ExportedProgram) -> ExportedProgram:
+    """Every portable and CMSIS-NN kernel call given the dim orders its C++ kernel accepts
+    (``core/dim_orders.py``): the pass manager leaves channels-last tensors where ExecuTorch's
+    portable kernels refuse or miscompute them."""
+    from etforge.core.dim_orders import NOTES_KEY, align
+
+    ep.graph_module.meta[NOTES_KEY] = align(ep)
+    return ep
 
 
 def copy_program(ep: ExportedProgram) -> ExportedProgram:
