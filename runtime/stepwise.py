@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from etforge.core import layout, payload
+from etforge.core.graph_utils import is_quantize
 from etforge.core.litert import read_metadata
 from etforge.runtime import litert_run
 from etforge.runtime.host import program_inputs, run_program, stored_inputs
@@ -78,10 +79,17 @@ SHAPE_MISMATCH = "LiteRT tensor shape differs from the reference value"
 NOT_RECORDED = "no LiteRT tensor holds it in logical order: a channels-last flatten or an alias"
 
 
-def op_parity(lowered: Any, args: Sequence[torch.Tensor], kernels: str = DEVICE_KERNELS) -> list[OpParity]:
+def op_parity(
+    lowered: Any,
+    args: Sequence[torch.Tensor],
+    kernels: str = DEVICE_KERNELS,
+    record: dict[str, torch.Tensor] | None = None,
+) -> list[OpParity]:
     """Compare every int8 value of one delegate call with its reference op (teacher-forced).
 
     ``kernels``: LiteRT's kernel set; the device-exact references reproduce ``reference``.
+    ``record`` collects LiteRT's int8 values by the partition's node names (the quantized
+    program's: ``runtime.simulate`` takes them for ops without a rule).
     """
     from etforge.runtime.device_ref import NotExact, Reference
 
@@ -111,6 +119,8 @@ def op_parity(lowered: Any, args: Sequence[torch.Tensor], kernels: str = DEVICE_
             if tuple(ours.shape) != tuple(ref.shape):
                 found.append(_skipped(blob.partition, src.name, ref, SHAPE_MISMATCH))
                 return ref
+            if record is not None:
+                record[n.name] = ours
             off = (ours.to(torch.int32) - ref.to(torch.int32)).abs()
             vs_torch = {"torch_max_steps": int(off.max()) if off.numel() else 0,
                         "torch_values_off": int((off > 0).sum())}  # fmt: skip
@@ -195,6 +205,19 @@ def cpu_reference(
         return torch_value, str(why)
 
 
+def observer_names(program: Any) -> dict[str, str]:
+    """Observer -> quantize node of the quantized ``program`` (an ExportedProgram: its module
+    drops the provenance). A quantize the lowering keeps (a portable CPU op's) names the
+    observer it replaced (``activation_post_process_N``), not the quantize node."""
+    names = {n.name for n in program.graph.nodes}
+    aliases: dict[str, str] = {}
+    for n in program.graph.nodes:
+        observer = _qep_name(n) if is_quantize(n) else None
+        if observer is not None and observer not in names:
+            aliases.setdefault(observer, n.name)
+    return aliases
+
+
 #: An observed host value: (host node, kernel kind or "" (a delegate output), host op, value).
 Produced = tuple[str, str, str, torch.Tensor]
 
@@ -204,7 +227,9 @@ class HostInt8Values:
     also computes, keyed by the PT2E node they came from (torch.fx provenance; a delegate
     output by the partition's node name)."""
 
-    def __init__(self) -> None:
+    def __init__(self, aliases: dict[str, str] | None = None) -> None:
+        #: observer name -> quantize node (``observer_names``): a portable quantize's provenance
+        self.aliases = aliases or {}
         # PT2E node -> (host node, kernel kind or "" for a delegate output (forced only), host op, value)
         self.produced: dict[str, Produced] = {}
 
@@ -229,11 +254,19 @@ class HostInt8Values:
         by_name = {n.name: n for n in reference.graph.nodes}
         forced: dict[str, Produced] = {}
         for name, item in self.produced.items():
-            src = by_name.get(name)
+            src = by_name.get(name) or by_name.get(self.aliases.get(name, ""))
             q = _int8_result(src) if src is not None else None
             if q is not None:
                 forced[q.name] = item
         return forced
+
+    def kinds(self, reference: torch.fx.GraphModule) -> dict[str, tuple[str, str]]:
+        """Quantize node of ``reference`` -> (kernel kind, host op) for the CPU's values."""
+        return {q: (kind, op) for q, (_, kind, op, _) in self.forced(reference).items() if kind}
+
+    def values(self, reference: torch.fx.GraphModule) -> dict[str, torch.Tensor]:
+        """Quantize node of ``reference`` -> the host's int8 value (CPU ops, partition outputs)."""
+        return {q: item[3] for q, item in self.forced(reference).items()}
 
     def compare(self, reference: torch.fx.GraphModule, inputs: Sequence[torch.Tensor]) -> list[OpParity]:
         """Run ``reference`` (the PT2E module) with every observed value forced to the host's,
@@ -272,6 +305,6 @@ def cpu_op_parity(
     """Each CPU op of the lowered program (CMSIS-NN / portable) against the reference op fed
     the same int8 inputs: the PT2E program runs with every value the host program also
     computed (NPU partition outputs included) forced to the host's."""
-    values = HostInt8Values()
+    values = HostInt8Values(observer_names(reference))
     run_program(host, inputs, kernels, observe=values)
     return values.compare(reference.module(check_guards=False), inputs)
