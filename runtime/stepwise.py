@@ -154,7 +154,9 @@ def _delegate_output_name(n: torch.fx.Node) -> str | None:
         return None
     holder, index = call.args[0], n.args[1]
     gm = n.graph.owning_module
-    lowered = getattr(gm, holder.target, None) if isinstance(holder, torch.fx.Node) and gm is not None else None
+    lowered = (
+        getattr(gm, holder.target, None) if isinstance(holder, torch.fx.Node) and gm is not None else None
+    )
     original = getattr(lowered, "original_module", None)
     if original is None:
         return None

@@ -315,7 +315,9 @@ def test_a_cpu_op_one_step_off_fails_verify_naming_it(cortex_m33_cnn: tuple[Any,
     v = _verify(result, report, broken)
     assert not v.ok
     failure = next(f for f in v.failures if f.startswith(f"CPU op {name} has "))
-    assert re.search(r"has [\d,]+ of [\d,]+ values off its reference .*max 1 steps; first at index \(", failure)
+    assert re.search(
+        r"has [\d,]+ of [\d,]+ values off its reference .*max 1 steps; first at index \(", failure
+    )
 
 
 def test_a_program_255_steps_off_fails_even_when_top1_agrees(cortex_m33_cnn: tuple[Any, Any]) -> None:
@@ -327,7 +329,9 @@ def test_a_program_255_steps_off_fails_even_when_top1_agrees(cortex_m33_cnn: tup
     assert v.top1_vs_exact == v.samples  # the arg-max alone cannot see it
     assert v.sim_max_steps == pytest.approx(255, abs=0.01)
     assert not v.ok
-    assert [f for f in v.failures if f.startswith("the output is 255.0 steps from the whole program")], v.failures
+    assert [f for f in v.failures if f.startswith("the output is 255.0 steps from the whole program")], (
+        v.failures
+    )
 
 
 @pytest.mark.parametrize("target", ["imxrt700", "imxrt700cm"])

@@ -101,5 +101,7 @@ def test_a_cpu_op_far_off_fails_verify_naming_it() -> None:
     conv.args = tuple(args)
     v = compare(broken, result.float_program, result.quantized_program, report, samples=2)
     assert not v.ok
-    assert [f for f in v.failures if f.startswith(f"CPU op {conv.name} has ") and "max 100 steps" in f], v.failures
+    assert [f for f in v.failures if f.startswith(f"CPU op {conv.name} has ") and "max 100 steps" in f], (
+        v.failures
+    )
     assert [f for f in v.failures if "simulated in the device's arithmetic" in f], v.failures
