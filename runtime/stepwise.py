@@ -247,7 +247,7 @@ class HostInt8Values:
             return
         name = _qep_name(n)
         ns = node_op(n).split(".")[0]
-        if name is not None and ns in {"cortex_m", "aten", "quantized_decomposed"}:
+        if name is not None:  # any other kernel is ExecuTorch's portable one (aten, dim_order_ops, ...)
             kind = CORTEX_M if ns == "cortex_m" else PORTABLE
             self.produced[name] = (n.name, kind, node_op(n), out.detach())
 
