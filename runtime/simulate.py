@@ -95,13 +95,31 @@ def simulate(
                     off = (ours.to(torch.int32) - out.to(torch.int32)).abs()
                     if not off.numel() or int(off.max()) <= FORCE_MAX_STEPS:
                         return ours.contiguous()
-                unforced[n.name] = str(why)
+                if not _copies_codes(n, self.env):
+                    unforced[n.name] = str(why)
                 return out
 
     with torch.no_grad():
         out = Device(module, garbage_collect_values=False).run(*inputs)
     outs = list(out) if isinstance(out, (list, tuple)) else [out]
     return Simulation(outs, not_exact, unforced, raw=out)
+
+
+def _copies_codes(q: torch.fx.Node, env: Mapping[torch.fx.Node, Any]) -> bool:
+    """``q`` quantizes, on its input's grid, an op that returned its dequantized input unchanged
+    (an eval-mode dropout, a clone): the device copies the codes, so torch's value is exact."""
+    from etforge.core.graph_utils import is_dequantize
+
+    op = q.args[0]
+    src = op.args[0] if isinstance(op, torch.fx.Node) and op.args else None
+    if (
+        not isinstance(src, torch.fx.Node)
+        or not is_dequantize(src)
+        or tuple(src.args[1:3]) != tuple(q.args[1:3])
+    ):
+        return False
+    a, b = env.get(op), env.get(src)
+    return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and torch.equal(a, b)
 
 
 def output_steps(ours: torch.Tensor, sim: torch.Tensor, scale: float) -> float:
