@@ -940,3 +940,44 @@ KERNELS: dict[str, Callable[..., torch.Tensor]] = {
         ("quantized_max_pool2d_nhwc", quantized_max_pool2d_nhwc),
     ]
 }
+
+
+# -- references: a quantized program's op in CMSIS-NN's arithmetic ---------------------------
+
+
+def cmsis_reference(value: Callable[[Any], Any], host_op: str) -> Callable[[Any], torch.Tensor]:
+    """The value a Cortex-M op must produce for quantize node ``q`` of the quantized program,
+    computed from the *Edge op* and its qparams (never from the lowered op's arguments, which
+    are what a lowering error gets wrong): ``value(node)`` reads the interpreter's values.
+
+    CMSIS-NN requantizes as TFLite's reference kernels do (``runtime.device_ref``), with two
+    differences handled here: ``arm_fully_connected_s8`` rounds twice (``arm_nn_requantize``,
+    as the convolutions do) where LiteRT's FULLY_CONNECTED rounds once, and the program's own
+    quantize (``cortex_m::quantize_per_tensor``, ``host_op``) is the wrapper's float32 kernel.
+    Raises ``device_ref.NotExact`` where neither has a rule.
+    """
+    from etforge.runtime.device_ref import NotExact, Out, Reference
+
+    class Cmsis(Reference):
+        def compute(self, node: Any, out: Out) -> Any:
+            from etforge.core.graph_utils import node_op
+
+            if node_op(node) == "aten.linear.default":
+                x, w = self.operand(node.args[0]), self.operand(node.args[1])
+                bias = self.operand(node.args[2]) if len(node.args) > 2 else None
+                acc = self._accumulate(x, w, lambda a, b: a @ b.T)
+                # a non-negative channel axis takes device_ref's two-rounding requantization
+                return self._finish(acc, x, w, bias, out, axis=acc.ndim - 1)
+            return super().compute(node, out)
+
+    def reference(q: Any) -> torch.Tensor:
+        if host_op.startswith("cortex_m.quantize_per_tensor"):
+            x = value(q.args[0])
+            if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+                raise NotExact("quantize of a non-float value")
+            scale, zp, lo, hi = (float(value(a)) if hasattr(a, "op") else a for a in q.args[1:5])
+            out = torch.empty(x.shape, dtype=torch.int8)
+            return quantize_per_tensor(x.contiguous(), scale, int(zp), int(lo), int(hi), torch.int8, out)
+        return Cmsis(value)(q)
+
+    return reference

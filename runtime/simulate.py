@@ -1,16 +1,26 @@
 """The whole quantized program simulated in the device's arithmetic (not teacher-forced).
 
-The PT2E quantized program runs with every int8 value that has a device-exact rule
-(``runtime.device_ref``) replaced by that rule's value computed from the simulation's own
-earlier values: the chain of device references, end to end. ``verify`` requires the compiled
-program's outputs (LiteRT reference kernels, the device's) to equal it — exact when every op
-has a rule, else within ``SIM_MAX_STEPS`` — so a program whose output is far off the device's
+The PT2E quantized program runs with every int8 value replaced by the value the kernel that
+computes it on the device would produce from the simulation's own earlier values — the chain
+of device references, end to end, each op by the rule of where it runs:
+
+- an NPU op (inside a partition, or a partition's output): ``runtime.device_ref`` (TFLite's
+  reference kernels, which the NPU compiler follows);
+- a Cortex-M op: ``runtime.cortex_m_kernels.cmsis_reference`` (CMSIS-NN's arithmetic);
+- a portable op: dequantize, the float op, quantize — what torch computes for the program.
+
+An op with no rule yet (listed as ``not_exact``) takes the compiled program's own value when
+that is within ``FORCE_MAX_STEPS`` of torch's op on the simulation's inputs (the per-op gate's
+rule for such ops), else torch's value. ``verify`` then requires the compiled program's outputs
+(LiteRT reference kernels, the Cortex-M kernels: the device's arithmetic) to *equal* the
+simulation, every value of every output; only when some unruled value could not be taken from
+the program (``unforced``) is it within ``SIM_MAX_STEPS``. A program far off the device's
 arithmetic (a miscompiled CPU op, 255 steps off) fails even when its arg-max agrees.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,47 +28,98 @@ import torch
 
 from etforge.core.graph_utils import is_quantize, node_op
 
-#: Output steps the compiled program may be from the simulation while some op has no
-#: device-exact rule (listed): that op's one-step rounding differences are amplified by the
-#: layers after it — up to ~23 steps on a random-weight MobileNetV2-96 with every op within one
-#: step. 64 is under a third of a miscompile's 255 and above that amplification. With every op
-#: exact the bound is 0.
-SIM_MAX_STEPS = 64
+#: Steps an unruled op's simulated value may be from the compiled program's for the program's
+#: value to be used: one rounding, the rule ``verify`` gates such ops with (``OP_MAX_STEPS``).
+FORCE_MAX_STEPS = 1
+#: Output steps the compiled program may be from the simulation when some op without a
+#: device-exact rule has no recorded program value (``unforced``, listed; today: none on the
+#: architecture and real-model suites): its value is torch's, one rounding off the device's,
+#: and the layers after it may amplify that. 4 steps leaves room for a few such roundings
+#: reaching an output through a short head and is 1/64 of a miscompile's 255; with every value
+#: ruled or forced the bound is 0.
+SIM_MAX_STEPS = 4
+
+#: Where a quantize node's value is computed (``runtime.stepwise``): the kind of kernel.
+NPU, CORTEX_M, PORTABLE = "", "cortex_m", "portable"
 
 
 @dataclass
 class Simulation:
     outputs: list[Any]
-    #: quantize nodes computed by torch for want of a device-exact rule: node -> reason
+    #: quantize nodes without a device-exact rule: node -> reason (their values: see module doc)
     not_exact: dict[str, str] = field(default_factory=dict)
+    #: those of them whose value is torch's, not the compiled program's (bound ``SIM_MAX_STEPS``)
+    unforced: dict[str, str] = field(default_factory=dict)
     #: what the module returned, structured as ``forward`` returns it (``runtime.outputs.flatten``)
     raw: Any = None
 
 
-def simulate(module: torch.fx.GraphModule, inputs: Sequence[torch.Tensor]) -> Simulation:
-    """Run the PT2E program ``module`` with device-exact int8 values wherever a rule exists."""
+def simulate(
+    module: torch.fx.GraphModule,
+    inputs: Sequence[torch.Tensor],
+    kinds: Mapping[str, tuple[str, str]] | None = None,
+    program_values: Mapping[str, torch.Tensor] | None = None,
+) -> Simulation:
+    """Run the PT2E program ``module`` in the device's arithmetic.
+
+    ``kinds``: quantize node -> (kernel kind, host op) for the values the host computes on the
+    CPU (absent: an NPU value); ``program_values``: the compiled program's int8 values by
+    quantize node, used for ops with no rule (see the module doc).
+    """
+    from etforge.runtime.cortex_m_kernels import cmsis_reference
     from etforge.runtime.device_ref import NotExact, Reference
 
+    kinds, program_values = kinds or {}, program_values or {}
     not_exact: dict[str, str] = {}
+    unforced: dict[str, str] = {}
 
     class Device(torch.fx.Interpreter):
         def run_node(self, n: torch.fx.Node) -> Any:
             out = super().run_node(n)
             if not is_quantize(n) or "per_tensor" not in node_op(n) or not isinstance(out, torch.Tensor):
                 return out
+            kind, host_op = kinds.get(n.name, (NPU, ""))
             src = n.args[0]
-            if not isinstance(src, torch.fx.Node) or src.op == "placeholder":
+            if kind == PORTABLE:
+                return out  # the portable kernel's dequantize, float op, quantize: torch's
+            if kind == NPU and (not isinstance(src, torch.fx.Node) or src.op == "placeholder"):
                 return out  # the program's input quantization: the same on both sides
+            value = lambda a: self.env[a]  # noqa: E731
             try:
-                return Reference(lambda a: self.env[a])(n).reshape(out.shape)
+                rule = cmsis_reference(value, host_op) if kind == CORTEX_M else Reference(value)
+                return rule(n).reshape(out.shape)
             except NotExact as why:
                 not_exact[n.name] = str(why)
+                ours = program_values.get(n.name)
+                if ours is not None and tuple(ours.shape) == tuple(out.shape):
+                    off = (ours.to(torch.int32) - out.to(torch.int32)).abs()
+                    if not off.numel() or int(off.max()) <= FORCE_MAX_STEPS:
+                        return ours.contiguous()
+                if not _copies_codes(n, self.env):
+                    unforced[n.name] = str(why)
                 return out
 
     with torch.no_grad():
         out = Device(module, garbage_collect_values=False).run(*inputs)
     outs = list(out) if isinstance(out, (list, tuple)) else [out]
-    return Simulation(outs, not_exact, raw=out)
+    return Simulation(outs, not_exact, unforced, raw=out)
+
+
+def _copies_codes(q: torch.fx.Node, env: Mapping[torch.fx.Node, Any]) -> bool:
+    """``q`` quantizes, on its input's grid, an op that returned its dequantized input unchanged
+    (an eval-mode dropout, a clone): the device copies the codes, so torch's value is exact."""
+    from etforge.core.graph_utils import is_dequantize
+
+    op = q.args[0]
+    src = op.args[0] if isinstance(op, torch.fx.Node) and op.args else None
+    if (
+        not isinstance(src, torch.fx.Node)
+        or not is_dequantize(src)
+        or tuple(src.args[1:3]) != tuple(q.args[1:3])
+    ):
+        return False
+    a, b = env.get(op), env.get(src)
+    return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and torch.equal(a, b)
 
 
 def output_steps(ours: torch.Tensor, sim: torch.Tensor, scale: float) -> float:

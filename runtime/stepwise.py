@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from etforge.core import layout, payload
+from etforge.core.graph_utils import is_quantize
 from etforge.core.litert import read_metadata
 from etforge.runtime import litert_run
 from etforge.runtime.host import program_inputs, run_program, stored_inputs
@@ -79,10 +80,17 @@ SHAPE_MISMATCH = "LiteRT tensor shape differs from the reference value"
 NOT_RECORDED = "no LiteRT tensor holds it in logical order: a channels-last flatten or an alias"
 
 
-def op_parity(lowered: Any, args: Sequence[torch.Tensor], kernels: str = DEVICE_KERNELS) -> list[OpParity]:
+def op_parity(
+    lowered: Any,
+    args: Sequence[torch.Tensor],
+    kernels: str = DEVICE_KERNELS,
+    record: dict[str, torch.Tensor] | None = None,
+) -> list[OpParity]:
     """Compare every int8 value of one delegate call with its reference op (teacher-forced).
 
     ``kernels``: LiteRT's kernel set; the device-exact references reproduce ``reference``.
+    ``record`` collects LiteRT's int8 values by the partition's node names (the quantized
+    program's: ``runtime.simulate`` takes them for ops without a rule).
     """
     from etforge.runtime.device_ref import NotExact, Reference
 
@@ -112,6 +120,8 @@ def op_parity(lowered: Any, args: Sequence[torch.Tensor], kernels: str = DEVICE_
             if tuple(ours.shape) != tuple(ref.shape):
                 found.append(_skipped(blob.partition, src.name, ref, SHAPE_MISMATCH))
                 return ref
+            if record is not None:
+                record[n.name] = ours
             off = (ours.to(torch.int32) - ref.to(torch.int32)).abs()
             vs_torch = {"torch_max_steps": int(off.max()) if off.numel() else 0,
                         "torch_values_off": int((off > 0).sum())}  # fmt: skip
@@ -135,6 +145,28 @@ def _qep_name(node: torch.fx.Node) -> str | None:
     return sources[-1].name if sources else None
 
 
+def _delegate_output_name(n: torch.fx.Node) -> str | None:
+    """The partition's own node a delegate output (``getitem``) holds: the Edge program inside
+    the lowered module keeps the quantized program's node names, while the ``getitem``'s
+    provenance names the observer it replaced (``activation_post_process_N``), which the
+    quantized program does not have — the cause of the old forcing misses."""
+    call = n.args[0] if n.args and isinstance(n.args[0], torch.fx.Node) else None
+    if call is None or call.target is not torch.ops.higher_order.executorch_call_delegate:
+        return None
+    holder, index = call.args[0], n.args[1]
+    gm = n.graph.owning_module
+    lowered = (
+        getattr(gm, holder.target, None) if isinstance(holder, torch.fx.Node) and gm is not None else None
+    )
+    original = getattr(lowered, "original_module", None)
+    if original is None:
+        return None
+    out = next(x for x in original.graph.nodes if x.op == "output").args[0]
+    outs = out if isinstance(out, (list, tuple)) else [out]
+    node = outs[index] if isinstance(index, int) and index < len(outs) else None
+    return node.name if isinstance(node, torch.fx.Node) else None
+
+
 def _int8_result(node: torch.fx.Node) -> torch.fx.Node | None:
     """The quantize node holding ``node``'s int8 result (through fused activations)."""
     seen = 0
@@ -148,36 +180,101 @@ def _int8_result(node: torch.fx.Node) -> torch.fx.Node | None:
     return None
 
 
+#: Which kernel computes a CPU op's value, and so which arithmetic its reference follows.
+CORTEX_M = "cortex_m"  # CMSIS-NN: integer arithmetic, the device-exact rule (``device_ref``)
+PORTABLE = "portable"  # ExecuTorch's portable kernels: dequantize, float op, quantize (torch's)
+
+
+def cpu_reference(
+    n: torch.fx.Node, kind: str, host_op: str, value: Any, torch_value: torch.Tensor
+) -> tuple[torch.Tensor, str]:
+    """The reference of CPU quantize node ``n`` of the quantized program and why it is not
+    exact ("" when it is), given the interpreter's values (``value``) and torch's result.
+
+    A Cortex-M op (``host_op``) computes in CMSIS-NN's integer arithmetic: its reference is
+    ``cortex_m_kernels.cmsis_reference`` (``device_ref``'s TFLite rules, which CMSIS-NN shares,
+    with CMSIS-NN's own requantization where it differs). A portable op dequantizes, computes
+    in float and quantizes, which is what torch runs for the quantized program: torch's value
+    is its reference.
+    """
+    from etforge.runtime.cortex_m_kernels import cmsis_reference
+    from etforge.runtime.device_ref import NotExact
+
+    if kind == PORTABLE:
+        return torch_value, ""
+    try:
+        return cmsis_reference(value, host_op)(n).reshape(torch_value.shape), ""
+    except NotExact as why:
+        return torch_value, str(why)
+
+
+def observer_names(program: Any) -> dict[str, str]:
+    """Observer -> quantize node of the quantized ``program`` (an ExportedProgram: its module
+    drops the provenance). A quantize the lowering keeps (a portable CPU op's) names the
+    observer it replaced (``activation_post_process_N``), not the quantize node."""
+    names = {n.name for n in program.graph.nodes}
+    aliases: dict[str, str] = {}
+    for n in program.graph.nodes:
+        observer = _qep_name(n) if is_quantize(n) else None
+        if observer is not None and observer not in names:
+            aliases.setdefault(observer, n.name)
+    return aliases
+
+
+#: An observed host value: (host node, kernel kind or "" (a delegate output), host op, value).
+Produced = tuple[str, str, str, torch.Tensor]
+
+
 class HostInt8Values:
     """Observer for ``run_program``: the int8 values of the host run that the PT2E program
-    also computes, keyed by the PT2E node they came from (torch.fx provenance)."""
+    also computes, keyed by the PT2E node they came from (torch.fx provenance; a delegate
+    output by the partition's node name)."""
 
-    def __init__(self) -> None:
-        # PT2E node -> (host node, compare it?, value); delegate outputs are only forced
-        self.produced: dict[str, tuple[str, bool, torch.Tensor]] = {}
+    def __init__(self, aliases: dict[str, str] | None = None) -> None:
+        #: observer name -> quantize node (``observer_names``): a portable quantize's provenance
+        self.aliases = aliases or {}
+        # PT2E node -> (host node, kernel kind or "" for a delegate output (forced only), host op, value)
+        self.produced: dict[str, Produced] = {}
 
     def __call__(self, n: torch.fx.Node, out: Any) -> None:
         from etforge.core.graph_utils import node_op
 
         if n.op != "call_function" or not isinstance(out, torch.Tensor) or out.dtype != torch.int8:
             return
-        name = _qep_name(n)
-        if name is None:
-            return
         if n.target is operator.getitem:
-            self.produced[name] = (n.name, False, out.detach())
-        elif node_op(n).split(".")[0] in {"cortex_m", "aten", "quantized_decomposed"}:
-            self.produced[name] = (n.name, True, out.detach())
+            name = _delegate_output_name(n) or _qep_name(n)
+            if name is not None:
+                self.produced[name] = (n.name, "", "", out.detach())
+            return
+        name = _qep_name(n)
+        ns = node_op(n).split(".")[0]
+        if name is not None:  # any other kernel is ExecuTorch's portable one (aten, dim_order_ops, ...)
+            kind = CORTEX_M if ns == "cortex_m" else PORTABLE
+            self.produced[name] = (n.name, kind, node_op(n), out.detach())
 
-    def compare(self, reference: torch.fx.GraphModule, inputs: Sequence[torch.Tensor]) -> list[OpParity]:
-        """Run ``reference`` (the PT2E module) with every observed value forced to the host's."""
+    def forced(self, reference: torch.fx.GraphModule) -> dict[str, Produced]:
+        """The observed values keyed by the quantize node of ``reference`` holding them."""
         by_name = {n.name: n for n in reference.graph.nodes}
-        forced: dict[str, tuple[str, bool, torch.Tensor]] = {}
+        forced: dict[str, Produced] = {}
         for name, item in self.produced.items():
-            src = by_name.get(name)
+            src = by_name.get(name) or by_name.get(self.aliases.get(name, ""))
             q = _int8_result(src) if src is not None else None
             if q is not None:
                 forced[q.name] = item
+        return forced
+
+    def kinds(self, reference: torch.fx.GraphModule) -> dict[str, tuple[str, str]]:
+        """Quantize node of ``reference`` -> (kernel kind, host op) for the CPU's values."""
+        return {q: (kind, op) for q, (_, kind, op, _) in self.forced(reference).items() if kind}
+
+    def values(self, reference: torch.fx.GraphModule) -> dict[str, torch.Tensor]:
+        """Quantize node of ``reference`` -> the host's int8 value (CPU ops, partition outputs)."""
+        return {q: item[3] for q, item in self.forced(reference).items()}
+
+    def compare(self, reference: torch.fx.GraphModule, inputs: Sequence[torch.Tensor]) -> list[OpParity]:
+        """Run ``reference`` (the PT2E module) with every observed value forced to the host's,
+        each CPU op's value compared with its reference (``cpu_reference``) on those inputs."""
+        forced = self.forced(reference)
         found: list[OpParity] = []
 
         class Forced(torch.fx.Interpreter):
@@ -185,17 +282,23 @@ class HostInt8Values:
                 ref = super().run_node(n)
                 if n.name not in forced or not isinstance(ref, torch.Tensor):
                     return ref
-                host_name, check, ours = forced[n.name]
+                host_name, kind, host_op, ours = forced[n.name]
                 if tuple(ours.shape) != tuple(ref.shape):
-                    if check:
+                    if kind:
                         found.append(_skipped("cpu", host_name, ref, SHAPE_MISMATCH))
                     return ref
-                if check:
-                    found.append(_measure("cpu", host_name, ours, ref))
+                if kind:
+                    exact, why = cpu_reference(n, kind, host_op, lambda a: self.env[a], ref)
+                    off = (ours.to(torch.int32) - ref.to(torch.int32)).abs()
+                    vs_torch = {"torch_max_steps": int(off.max()) if off.numel() else 0,
+                                "torch_values_off": int((off > 0).sum())}  # fmt: skip
+                    found.append(
+                        _measure("cpu", host_name, ours, exact, device_exact=not why, reason=why, **vs_torch)
+                    )
                 return ours.contiguous()
 
         with torch.no_grad():
-            Forced(reference).run(*inputs)
+            Forced(reference, garbage_collect_values=False).run(*inputs)
         return found
 
 
@@ -205,6 +308,6 @@ def cpu_op_parity(
     """Each CPU op of the lowered program (CMSIS-NN / portable) against the reference op fed
     the same int8 inputs: the PT2E program runs with every value the host program also
     computed (NPU partition outputs included) forced to the host's."""
-    values = HostInt8Values()
+    values = HostInt8Values(observer_names(reference))
     run_program(host, inputs, kernels, observe=values)
     return values.compare(reference.module(check_guards=False), inputs)

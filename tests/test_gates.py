@@ -261,3 +261,91 @@ def test_gate_thresholds_are_fixed_constants(gelu_runs: dict[bool, Any]) -> None
     assert verify.top1_required(32) == 31 and verify.top1_required(64) == 62
     assert verify.off_by_one_allowed(16_384, "default") == 16  # 0.1% of the values
     assert verify.off_by_one_allowed(256, "default") == 8  # never fewer than 8
+
+
+def _compiled(model: torch.nn.Module, calib: list[tuple[torch.Tensor, ...]], target: str) -> tuple[Any, Any]:
+    from etforge.core.compiler import compile_model
+    from etforge.core.plugin_manager import registry
+    from etforge.core.report import build_report
+
+    reg = registry()
+    result = compile_model(model.eval(), calib[0], target, calibration=calib, reg=reg)
+    return result, build_report(result, reg, type(model).__name__)
+
+
+def _verify(result: Any, report: Any, host: Any = None, samples: int = 2) -> Any:
+    from etforge.runtime.verify import compare
+
+    program = host if host is not None else result.host_program
+    return compare(program, result.float_program, result.quantized_program, report, samples=samples)
+
+
+@pytest.fixture(scope="module")
+def cortex_m33_cnn() -> tuple[Any, Any]:
+    """A CMSIS-NN-only program (cortex-m33): convs, relu, a linear head."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(8, 4, 3), torch.nn.Flatten(),
+        torch.nn.Linear(4 * 6 * 6, 10),
+    )  # fmt: skip
+    g = torch.Generator().manual_seed(0)
+    return _compiled(model, [(torch.randn(1, 3, 8, 8, generator=g),) for _ in range(4)], "cortex-m33")
+
+
+def _with_arg(program: Any, op: str, index: int, delta: int) -> tuple[Any, str]:
+    """A copy of ``program`` with integer argument ``index`` of its first ``op`` node moved by ``delta``."""
+    from etforge.core.pipeline import clone_program
+
+    broken = clone_program(program)
+    node = next(n for n in broken.graph.nodes if op in str(n.target))
+    args = list(node.args)
+    args[index] = int(args[index]) + delta
+    node.args = tuple(args)
+    return broken, node.name
+
+
+def test_a_cpu_op_one_step_off_fails_verify_naming_it(cortex_m33_cnn: tuple[Any, Any]) -> None:
+    """The first CMSIS-NN conv's output offset moved by one: every value one step off (a
+    rounding-sized error), which the old <= 8 step CPU rule passed."""
+    result, report = cortex_m33_cnn
+    good = _verify(result, report)
+    assert good.ok, good.failures
+    assert good.cpu_op_max_steps == 0 and good.cpu_values > 0 and good.cpu_not_exact == []
+    broken, name = _with_arg(result.host_program, "quantized_conv2d", 7, 1)  # output_offset
+    v = _verify(result, report, broken)
+    assert not v.ok
+    failure = next(f for f in v.failures if f.startswith(f"CPU op {name} has "))
+    assert re.search(
+        r"has [\d,]+ of [\d,]+ values off its reference .*max 1 steps; first at index \(", failure
+    )
+
+
+def test_a_program_255_steps_off_fails_even_when_top1_agrees(cortex_m33_cnn: tuple[Any, Any]) -> None:
+    """The output's dequantize moved by 255 steps: every class shifts alike, so top-1 agrees and
+    no per-op gate sees a float output; the whole-output simulation gate fails it."""
+    result, report = cortex_m33_cnn
+    broken, _ = _with_arg(result.host_program, "dequantize_per_tensor", 2, 255)  # zero point
+    v = _verify(result, report, broken)
+    assert v.top1_vs_exact == v.samples  # the arg-max alone cannot see it
+    assert v.sim_max_steps == pytest.approx(255, abs=0.01)
+    assert not v.ok
+    assert [f for f in v.failures if f.startswith("the output is 255.0 steps from the whole program")], (
+        v.failures
+    )
+
+
+@pytest.mark.parametrize("target", ["imxrt700", "imxrt700cm"])
+def test_a_correct_mixed_npu_cpu_program_equals_its_simulation(target: str) -> None:
+    """The architecture suite's transformer: NPU partitions with CPU ops between them (portable
+    bmm on imxrt700, a CMSIS-NN GELU table on imxrt700cm). Every CPU op equals its reference and
+    every output value its device simulation: 0 steps."""
+    from models.architectures import build
+
+    model, _, calibration = build("transformer")
+    result, report = _compiled(model, calibration, target)
+    placements = {n["placement"] for n in report["nodes"]}
+    assert "npu" in placements and placements - {"npu"}, placements
+    v = _verify(result, report)
+    assert v.ok, v.failures
+    assert v.cpu_values > 0 and v.cpu_values_off == 0 and v.cpu_op_max_steps == 0
+    assert v.sim_exact and v.sim_max_steps == 0.0 and v.sim_unforced == []

@@ -48,8 +48,9 @@ SLOW = frozenset(
     {"efficientnet_b0", "regnet_x_400mf", "mnasnet0_5", "mobilenet_v2", "googlenet", "mobilenet_v3_large"}
 )
 
-#: Known open failures, not tolerances: top-1 over 4 random-weight samples moves (3/4) while
-#: every op is within one step of its reference op. Reported in the issue's closing note.
+#: Cases whose top-1 over 4 random-weight samples moves (3/4) while the program equals its
+#: device-arithmetic simulation on every output value: verify reports top-1 there as a figure
+#: (the network amplifies rounding torch does differently), and the exact simulation is the gate.
 TOP1_AMPLIFIED = frozenset(
     {("googlenet", "cortex-m33"), ("regnet_x_400mf", "imxrt700cm"), ("mobilenet_v3_large", "cortex-m33")}
 )
@@ -57,10 +58,6 @@ TOP1_AMPLIFIED = frozenset(
 
 def _param(family: str, target: str) -> object:
     marks = [pytest.mark.slow] if family in SLOW else []
-    if (family, target) in TOP1_AMPLIFIED:
-        marks.append(
-            pytest.mark.xfail(reason="top-1 3/4 over 4 samples, every op within one step", strict=False)
-        )
     return pytest.param(family, target, marks=marks, id=f"{family}-{target}")
 
 
@@ -80,3 +77,9 @@ def test_family_compiles_takes_the_fast_path_and_verifies(family: str, target: s
             assert len(report["partitions"]) == 1, [p["name"] for p in report["partitions"]]
     verification = compiled.verify(samples=SAMPLES)
     assert verification.ok, verification.failures
+    # every value of every output equals the whole program in the device's arithmetic
+    assert verification.sim_exact and verification.sim_max_steps == 0.0, verification.sim_unforced
+    if (family, target) in TOP1_AMPLIFIED:  # top-1 is reported (a note), not gated, and why
+        assert any(n.startswith("top-1 agreement") for n in verification.notes) or (
+            verification.top1_vs_exact == SAMPLES
+        ), verification.notes
