@@ -1327,6 +1327,28 @@ def verify(
             "CPU ops vs reference op, same inputs",
             f"max {v.cpu_op_max_steps} step(s); {v.cpu_values_off:,} of {v.cpu_values:,} values off",
         )
+    if v.exact_values:
+        table.add_row(
+            "NPU values vs device-exact reference", f"{v.exact_values_off:,} of {v.exact_values:,} off"
+        )
+    unruled = [f"{o.get('partition', 'npu')}:{o['node']}" for o in v.not_exact]
+    unruled += [f"cpu:{o['node']}" for o in v.cpu_not_exact]
+    if v.op_max_steps is not None or v.cpu_op_max_steps is not None:
+        table.add_row(
+            "ops without a device-exact rule (compared with torch)",
+            ", ".join(unruled[:4]) + (f" +{len(unruled) - 4} more (--json)" if len(unruled) > 4 else "")
+            if unruled
+            else "none",
+        )
+    if v.sim_max_steps is not None:
+        table.add_row(
+            "whole output vs device simulation (every value)",
+            "equal" if v.sim_exact else f"max {v.sim_max_steps:g} step(s)",
+        )
+    if v.float_max_rel is not None:
+        table.add_row(
+            "NPU ops in float vs float Edge ops (relative)", f"max {v.float_max_rel:.2g} ({v.float_ops} ops)"
+        )
     if v.reference_spread_steps is not None:
         table.add_row(
             "quantized ref in float32 vs float64 (its own precision)",
