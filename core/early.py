@@ -246,12 +246,15 @@ def _graph_only_passes(gm: GraphModule) -> None:
 
 
 def _provenance(gm: GraphModule) -> None:
-    """A node straight from ``torch.export`` has no ``from_node``; ``to_edge``'s re-trace makes
-    it its own origin, which debug handles (one per origin) are numbered by."""
+    """Each node becomes the newest entry of its own provenance, as ``to_edge``'s re-trace
+    makes it: a node straight from ``torch.export`` (no ``from_node``) its own origin, which
+    debug handles (one per oldest ancestor) are numbered by; a node a quantizer's transform
+    made (an ``avg_pool2d`` from ``adaptive_avg_pool2d``) keeps its ancestors beneath it, so
+    the lowered op still names the quantized program's node (verify's forcing reads that)."""
     from torch.fx.traceback import NodeSource, NodeSourceAction
 
     for node in gm.graph.nodes:
-        if node.op not in ("placeholder", "output") and not node.meta.get("from_node"):
+        if node.op not in ("placeholder", "output"):
             node.meta["from_node"] = [NodeSource(node, "etforge.early", NodeSourceAction.CREATE)]
 
 

@@ -945,6 +945,13 @@ KERNELS: dict[str, Callable[..., torch.Tensor]] = {
 # -- references: a quantized program's op in CMSIS-NN's arithmetic ---------------------------
 
 
+#: Ops ExecuTorch's Cortex-M lowering turns into ``cortex_m::quantized_activation`` (a table).
+LUT_ACTIVATIONS = frozenset(
+    f"aten.{op}.default"
+    for op in ("sigmoid", "tanh", "silu", "gelu", "log", "log2", "log10", "log1p", "sqrt", "rsqrt")
+)
+
+
 def cmsis_reference(value: Callable[[Any], Any], host_op: str) -> Callable[[Any], torch.Tensor]:
     """The value a Cortex-M op must produce for quantize node ``q`` of the quantized program,
     computed from the *Edge op* and its qparams (never from the lowered op's arguments, which
@@ -956,12 +963,14 @@ def cmsis_reference(value: Callable[[Any], Any], host_op: str) -> Callable[[Any]
     quantize (``cortex_m::quantize_per_tensor``, ``host_op``) is the wrapper's float32 kernel.
     Raises ``device_ref.NotExact`` where neither has a rule.
     """
-    from etforge.runtime.device_ref import NotExact, Out, Reference
+    from etforge.runtime.device_ref import NotExact, Out, Q, Reference
 
     class Cmsis(Reference):
         def compute(self, node: Any, out: Out) -> Any:
             from etforge.core.graph_utils import node_op
 
+            if node_op(node) in LUT_ACTIVATIONS:
+                return self._lut(node, out)
             if node_op(node) == "aten.linear.default":
                 x, w = self.operand(node.args[0]), self.operand(node.args[1])
                 bias = self.operand(node.args[2]) if len(node.args) > 2 else None
@@ -969,6 +978,27 @@ def cmsis_reference(value: Callable[[Any], Any], host_op: str) -> Callable[[Any]
                 # a non-negative channel axis takes device_ref's two-rounding requantization
                 return self._finish(acc, x, w, bias, out, axis=acc.ndim - 1)
             return super().compute(node, out)
+
+        def _lut(self, node: Any, out: Out) -> Any:
+            """ExecuTorch's Cortex-M lowering bakes the op into a 256-entry int8 table built in
+            float from the op and its qparams (``build_activation_lut``): the kernel is a lookup."""
+            from executorch.backends.cortex_m.passes.passes_utils import build_activation_lut
+            from executorch.exir.dialects._ops import ops as exir_ops
+
+            from etforge.core.graph_utils import node_op
+
+            x = self.operand(node.args[0])
+            if not isinstance(x, Q) or x.axis is not None:
+                raise NotExact("a table activation of a non-quantized or per-channel operand")
+            _, name, overload = node_op(node).split(".")
+            table = build_activation_lut(
+                getattr(getattr(exir_ops.edge.aten, name), overload),
+                float(x.scale),
+                int(x.zero_point),
+                out.scale,
+                out.zero_point,
+            )
+            return table.numpy().astype(np.int64)[x.codes + 128]
 
     def reference(q: Any) -> torch.Tensor:
         if host_op.startswith("cortex_m.quantize_per_tensor"):
