@@ -120,6 +120,10 @@ NHWC_ONLY = frozenset(
     }
 )
 
+#: CMSIS-NN ops that read and write memory in the logical dims' order (``arm_transpose_s8``
+#: walks the sizes it is given): their input and output must be contiguous.
+CONTIGUOUS_CORTEX_M = frozenset({"transpose"})
+
 #: Where the CPU lowering leaves ``align``'s lines on the program's graph module.
 NOTES_KEY = "etforge_dim_orders"
 
@@ -180,6 +184,15 @@ def problem(op: str, args: Sequence[Arg]) -> str | None:
     """Why the device's kernel for ``op`` (``ns::name``) refuses or miscomputes this call; None if fine."""
     ns, _, name = op.rpartition("::")
     if ns == "cortex_m":
+        if name in CONTIGUOUS_CORTEX_M:
+            odd = [
+                a
+                for a in args
+                if a.name in ("input", "out") and not is_contiguous(a.order) and not trivial(a)
+            ]
+            if odd:
+                return f"CMSIS-NN's {name} walks memory in logical order: on {odd[0].label()} it computes other values"
+            return None
         if name not in NHWC_ONLY:
             return None
         for a in args:
@@ -420,7 +433,7 @@ def align(ep: ExportedProgram) -> list[str]:
         if _val(node) is None:
             notes.append(f"{node.name} ({op}) not aligned (several outputs): {why}")
             continue
-        if ns == "cortex_m":
+        if ns == "cortex_m" and name not in CONTIGUOUS_CORTEX_M:
             _nhwc_inputs(graph, node, copies)
             how = "input copied to channels-last"
         elif _to_scalar(ep, node):
