@@ -13,6 +13,7 @@ from executorch.exir import EdgeProgramManager, ExecutorchProgramManager
 from torch.export import ExportedProgram
 
 from etforge.core import boundaries, fallbacks, kernel_check, pipeline, signature
+from etforge.core.cpu_backend import LOWERING_NOTES_KEY
 from etforge.core.fallbacks import Fallback
 from etforge.core.front import Front, NchwAtEdges, adapt_layout, front_end
 from etforge.core.partitioner import Decision
@@ -148,9 +149,7 @@ def compile_model(
             float_ep, build, lambda built: built[1].exported_program(), libraries, tgt.name
         )
         host_program = edge.exported_program()
-        from etforge.core.dim_orders import summary
-
-        notes.extend(summary(host_program))
+        notes.extend(host_program.graph_module.meta.get(LOWERING_NOTES_KEY, ()))  # the CPU backend's
         with stage("serialize"):
             et = pipeline.serialize(
                 EdgeProgramManager(

@@ -12,6 +12,10 @@ if TYPE_CHECKING:
     from etforge.core.target import TargetSpec
 
 
+#: Where a CPU backend's ``lower`` leaves lines for the report's notes (a list of str).
+LOWERING_NOTES_KEY = "etforge_lowering_notes"
+
+
 class CpuBackend:
     """Base class: portable kernels need nothing beyond ExecuTorch's defaults."""
 
@@ -46,7 +50,10 @@ class CpuBackend:
         return ()
 
     def lower(self, ep: ExportedProgram, target: TargetSpec, options: dict[str, Any]) -> ExportedProgram:
-        """Rewrite the leftover Edge ops into this backend's kernels (identity by default)."""
+        """Rewrite the leftover Edge ops into this backend's kernels (identity by default).
+
+        Lines for the report's ``notes`` (what the lowering changed that the user should know)
+        go in ``ep.graph_module.meta[LOWERING_NOTES_KEY]`` of the returned program."""
         return ep
 
     def runs(self, op: str) -> bool:

@@ -273,10 +273,10 @@ class PteInterpreter:
 
     def check_dim_orders(self) -> None:
         """Every kernel call's tensors in dim orders the device's C++ kernel accepts and computes
-        right (``core/dim_orders.problem``): torch's kernels take any strides, ExecuTorch's
+        right (``plugins/targets/dim_orders.problem``): torch's kernels take any strides, ExecuTorch's
         portable and CMSIS-NN kernels refuse or miscompute some, so a host run alone would pass
         a program the device refuses."""
-        from etforge.core.dim_orders import Arg, problem
+        from etforge.plugins.targets.dim_orders import Arg, problem
 
         if not self.kernels:
             self.kernels = [kernel(o.name, o.overload) for o in self.plan.operators]

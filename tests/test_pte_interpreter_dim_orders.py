@@ -1,5 +1,5 @@
 """The host interpreter refuses what ExecuTorch's C++ kernels refuse or miscompute (dim orders),
-and ``core/dim_orders.align`` rewrites such a program into one they run.
+and ``plugins/targets/dim_orders.align`` rewrites such a program into one they run.
 
 The programs are plain ExecuTorch (``to_edge`` + ``to_executorch``) of channels-last models:
 a 0-d constant added to a channels-last tensor (the portable ``add`` fails the call on the
@@ -14,8 +14,8 @@ import pytest
 import torch
 from executorch.exir import to_edge
 
-from etforge.core.dim_orders import Arg, align, problem
 from etforge.core.errors import EtforgeError
+from etforge.plugins.targets.dim_orders import Arg, align, problem
 from etforge.runtime.pte_interpreter import PteInterpreter
 
 

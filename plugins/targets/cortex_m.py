@@ -139,11 +139,12 @@ class CortexMBackend(CpuBackend):
 
 def _aligned(ep: ExportedProgram) -> ExportedProgram:
     """Every portable and CMSIS-NN kernel call given the dim orders its C++ kernel accepts
-    (``core/dim_orders.py``): the pass manager leaves channels-last tensors where ExecuTorch's
+    (``plugins/targets/dim_orders.py``): the pass manager leaves channels-last tensors where ExecuTorch's
     portable kernels refuse or miscompute them."""
-    from etforge.core.dim_orders import NOTES_KEY, align
+    from etforge.core.cpu_backend import LOWERING_NOTES_KEY
+    from etforge.plugins.targets.dim_orders import align, summary
 
-    ep.graph_module.meta[NOTES_KEY] = align(ep)
+    ep.graph_module.meta[LOWERING_NOTES_KEY] = summary(align(ep))
     return ep
 
 

@@ -124,9 +124,6 @@ NHWC_ONLY = frozenset(
 #: walks the sizes it is given): their input and output must be contiguous.
 CONTIGUOUS_CORTEX_M = frozenset({"transpose"})
 
-#: Where the CPU lowering leaves ``align``'s lines on the program's graph module.
-NOTES_KEY = "etforge_dim_orders"
-
 #: Namespaces of ExecuTorch's portable kernels.
 PORTABLE = frozenset({"aten", "dim_order_ops"})
 
@@ -451,14 +448,15 @@ def align(ep: ExportedProgram) -> list[str]:
     return notes
 
 
-def summary(ep: ExportedProgram) -> list[str]:
-    """Report notes for what ``align`` did to ``ep``: one line counting the calls changed, and
+def summary(lines: Sequence[str]) -> list[str]:
+    """Report notes for what ``align`` did (its lines): one line counting the calls changed, and
     every call it could not change (``verify`` refuses those, naming the instruction)."""
-    lines = list(ep.graph_module.meta.get(NOTES_KEY, ()))
     left = [ln for ln in lines if " not aligned" in ln]
     done = len(lines) - len(left)
     out = (
-        [f"dim orders: {done} kernel call(s) changed for the device's kernels (core/dim_orders.py)"]
+        [
+            f"dim orders: {done} kernel call(s) changed for the device's kernels (plugins/targets/dim_orders.py)"
+        ]
         if done
         else []
     )
