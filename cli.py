@@ -727,8 +727,7 @@ def _build_into(
             progress=_progress,
             what=model,
             front=front,
-            on_programs=writer.start,
-            strict=bool(flags.get("no_fallback")),
+            on_programs=writer.start,  # strict or not: the recording _compile_into opened
         )
         result.notes[:0] = loaded.notes  # e.g. a dynamic batch fixed to the example's size
         from etforge.core.memory import check_budget, memory_stats

@@ -57,8 +57,12 @@ def recording(strict: bool = False) -> Iterator[FallbackLog]:
     opens one around its export and the compile) the outer log is used, strict if either is."""
     outer = _LOG.get()
     if outer is not None:
-        outer.strict = outer.strict or strict
-        yield outer
+        was = outer.strict
+        outer.strict = was or strict
+        try:
+            yield outer
+        finally:
+            outer.strict = was
         return
     log = FallbackLog(strict=strict)
     token = _LOG.set(log)

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from etforge.core.graph_utils import is_quantize, node_op
+from etforge.runtime.stepwise import CORTEX_M, PORTABLE
 
 #: Steps an unruled op's simulated value may be from the compiled program's for the program's
 #: value to be used: one rounding, the rule ``verify`` gates such ops with (``OP_MAX_STEPS``).
@@ -39,8 +40,9 @@ FORCE_MAX_STEPS = 1
 #: ruled or forced the bound is 0.
 SIM_MAX_STEPS = 4
 
-#: Where a quantize node's value is computed (``runtime.stepwise``): the kind of kernel.
-NPU, CORTEX_M, PORTABLE = "", "cortex_m", "portable"
+#: Where a quantize node's value is computed: the kernel kinds ``runtime.stepwise`` records
+#: (``CORTEX_M``, ``PORTABLE``); a value with no kind is an NPU partition's.
+NPU = ""
 
 
 @dataclass

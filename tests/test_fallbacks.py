@@ -129,3 +129,13 @@ def test_architecture_compiles_without_fallback(family: str) -> None:
         assert [f["stage"] for f in compiled.report["fallbacks"]] == [stage]
         with pytest.raises(StrictFallback, match=stage):
             etforge.compile(model, example, target=target, calibration=calibration[:2], strict=True)
+
+
+def test_a_strict_inner_recording_leaves_the_outer_as_it_was() -> None:
+    from etforge.core.fallbacks import record, recording
+
+    with recording() as outer:
+        with recording(strict=True), pytest.raises(StrictFallback):
+            record("lower", "a", "", "b")
+        record("lower", "c", "", "d")  # the outer compile is not strict: recorded, not refused
+    assert [f.what for f in outer.items] == ["c"]
