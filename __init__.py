@@ -5,7 +5,7 @@ The package root stays import-light: describing plugins must not pull in torch.
 
 from typing import TYPE_CHECKING, Any
 
-from etforge.core.hookspecs import hookimpl
+from etforge.core.contracts.hookspecs import hookimpl
 
 __version__ = "0.1.0"
 __all__ = ["Compiled", "Target", "__version__", "compile", "hookimpl", "target"]

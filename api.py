@@ -23,7 +23,7 @@ def _quiet(fn: F) -> F:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from etforge.core.quiet import scope
+        from etforge.core.common.quiet import scope
 
         with scope():
             return fn(*args, **kwargs)
@@ -40,15 +40,15 @@ class Target:
 
     @property
     def spec(self) -> Any:
-        from etforge.core.plugin_manager import registry
+        from etforge.core.registry.manager import registry
 
         return registry().target(self.name)
 
     @_quiet
     def quantizer(self) -> Any:
         """The torchao PT2E quantizer composed from the target's rule plugins (+ its CPU rules)."""
-        from etforge.core.pipeline import quantizer_for
-        from etforge.core.plugin_manager import registry
+        from etforge.core.build.pipeline import quantizer_for
+        from etforge.core.registry.manager import registry
 
         reg = registry()
         inner = quantizer_for(self.spec, self._options(), reg)
@@ -68,7 +68,7 @@ class Target:
         On Cortex-M targets everything is channels-last, so NPU partitions and CMSIS-NN
         kernels hand NHWC buffers over without conversions (option ``dim_order``).
         """
-        from etforge.core.compiler import adapt_layout
+        from etforge.core.build.compiler import adapt_layout
 
         return adapt_layout(model, tuple(example_inputs), calibration, self.spec, self._options())
 
@@ -80,8 +80,8 @@ class Target:
     @_quiet
     def compile_config(self) -> Any:
         """The ``EdgeCompileConfig`` the target's CPU backend needs."""
-        from etforge.core.pipeline import edge_config
-        from etforge.core.plugin_manager import registry
+        from etforge.core.build.pipeline import edge_config
+        from etforge.core.registry.manager import registry
 
         return registry().cpu_backend(self.spec).edge_compile_config() or edge_config()
 
@@ -93,8 +93,9 @@ class Target:
         ``to_executorch()`` plans memory as ``etforge.compile`` does (its best-fit planner),
         so the script's ``.pte`` is byte for byte ``etforge.compile(..., lowering="classic")``'s.
         """
-        from etforge.core import delegate_stubs, pipeline
-        from etforge.core.plugin_manager import registry
+        from etforge.core.build import pipeline
+        from etforge.core.lower import delegate_stubs
+        from etforge.core.registry.manager import registry
 
         ep = edge.exported_program()
         with delegate_stubs.shape_only(ep):
@@ -110,9 +111,9 @@ class Target:
         ``etforge.compile`` decomposes such an op in the float program and quantizes again; a
         script's float program is its own, so it is told which op and how to get that.
         """
-        from etforge.core import kernel_check
-        from etforge.core.errors import EtforgeError
-        from etforge.core.plugin_manager import registry
+        from etforge.core.common.errors import EtforgeError
+        from etforge.core.lower import kernel_check
+        from etforge.core.registry.manager import registry
 
         libraries = kernel_check.libraries_for(registry().cpu_backend(self.spec))
         missing = kernel_check.missing_kernels(lowered, libraries)
@@ -125,7 +126,7 @@ class Target:
             )
 
     def _options(self) -> dict[str, Any]:
-        from etforge.core.options import resolve_options
+        from etforge.core.registry.options import resolve_options
 
         return resolve_options(self.spec, self.options)
 
@@ -135,7 +136,7 @@ def _script_edge(programs: dict[str, Any], compile_config: Any) -> Any:
     (defined here: ``import etforge`` does not import ExecuTorch)."""
     from executorch.exir import EdgeProgramManager, ExecutorchBackendConfig
 
-    from etforge.core.memory_plan import planning_pass
+    from etforge.core.serialize.memory_plan import planning_pass
 
     class ScriptEdge(EdgeProgramManager):
         @_quiet
@@ -158,7 +159,7 @@ def _rewriting_quantizer(inner: Any, spec: Any, reg: Any) -> Any:
     """
     from torchao.quantization.pt2e.quantizer import Quantizer
 
-    from etforge.core.pipeline import rewrite
+    from etforge.core.build.pipeline import rewrite
 
     class RewritingQuantizer(Quantizer):  # type: ignore[misc]
         @_quiet
@@ -199,9 +200,9 @@ def _script_partitioner(spec: Any, options: dict[str, Any]) -> Any:
     the same, byte for byte. The check ExecuTorch runs after delegation (on the Edge
     program) is asked for nothing: the kept ops left there are ``lower_cpu``'s to rewrite.
     """
-    from etforge.core.partitioner import EtforgePartitioner
-    from etforge.core.pipeline import _kept_whole
-    from etforge.core.plugin_manager import registry
+    from etforge.core.build.pipeline import _kept_whole
+    from etforge.core.lower.partitioner import EtforgePartitioner
+    from etforge.core.registry.manager import registry
 
     config = registry().cpu_backend(spec).edge_compile_config()
 
@@ -225,8 +226,8 @@ def _script_partitioner(spec: Any, options: dict[str, Any]) -> Any:
 @_quiet
 def target(name: str = "imxrt700cm", **options: Any) -> Target:
     """``etforge.target("imxrt700cm")`` -> ``.quantizer()``, ``.partitioners()``, ``.lower_cpu(edge)``."""
-    from etforge.core.options import resolve_options
-    from etforge.core.plugin_manager import registry
+    from etforge.core.registry.manager import registry
+    from etforge.core.registry.options import resolve_options
 
     spec = registry().target(name)
     resolve_options(spec, options)  # unknown names and ill-typed values, as the CLI's --option
@@ -267,7 +268,7 @@ class Compiled:
     @_quiet
     def save(self, out_dir: str | Path) -> Path:
         """Write model.pte, partitions/*.tflite, report.json (and the programs ``verify`` needs)."""
-        from etforge.core import output
+        from etforge.core.build import output
 
         out = Path(out_dir)
         with output.replacing(out) as staging:  # OUT replaced whole, only once complete
@@ -312,18 +313,18 @@ def compile(  # noqa: A001 (the natural name, as in torch.compile)
     """Compile like ``etforge compile``; ``calibration`` defaults to the example inputs.
 
     ``strict`` (``etforge compile --no-fallback``): a second-best path (``report["fallbacks"]``)
-    is an error, :class:`etforge.core.fallbacks.StrictFallback`.
+    is an error, :class:`etforge.core.common.fallbacks.StrictFallback`.
 
     ``lowering="classic"`` delegates the way an ExecuTorch script does (``to_edge_transform_and_lower``
     with :meth:`Target.partitioners`), byte for byte; the default delegates NPU partitions
     before ``to_edge`` (faster; the same partitions, LiteRT tensors named after the ATen graph).
     """
-    from etforge.core.compiler import compile_model
-    from etforge.core.errors import EtforgeError
-    from etforge.core.load import check_calibration, check_inputs, check_weights
-    from etforge.core.options import resolve_options
-    from etforge.core.plugin_manager import registry
-    from etforge.core.report import build_report
+    from etforge.core.build.compiler import compile_model
+    from etforge.core.build.report import build_report
+    from etforge.core.common.errors import EtforgeError
+    from etforge.core.front.load import check_calibration, check_inputs, check_weights
+    from etforge.core.registry.manager import registry
+    from etforge.core.registry.options import resolve_options
 
     if lowering not in ("early", "classic"):
         raise EtforgeError(f"lowering must be 'early' or 'classic', not {lowering!r}")

@@ -21,8 +21,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from etforge.core.errors import EtforgeError, first_line, strip_ansi
-from etforge.core.plugin_manager import Registry, load_plugins, use_as_default
+from etforge.core.common.errors import EtforgeError, first_line, strip_ansi
+from etforge.core.registry.manager import Registry, load_plugins, use_as_default
 
 #: The reader of stdout went away (``etforge compile ... | head -1``).
 _PIPE = {"broken": False}
@@ -194,7 +194,7 @@ def run() -> None:
     """
     import atexit
 
-    from etforge.core import process_memory
+    from etforge.core.common import process_memory
 
     process_memory.tune_collector()
     try:
@@ -221,7 +221,7 @@ def run() -> None:
 @click.pass_context
 def main(ctx: click.Context, strict: bool, debug: bool, verbose: bool) -> None:
     """etforge: compile PyTorch models for the NXP i.MX RT700 through ExecuTorch."""
-    from etforge.core import quiet
+    from etforge.core.common import quiet
 
     _DEBUG["on"] = _DEBUG["on"] or debug
     quiet.install(verbose)  # before any command imports torch
@@ -239,7 +239,7 @@ def _target(reg: Registry, name: str, hint: str = "--target") -> Any:
 
 def _resolved(target: Any, raw: dict[str, str]) -> dict[str, Any]:
     """``--option`` pairs checked against the target; an unknown name or bad value exits 2."""
-    from etforge.core.options import resolve_options
+    from etforge.core.registry.options import resolve_options
 
     try:
         return resolve_options(target, raw)
@@ -504,7 +504,8 @@ def compile_cmd(
     if jobs is not None:
         raise click.UsageError("--jobs goes with several models or --manifest")
     model = models[0]
-    from etforge.core import cache, output
+    from etforge.core.build import output
+    from etforge.core.cache import store as cache
 
     out = Path(out_dir)
     reg = obj.registry
@@ -537,13 +538,13 @@ def compile_cmd(
         raise
     info = report.get("cache") or {}
     if as_json:
-        from etforge.core.summary import summary_data
+        from etforge.core.build.summary import summary_data
 
         click.echo(json.dumps({**summary_data(report, str(out)), "cached": cached}, indent=2))
         _missing_kernels(generated)
         return
     if quiet:
-        from etforge.core.summary import final_line
+        from etforge.core.build.summary import final_line
 
         console.print(escape(final_line(report, str(out))), soft_wrap=True)
         _missing_kernels(generated)
@@ -592,14 +593,14 @@ def _compile_into(job: _Job) -> tuple[Any, dict[str, Any], bool]:
     (torch, the model, ``torch.export``); ExecuTorch, torchao and LiteRT are imported only
     when the build has to run.
     """
-    from etforge.core import output
+    from etforge.core.build import output
 
     staging, reg, model, target, options, calib = (job.staging, job.reg, job.model, job.target, job.options, job.calib)  # fmt: skip
     float_, use_cache, flags = job.float_, job.use_cache, job.flags
     direct = None
     if use_cache:
-        from etforge.core import cache
-        from etforge.core.direct_cache import Session
+        from etforge.core.cache import store as cache
+        from etforge.core.cache.direct import Session
 
         direct = Session.open(
             model=model, target=target, options=options, flags=flags, calib=calib, reg=reg, exclude=[staging]
@@ -616,7 +617,7 @@ def _compile_into(job: _Job) -> tuple[Any, dict[str, Any], bool]:
             _say("warning", f"{direct.why}; rebuilding")
             direct.distrust(staging)  # never trusted: the entry goes, the normal path rebuilds
     recording = direct.recorder.recording() if direct is not None else contextlib.nullcontext()
-    from etforge.core import fallbacks
+    from etforge.core.common import fallbacks
 
     with fallbacks.recording(job.no_fallback):  # the front end's and the compile's
         generated, report, cached, key = _build_into(job, recording)
@@ -637,7 +638,7 @@ def _cache_info(staging: Any, report: dict[str, Any], mode: str, reason: str) ->
     written into the staged report.json (the cached entry keeps the report as built)."""
     import json
 
-    from etforge.core import output
+    from etforge.core.build import output
 
     report["cache"] = {"mode": mode, "reason": reason}
     path = staging / output.REPORT
@@ -655,7 +656,7 @@ def _build_into(
 
     ``recording`` spans what runs the user's code and reads the user's files (loading,
     building, exporting the model, reading calibration data): direct mode's dependencies."""
-    from etforge.core import output
+    from etforge.core.build import output
 
     staging, reg, model, target, options, calib = (job.staging, job.reg, job.model, job.target, job.options, job.calib)  # fmt: skip
     float_, etrecord, memory_budget, use_cache, flags = (
@@ -665,8 +666,8 @@ def _build_into(
     with _progress("import"):
         import torch  # noqa: F401  (its import time is this stage)
 
-        from etforge.core.front import front_end
-        from etforge.core.load import load_calibration, load_model
+        from etforge.core.front.export import front_end
+        from etforge.core.front.load import load_calibration, load_model
     with recording:
         with _progress("load"):
             loaded = load_model(model)
@@ -687,7 +688,7 @@ def _build_into(
             )
     key = None
     if use_cache:
-        from etforge.core import cache
+        from etforge.core.cache import store as cache
 
         key = cache.compile_key(front, reg, model, target, options, flags)
         build_cache = cache.BuildCache()
@@ -701,18 +702,18 @@ def _build_into(
                 return None, restored, True, key
             _say("warning", f"the cached build {key[:12]} was not trusted: {problem}; rebuilding")
             build_cache.discard(key)
-            from etforge.core.direct_cache import Session
+            from etforge.core.cache.direct import Session
 
             Session.restore_failed(staging)
         elif build_cache.why.startswith("the cached entry"):
             _say("warning", f"{build_cache.why}; rebuilding")
     with _progress("import executorch"):
-        from etforge.core.lazy_imports import defer_inductor_post_grad
+        from etforge.core.common.lazy_imports import defer_inductor_post_grad
 
         defer_inductor_post_grad()
-        from etforge.core.compiler import compile_model
-        from etforge.core.program_writer import ProgramWriter
-        from etforge.core.report import build_report
+        from etforge.core.build.compiler import compile_model
+        from etforge.core.build.report import build_report
+        from etforge.core.serialize.program_writer import ProgramWriter
     # float.pt2 / quantized.pt2 are written by a child process while this one lowers.
     with ProgramWriter(staging, (output.FLOAT_PROGRAM, output.QUANTIZED_PROGRAM)) as writer:
         result = compile_model(
@@ -730,8 +731,8 @@ def _build_into(
             on_programs=writer.start,  # strict or not: the recording _compile_into opened
         )
         result.notes[:0] = loaded.notes  # e.g. a dynamic batch fixed to the example's size
-        from etforge.core.memory import check_budget, memory_stats
-        from etforge.core.npu_memory import plan_result
+        from etforge.core.serialize.memory import check_budget, memory_stats
+        from etforge.core.serialize.npu_memory import plan_result
 
         check_budget(memory_stats(result.executorch), memory_budget, plan_result(result))
         with _progress("write"):
@@ -746,7 +747,7 @@ def _build_into(
 
         generated = generate(staging / output.PTE, staging / output.CODEGEN, report=report)
     if key is not None:
-        from etforge.core import cache
+        from etforge.core.cache import store as cache
 
         try:
             cache.BuildCache().store(key, staging)
@@ -771,7 +772,8 @@ def _compile_many(
     """Models × targets × options in parallel child compiles; a summary table; exit 1 if any failed."""
     from pathlib import Path
 
-    from etforge.core import batch, cache
+    from etforge.core.batch import run as batch
+    from etforge.core.cache import store as cache
 
     if manifest:
         if models:
@@ -828,7 +830,7 @@ def _progress(stage: str) -> Any:
             with console.status(f"{stage} ..."):
                 yield
             console.print(f"[green]✓[/] {stage:<10} {time.perf_counter() - start:6.2f} s")
-        from etforge.core import process_memory
+        from etforge.core.common import process_memory
 
         if stage.startswith("import") or stage == "export":  # export imports torch._dynamo
             process_memory.settle()
@@ -839,7 +841,7 @@ def _progress(stage: str) -> Any:
 
 def _print_summary(report: dict[str, Any], out: Any = None, generated: Any = None) -> None:
     """The one-screen summary (``core.summary``); the per-node table is ``report --ops``."""
-    from etforge.core.summary import summary_lines
+    from etforge.core.build.summary import summary_lines
 
     for line in summary_lines(report, str(out) if out is not None else None, width=min(console.width, 100)):
         console.print(escape(line), soft_wrap=True)
@@ -876,7 +878,7 @@ def report(out_dir: str, by_op: bool, as_json: bool, html_file: str | None, me_d
     """Show the report of a compile in OUT."""
     from pathlib import Path
 
-    from etforge.core import output
+    from etforge.core.build import output
 
     output.recover(Path(out_dir))  # a swap cut short by a kill is finished first
     data = output.load_report(Path(out_dir) / output.REPORT)
@@ -989,7 +991,7 @@ def codegen(
     from pathlib import Path
 
     from etforge.codegen import generate
-    from etforge.core import output
+    from etforge.core.build import output
 
     chosen = None
     if libraries is not None:
@@ -1453,7 +1455,7 @@ def _cache_done(root: Any, removed: list[Any], errors: list[str]) -> None:
 @cache.command(name="info")
 def cache_info() -> None:
     """Where the cache is, its entries and their size."""
-    from etforge.core.cache import BuildCache
+    from etforge.core.cache.store import BuildCache
 
     c = BuildCache()
     try:
@@ -1480,7 +1482,7 @@ def cache_prune(max_size: str, older_than: float | None) -> None:
     """Remove damaged builds, then the least recently used until the cache fits."""
     import math
 
-    from etforge.core.cache import BuildCache
+    from etforge.core.cache.store import BuildCache
 
     if older_than is not None and not math.isfinite(older_than):
         raise click.BadParameter(f"{older_than!r} is not a finite number of days", param_hint="--older-than")
@@ -1496,7 +1498,7 @@ def cache_prune(max_size: str, older_than: float | None) -> None:
 @cache.command(name="clear")
 def cache_clear() -> None:
     """Remove every build (damaged ones included)."""
-    from etforge.core.cache import BuildCache
+    from etforge.core.cache.store import BuildCache
 
     c = BuildCache()
     try:

@@ -54,7 +54,7 @@ def _calibration(example: tuple[torch.Tensor, ...], n: int, seed: int) -> list[t
 
 def _output_scales(edge_ep: Any) -> list[float | None]:
     """Quantization scale of each user output (from its dequantize), None for float outputs."""
-    from etforge.core.graph_utils import is_dequantize
+    from etforge.core.graph.utils import is_dequantize
 
     out_node = next(n for n in edge_ep.graph_module.graph.nodes if n.op == "output")
     scales: list[float | None] = []
@@ -87,13 +87,13 @@ def check_op(
     modules to use as if installed (test a plugin before packaging it).
     """
     if plugins:
-        from etforge.core.plugin_manager import extra_plugins
+        from etforge.core.registry.manager import extra_plugins
 
         with extra_plugins(*plugins):
             return check_op(module, example_inputs, target, quantize, max_steps, rtol, atol, calibration,
                             expect_delegated, options, seed, float_check=float_check)  # fmt: skip
-    from etforge.core import pipeline
-    from etforge.core.plugin_manager import registry
+    from etforge.core.build import pipeline
+    from etforge.core.registry.manager import registry
     from etforge.runtime.host import run_program
     from etforge.runtime.litert_run import KERNELS
 

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from models.architectures import FAMILIES, build  # noqa: E402
 
 from etforge.api import compile as compile_model  # noqa: E402
-from etforge.core.errors import EtforgeError  # noqa: E402
+from etforge.core.common.errors import EtforgeError  # noqa: E402
 
 #: CPU ops that only move data in and out of int8 (not worth a column).
 QDQ = ("quantize_per_tensor", "dequantize_per_tensor", "alloc", "getitem")

@@ -8,7 +8,7 @@ bytes; and two ratios measured in this one run (issue 17's goals, both <= 0.5):
 - ``lower/bare``: etforge's lower stage over a bare ``to_edge_transform_and_lower`` (no
   partitioner, no extra passes) of the same quantized program. Both are timed ``--repeat``
   times, interleaved, and the fastest of each is used (one sample of a ~1 s stage varies by
-  +-15 % here). NPU targets delegate early (``core/early.py``); cortex-m33 has no NPU and
+  +-15 % here). NPU targets delegate early (``core/lower/early.py``); cortex-m33 has no NPU and
   lowers the classic way, so its ratio is ~1 by construction.
 - ``proc/bare``: the whole ``etforge compile --no-cache`` process (imports, load, export,
   quantize, lower, serialize, write, codegen) over the bare ExecuTorch flow's process on the
@@ -27,10 +27,10 @@ import torch
 from executorch.exir import to_edge_transform_and_lower
 
 from etforge import zoo
-from etforge.core.compiler import compile_model
-from etforge.core.pipeline import edge_config, lower
-from etforge.core.plugin_manager import registry
-from etforge.core.report import build_report
+from etforge.core.build.compiler import compile_model
+from etforge.core.build.pipeline import edge_config, lower
+from etforge.core.build.report import build_report
+from etforge.core.registry.manager import registry
 
 
 def bare_lowering(program: torch.export.ExportedProgram) -> float:

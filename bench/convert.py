@@ -12,8 +12,8 @@ import time
 import torch
 
 from etforge import zoo
-from etforge.core import pipeline
-from etforge.core.plugin_manager import registry
+from etforge.core.build import pipeline
+from etforge.core.registry.manager import registry
 
 
 def main() -> None:

@@ -2,7 +2,7 @@
 
 Run: .venv/bin/python bench/memory.py [--models ...] [--targets ...]
 etforge plans with ExecuTorch's planning suite choosing between its ``greedy`` and etforge's
-``best_fit`` (core/memory_plan.py); "greedy B" is ExecuTorch's default plan of the same
+``best_fit`` (core/serialize/memory_plan.py); "greedy B" is ExecuTorch's default plan of the same
 program, for comparison. Goal: arena <= 1.05 x lower bound.
 """
 
@@ -14,9 +14,9 @@ import torch
 from executorch.exir import EdgeProgramManager
 
 from etforge import zoo
-from etforge.core import pipeline
-from etforge.core.compiler import compile_model
-from etforge.core.memory import memory_stats
+from etforge.core.build import pipeline
+from etforge.core.build.compiler import compile_model
+from etforge.core.serialize.memory import memory_stats
 
 
 def main() -> None:

@@ -30,7 +30,7 @@ from architectures import cpu_ops, npu_refusals  # noqa: E402  (bench/architectu
 from models.torchvision_families import FAMILIES, RESOLUTION, build  # noqa: E402
 
 from etforge.api import compile as compile_model  # noqa: E402
-from etforge.core.errors import EtforgeError  # noqa: E402
+from etforge.core.common.errors import EtforgeError  # noqa: E402
 
 
 def bare_flow(model: torch.nn.Module, example: tuple[torch.Tensor, ...], calibration: list[Any]) -> float:

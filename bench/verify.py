@@ -31,9 +31,9 @@ from typing import Any
 import torch
 
 from etforge import zoo
-from etforge.core.compiler import compile_model
-from etforge.core.plugin_manager import registry
-from etforge.core.report import build_report
+from etforge.core.build.compiler import compile_model
+from etforge.core.build.report import build_report
+from etforge.core.registry.manager import registry
 from etforge.runtime import pte_ops
 from etforge.runtime.accuracy import load_labeled
 from etforge.runtime.host import run_program

@@ -1,6 +1,6 @@
 """Which of a ``.pte``'s delegates have a device runtime, read from the program itself.
 
-A delegate whose payload is etforge's tagged container (:mod:`etforge.core.payload`) marked
+A delegate whose payload is etforge's tagged container (:mod:`etforge.core.litert.payload`) marked
 host-only is a LiteRT model that only the host runs (the eIQ Neutron SDK was absent at
 compile time); the firmware build must not pretend otherwise. Any other payload is what a
 device backend (``NeutronBackend`` ...) was given.
@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from etforge.core import payload
+from etforge.core.litert import payload
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,8 @@ from etforge.codegen.delegates import read_delegates
 from etforge.codegen.kernels import catalogue, library_sizes
 from etforge.codegen.pte import ProgramInfo, read_program
 from etforge.codegen.registration import KernelEntry, build_entry
-from etforge.core.errors import EtforgeError
-from etforge.core.pte_check import check_pte
+from etforge.core.common.errors import EtforgeError
+from etforge.core.serialize.pte_check import check_pte
 
 PTE_ALIGNMENT = 16
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from etforge.codegen.placement_html import CMSIS_NN, CPU_COLOURS, NPU_COLOURS, PORTABLE, QUANTIZED
-from etforge.core.errors import EtforgeError
+from etforge.core.common.errors import EtforgeError
 
 #: Gradient of the per-operator MACs overlay on a partition (low -> high).
 MACS_GRADIENT = [{"stop": 0, "bgColor": "#f7fcf5"}, {"stop": 1, "bgColor": "#238b45"}]
@@ -42,7 +42,7 @@ def _library(op_name: str) -> str:
 def _partition_of(delegate_data: bytes | None, order: int, names: list[str]) -> str:
     """The partition a delegate payload holds: its etforge header when it has one (host
     payloads), else the delegate calls' program order, which is the partitions' order."""
-    from etforge.core import payload
+    from etforge.core.litert import payload
 
     if delegate_data is not None:
         try:

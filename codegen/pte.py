@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from etforge.core.errors import EtforgeError
+from etforge.core.common.errors import EtforgeError
 
 _DTYPES = {
     0: "uint8",

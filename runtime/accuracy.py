@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from etforge.core.errors import EtforgeError
+from etforge.core.common.errors import EtforgeError
 
 #: Percentage points of top-1 accuracy the compiled program may lose against the float model
 #: by default: int8 post-training quantization of a small classifier typically costs a

@@ -19,8 +19,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from etforge.core import output
-from etforge.core.errors import EtforgeError
+from etforge.core.build import output
+from etforge.core.common.errors import EtforgeError
 
 #: report.json key: relative path -> sha256 of each side file (``model.pte`` is ``pte_sha256``).
 FILES_KEY = "files_sha256"
@@ -91,7 +91,7 @@ def compare_payloads(
     A host-only payload (etforge's framing) names its partition. A device payload (the NPU
     compiler's own format, e.g. NeutronBackend's) names none: it is paired, in partition
     order, with a rebuilt partition left unmatched."""
-    from etforge.core import payload
+    from etforge.core.litert import payload
 
     found = [bytes(d.data) for d in program.backend_delegate_data]
     wanted = dict(rebuilt)
@@ -133,7 +133,7 @@ def compare_payloads(
 
 def _partition_of(raw: bytes, wanted: dict[str, bytes], device: bool) -> str | None:
     """The unmatched partition a payload that matched none is of (None: of none)."""
-    from etforge.core import payload
+    from etforge.core.litert import payload
 
     if not device:
         try:

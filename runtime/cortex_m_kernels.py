@@ -967,7 +967,7 @@ def cmsis_reference(value: Callable[[Any], Any], host_op: str) -> Callable[[Any]
 
     class Cmsis(Reference):
         def compute(self, node: Any, out: Out) -> Any:
-            from etforge.core.graph_utils import node_op
+            from etforge.core.graph.utils import node_op
 
             if node_op(node) in LUT_ACTIVATIONS:
                 return self._lut(node, out)
@@ -985,7 +985,7 @@ def cmsis_reference(value: Callable[[Any], Any], host_op: str) -> Callable[[Any]
             from executorch.backends.cortex_m.passes.passes_utils import build_activation_lut
             from executorch.exir.dialects._ops import ops as exir_ops
 
-            from etforge.core.graph_utils import node_op
+            from etforge.core.graph.utils import node_op
 
             x = self.operand(node.args[0])
             if not isinstance(x, Q) or x.axis is not None:

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from torch.fx import Node
 
-from etforge.core.graph_utils import is_dequantize, is_quantize, node_op
+from etforge.core.graph.utils import is_dequantize, is_quantize, node_op
 from etforge.runtime import tflite_int as ti
 
 

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from etforge.core.graph_utils import is_constant, node_op
+from etforge.core.graph.utils import is_constant, node_op
 from etforge.runtime import fixedpoint as fp
 from etforge.runtime import tflite_int as ti
 from etforge.runtime.device_ref import NotExact, Out, Q, _arg

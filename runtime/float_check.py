@@ -17,8 +17,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from etforge.core import layout, payload
-from etforge.core.litert import read_metadata
+from etforge.core.graph import layout
+from etforge.core.litert import payload
+from etforge.core.litert.builder import read_metadata
 from etforge.runtime import litert_run
 from etforge.runtime.host import program_inputs, stored_inputs
 
@@ -91,7 +92,7 @@ def check_float_program(
 ) -> list[FloatOp]:
     """Lower ``float_ep`` (the float program) as ``compile --float`` would and check every
     NPU op of it on ``batches``; per op, the worst relative error over the batches."""
-    from etforge.core.pipeline import lower
+    from etforge.core.build.pipeline import lower
     from etforge.runtime.host import run_program
 
     edge, _, _, _ = lower(float_ep, float_target(target), options, reg)

@@ -15,8 +15,9 @@ import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
-from etforge.core import layout, payload
-from etforge.core.signature import user_output_positions
+from etforge.core.front.signature import user_output_positions
+from etforge.core.graph import layout
+from etforge.core.litert import payload
 from etforge.runtime import litert_run, pte_ops
 
 

@@ -27,7 +27,7 @@ def interpreter(model: bytes, kernels: str, preserve_all_tensors: bool = False) 
     if kernels not in KERNELS:
         raise ValueError(f"unknown LiteRT kernels {kernels!r} (known: {', '.join(KERNELS)})")
     resolver = OpResolverType.AUTO if kernels == "default" else OpResolverType.BUILTIN_REF
-    from etforge.core.quiet import native_stderr
+    from etforge.core.common.quiet import native_stderr
 
     with warnings.catch_warnings(), native_stderr():  # "preserving every tensor is for debugging": it is
         warnings.simplefilter("ignore", UserWarning)

@@ -30,8 +30,8 @@ import torch.fx._pytree as fx_pytree
 import torch.utils._pytree as pytree
 from torch.export import ExportedProgram
 
-from etforge.core.graph_utils import node_op
-from etforge.core.signature import output_names, user_output_positions
+from etforge.core.front.signature import output_names, user_output_positions
+from etforge.core.graph.utils import node_op
 
 
 def rows(t: torch.Tensor) -> torch.Tensor:

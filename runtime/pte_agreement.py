@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch.export import ExportedProgram
 
-from etforge.core.graph_utils import node_op
+from etforge.core.graph.utils import node_op
 from etforge.runtime.host import run_program
 from etforge.runtime.pte_interpreter import PteInterpreter, Step
 

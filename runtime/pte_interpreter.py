@@ -19,9 +19,10 @@ from typing import Any
 
 import torch
 
-from etforge.core import layout, payload
-from etforge.core.errors import EtforgeError
-from etforge.core.pte_check import load_program
+from etforge.core.common.errors import EtforgeError
+from etforge.core.graph import layout
+from etforge.core.litert import payload
+from etforge.core.serialize.pte_check import load_program
 from etforge.runtime import litert_run
 from etforge.runtime.pte_ops import Kernel, kernel
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from etforge.core.errors import EtforgeError
+from etforge.core.common.errors import EtforgeError
 from etforge.runtime import cortex_m_kernels
 
 _KEYS = ("CPU", "CompositeExplicitAutograd", "CompositeImplicitAutograd")

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from etforge.core.graph_utils import op_name
+from etforge.core.graph.utils import op_name
 
 
 def _quantize(

@@ -27,8 +27,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from etforge.core.errors import EtforgeError
-from etforge.core.load import load_program
+from etforge.core.common.errors import EtforgeError
+from etforge.core.front.load import load_program
 
 
 def verify_script_pte(
@@ -41,12 +41,12 @@ def verify_script_pte(
     **verify_args: Any,
 ) -> Any:
     """A :class:`~etforge.runtime.verify.Verification` of ``pte`` against ``model`` on ``target``."""
-    from etforge.core import output
-    from etforge.core.load import check_program_file, load_calibration, load_model
-    from etforge.core.options import resolve_options
-    from etforge.core.plugin_manager import registry
-    from etforge.core.pte_check import check_pte
-    from etforge.core.report import build_report
+    from etforge.core.build import output
+    from etforge.core.build.report import build_report
+    from etforge.core.front.load import check_program_file, load_calibration, load_model
+    from etforge.core.registry.manager import registry
+    from etforge.core.registry.options import resolve_options
+    from etforge.core.serialize.pte_check import check_pte
     from etforge.runtime.verify import verify
 
     data = check_pte(pte)  # empty, truncated, not a program: refused before any work
@@ -59,7 +59,7 @@ def verify_script_pte(
         check_program_file(Path(quantized))
         result = _lower_quantized(loaded, load_program(Path(quantized)), spec, opts, reg, model)
     else:
-        from etforge.core.compiler import compile_model
+        from etforge.core.build.compiler import compile_model
 
         result = compile_model(
             loaded.module, loaded.example_inputs, spec, calibration=calibration, options=opts,
@@ -96,9 +96,9 @@ def verify_script_pte(
 
 def _lower_quantized(loaded: Any, qep: Any, spec: Any, opts: dict[str, Any], reg: Any, what: str) -> Any:
     """A compile result whose quantized program is the script's own (the rest as ``compile``)."""
-    from etforge.core import pipeline
-    from etforge.core.compiler import CompileResult
-    from etforge.core.front import front_end
+    from etforge.core.build import pipeline
+    from etforge.core.build.compiler import CompileResult
+    from etforge.core.front.export import front_end
 
     if loaded.module is None and loaded.program is None:
         raise EtforgeError(f"{what}: no model to take the float reference from")
@@ -132,7 +132,7 @@ def _lowered(
 ) -> tuple[Any, ...]:
     """(Edge program manager, partitioner, partitions), lowered the classic way (a script's
     route); ``lowering`` gets the path taken, for the report ``verify`` rebuilds from."""
-    from etforge.core import pipeline
+    from etforge.core.build import pipeline
 
     edge, partitioner, parts, _ = pipeline.lower(program, spec, opts, reg, early=False, lowering=lowering)
     return edge, partitioner, parts
@@ -142,7 +142,7 @@ def _serialized(edge: Any) -> Any:
     """The program as ``compile`` serializes it (``.buffer``: the ``.pte`` bytes)."""
     from executorch.exir import EdgeProgramManager
 
-    from etforge.core import pipeline
+    from etforge.core.build import pipeline
 
     host = edge.exported_program()
     return pipeline.serialize(

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from etforge.core.graph_utils import is_quantize, node_op
+from etforge.core.graph.utils import is_quantize, node_op
 from etforge.runtime.stepwise import CORTEX_M, PORTABLE
 
 #: Steps an unruled op's simulated value may be from the compiled program's for the program's
@@ -110,7 +110,7 @@ def simulate(
 def _copies_codes(q: torch.fx.Node, env: Mapping[torch.fx.Node, Any]) -> bool:
     """``q`` quantizes, on its input's grid, an op that returned its dequantized input unchanged
     (an eval-mode dropout, a clone): the device copies the codes, so torch's value is exact."""
-    from etforge.core.graph_utils import is_dequantize
+    from etforge.core.graph.utils import is_dequantize
 
     op = q.args[0]
     src = op.args[0] if isinstance(op, torch.fx.Node) and op.args else None

@@ -26,9 +26,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from etforge.core import layout, payload
-from etforge.core.graph_utils import is_quantize
-from etforge.core.litert import read_metadata
+from etforge.core.graph import layout
+from etforge.core.graph.utils import is_quantize
+from etforge.core.litert import payload
+from etforge.core.litert.builder import read_metadata
 from etforge.runtime import litert_run
 from etforge.runtime.host import program_inputs, run_program, stored_inputs
 
@@ -237,7 +238,7 @@ class HostInt8Values:
         self.produced: dict[str, Produced] = {}
 
     def __call__(self, n: torch.fx.Node, out: Any) -> None:
-        from etforge.core.graph_utils import node_op
+        from etforge.core.graph.utils import node_op
 
         if n.op != "call_function" or not isinstance(out, torch.Tensor) or out.dtype != torch.int8:
             return

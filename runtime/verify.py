@@ -16,10 +16,11 @@ from typing import Any
 import torch
 from torch.export import ExportedProgram
 
-from etforge.core import output, payload
-from etforge.core.errors import EtforgeError
-from etforge.core.load import load_program
-from etforge.core.plugin_manager import Registry, registry
+from etforge.core.build import output
+from etforge.core.common.errors import EtforgeError
+from etforge.core.front.load import load_program
+from etforge.core.litert import payload
+from etforge.core.registry.manager import Registry, registry
 from etforge.runtime.accuracy import DEFAULT_MAX_ACCURACY_DROP, Labeled, evaluate
 from etforge.runtime.host import run_program
 from etforge.runtime.inputs import seeded_inputs
@@ -215,7 +216,7 @@ def rebuild(
     """(lowered host program, float program, quantized program, host stand-ins) from a
     compile's outputs; the stand-ins map each device payload (NPU microcode) to the LiteRT
     partition it was compiled from, which is what the host can run."""
-    from etforge.core.pipeline import lower
+    from etforge.core.build.pipeline import lower
 
     float_ep = load_program(out / output.FLOAT_PROGRAM)
     qpath = out / output.QUANTIZED_PROGRAM
@@ -263,8 +264,8 @@ def verify(
 ) -> Verification:
     """Verify the compile in ``out``; ``data``: labeled samples (``runtime.accuracy``) to
     measure the accuracy drop on."""
-    from etforge.core.load import check_program_file
-    from etforge.core.pte_check import check_pte
+    from etforge.core.front.load import check_program_file
+    from etforge.core.serialize.pte_check import check_pte
 
     output.recover(out)  # a swap cut short by a kill is finished first
     report_path = out / output.REPORT

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from etforge.core.errors import EtforgeError
+from etforge.core.common.errors import EtforgeError
 
 from support import run_cli
 
@@ -25,9 +25,9 @@ MAX_DROP = 1.0
 @cache
 def _compiled(name: str, target: str) -> tuple[Any, dict[str, Any]]:
     from etforge import zoo
-    from etforge.core.compiler import compile_model
-    from etforge.core.plugin_manager import registry
-    from etforge.core.report import build_report
+    from etforge.core.build.compiler import compile_model
+    from etforge.core.build.report import build_report
+    from etforge.core.registry.manager import registry
 
     model, example = zoo.build(name)
     reg = registry()

@@ -12,7 +12,7 @@ from executorch.exir import to_edge_transform_and_lower
 from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
 import etforge
-from etforge.core.errors import EtforgeError
+from etforge.core.common.errors import EtforgeError
 
 
 def _model() -> tuple[torch.nn.Module, tuple[torch.Tensor, ...], list[tuple[torch.Tensor, ...]]]:
@@ -123,7 +123,7 @@ assert len(program.buffer) > 0
 
 
 def test_readme_script_works_for_every_target_in_a_fresh_process() -> None:
-    from etforge.core.plugin_manager import registry
+    from etforge.core.registry.manager import registry
 
     names = sorted(registry().targets)
     assert {"imxrt700", "imxrt700cm", "cortex-m33", "litert"} <= set(names)

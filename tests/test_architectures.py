@@ -13,7 +13,7 @@ import pytest
 from models.architectures import FAMILIES, build
 
 import etforge
-from etforge.core.errors import EtforgeError
+from etforge.core.common.errors import EtforgeError
 
 TARGETS = ("imxrt700", "imxrt700cm", "cortex-m33")
 NPU_TARGETS = ("imxrt700", "imxrt700cm")

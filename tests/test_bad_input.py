@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from etforge.core import pipeline
-from etforge.core.converter import SUPPORTED, OpConverter
-from etforge.core.errors import ConversionError
-from etforge.core.litert_convert import convert_program
-from etforge.core.plugin_manager import registry
+from etforge.core.build import pipeline
+from etforge.core.common.errors import ConversionError
+from etforge.core.contracts.converter import SUPPORTED, OpConverter
+from etforge.core.litert.convert import convert_program
+from etforge.core.registry.manager import registry
 
 from support import REPO, run_cli
 
@@ -123,8 +123,8 @@ def test_bad_values_are_usage_errors_naming_the_option(
 
 @pytest.mark.parametrize(("line", "key"), [("calib = 5", "'calib'"), ('float = "false"', "'float'")])
 def test_manifest_values_of_the_wrong_type_name_the_key(tmp_path: Path, line: str, key: str) -> None:
-    from etforge.core.batch import load_manifest
-    from etforge.core.errors import EtforgeError
+    from etforge.core.batch.run import load_manifest
+    from etforge.core.common.errors import EtforgeError
 
     manifest = tmp_path / "m.toml"
     manifest.write_text(f'models = ["zoo:cifarnet"]\ntargets = ["imxrt700cm"]\n{line}\n')
@@ -142,7 +142,7 @@ def _dead_pid() -> int:
 def test_a_forged_new_output_never_replaces_a_good_one(tmp_path: Path) -> None:
     """``OUT.new-<dead pid>-*`` is what a swap cut short leaves, but only beside its
     ``OUT.old-`` with OUT gone; a directory merely named so is removed, OUT stays."""
-    from etforge.core import output
+    from etforge.core.build import output
 
     out = tmp_path / "out"
     out.mkdir()
@@ -182,8 +182,8 @@ def test_disk_full_while_writing_the_output_is_one_line_naming_it(full_disk: Pat
 
 
 def test_program_writer_on_a_full_disk_names_the_file(full_disk: Path) -> None:
-    from etforge.core.errors import EtforgeError
-    from etforge.core.program_writer import ProgramWriter
+    from etforge.core.common.errors import EtforgeError
+    from etforge.core.serialize.program_writer import ProgramWriter
 
     big = torch.export.export(torch.nn.Linear(256, 256), (torch.randn(1, 256),))  # 256 KiB of weights
     writer = ProgramWriter(full_disk, ("float.pt2", "quantized.pt2"))
@@ -195,7 +195,7 @@ def test_program_writer_on_a_full_disk_names_the_file(full_disk: Path) -> None:
 
 
 def test_a_full_cache_is_one_warning_line(full_disk: Path, tmp_path: Path) -> None:
-    from etforge.core.cache import BuildCache, CacheError
+    from etforge.core.cache.store import BuildCache, CacheError
 
     src = tmp_path / "src"
     src.mkdir()

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from batch_models import FACTORIES
 
-from etforge.core.batch import load_manifest
-from etforge.core.errors import EtforgeError
+from etforge.core.batch.run import load_manifest
+from etforge.core.common.errors import EtforgeError
 
 from support import REPO, run_cli
 

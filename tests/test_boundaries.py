@@ -15,12 +15,12 @@ import torch
 from ai_edge_litert.interpreter import Interpreter
 
 from etforge import zoo
-from etforge.core import layout
-from etforge.core.boundaries import check_delegate_dim_orders, layout_conversions
-from etforge.core.compiler import CompileResult, compile_model
-from etforge.core.errors import EtforgeError
-from etforge.core.graph_utils import node_op
-from etforge.core.plugin_manager import registry
+from etforge.core.build.compiler import CompileResult, compile_model
+from etforge.core.common.errors import EtforgeError
+from etforge.core.graph import layout
+from etforge.core.graph.utils import node_op
+from etforge.core.lower.boundaries import check_delegate_dim_orders, layout_conversions
+from etforge.core.registry.manager import registry
 from etforge.runtime.host import run_program
 
 SPLITS = {

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from etforge.core.cache import BuildCache, build_key
+from etforge.core.cache.store import BuildCache, build_key
 
 from support import REPO, run_cli
 
@@ -178,8 +178,8 @@ def test_bad_prune_size_is_a_usage_error(tmp_path: Path) -> None:
 
 
 def test_build_only_options_change_neither_the_pte_nor_the_key() -> None:
-    from etforge.core.compiler import compile_model
-    from etforge.core.plugin_manager import registry
+    from etforge.core.build.compiler import compile_model
+    from etforge.core.registry.manager import registry
 
     torch.manual_seed(0)
     module = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU()).eval()
@@ -331,7 +331,7 @@ def test_direct_mode_recompiles_without_importing_torch(tmp_path: Path) -> None:
 RECORD = """
 import json, os, sys
 from pathlib import Path
-from etforge.core.direct_cache import Recorder
+from etforge.core.cache.direct import Recorder
 
 tmp = Path(sys.argv[1])
 data, low, gone = tmp / "data.bin", tmp / "low.bin", tmp / "gone.bin"
@@ -379,7 +379,7 @@ def test_recorder_keeps_what_the_build_read_and_nothing_else(tmp_path: Path) -> 
 
 
 def test_direct_manifest_trusts_only_unchanged_files_and_intact_manifests(tmp_path: Path) -> None:
-    from etforge.core.direct_cache import DirectCache, file_facts
+    from etforge.core.cache.direct import DirectCache, file_facts
 
     dep = tmp_path / "dep.txt"
     dep.write_text("one")

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from etforge.core import cache as cache_mod
-from etforge.core.cache import BuildCache
+from etforge.core.cache import store as cache_mod
+from etforge.core.cache.store import BuildCache
 
 from support import run_cli
 

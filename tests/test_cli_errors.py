@@ -115,7 +115,7 @@ def test_bad_report_json_in_report_verify_codegen(tmp_path: Path, content: str, 
 
 
 def test_truncated_quantized_program_in_verify(tmp_path: Path) -> None:
-    from etforge.core import output
+    from etforge.core.build import output
 
     report = {k: None for k in output.REPORT_KEYS} | {"quantized": True, "nodes": [], "partitions": []}
     out = _fake_output(tmp_path, json.dumps(report))
@@ -214,8 +214,8 @@ def test_debug_shows_the_traceback(tmp_path: Path) -> None:
 
 BROKEN = """
 from etforge import hookimpl
-from etforge.core.npu_compiler import NpuCompiler
-from etforge.core.target import NpuSpec, TargetSpec
+from etforge.core.contracts.npu_compiler import NpuCompiler
+from etforge.core.contracts.target import NpuSpec, TargetSpec
 
 
 class Broken(NpuCompiler):

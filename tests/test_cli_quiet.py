@@ -58,7 +58,7 @@ def test_compile_fits_one_screen_without_noise(tmp_path: Path) -> None:
 
 def test_summary_is_bounded_for_any_report() -> None:
     """A report with many CPU op groups, long notes and long names still fits 80x24."""
-    from etforge.core.summary import summary_lines
+    from etforge.core.build.summary import summary_lines
 
     nodes = [
         {
@@ -119,7 +119,7 @@ def test_piped_tables_keep_whole_names() -> None:
 def test_quiet_silences_torchao_at_import(verbose: bool) -> None:
     code = (
         "import sys\n"
-        "from etforge.core import quiet\n"
+        "from etforge.core.common import quiet\n"
         f"quiet.install(verbose={verbose})\n"
         "import torchao, warnings, logging\n"
         "warnings.warn('library chatter', FutureWarning)\n"

@@ -12,11 +12,11 @@ import pytest
 
 from etforge import zoo
 from etforge.codegen import generate
-from etforge.core import output
-from etforge.core.compiler import compile_model
-from etforge.core.errors import EtforgeError
-from etforge.core.plugin_manager import registry
-from etforge.core.report import build_report
+from etforge.core.build import output
+from etforge.core.build.compiler import compile_model
+from etforge.core.build.report import build_report
+from etforge.core.common.errors import EtforgeError
+from etforge.core.registry.manager import registry
 
 from support import run_cli
 

@@ -138,9 +138,9 @@ def test_unknown_option(tmp_path: Path) -> None:
 CRASHY = """
 import os
 from etforge import hookimpl
-from etforge.core.isolated import run_isolated
-from etforge.core.npu_compiler import NpuCompiler, NpuPayload
-from etforge.core.target import NpuSpec, TargetSpec
+from etforge.core.common.isolated import run_isolated
+from etforge.core.contracts.npu_compiler import NpuCompiler, NpuPayload
+from etforge.core.contracts.target import NpuSpec, TargetSpec
 
 
 def crash(data):

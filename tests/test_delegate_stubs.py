@@ -1,4 +1,4 @@
-"""Shape stubs for delegates (core/delegate_stubs.py) change nothing but the time.
+"""Shape stubs for delegates (core/lower/delegate_stubs.py) change nothing but the time.
 
 ExecuTorch's passes re-trace each delegate's original program to learn its output shapes;
 the stub answers with the shapes the call node carries. The bytes serialized with stubs
@@ -12,10 +12,11 @@ import torch
 from executorch.exir import EdgeProgramManager, ExecutorchBackendConfig
 from torch.export import ExportedProgram
 
-from etforge.core import delegate_stubs, pipeline
-from etforge.core.compiler import compile_model
-from etforge.core.memory_plan import planning_pass
-from etforge.core.plugin_manager import registry
+from etforge.core.build import pipeline
+from etforge.core.build.compiler import compile_model
+from etforge.core.lower import delegate_stubs
+from etforge.core.registry.manager import registry
+from etforge.core.serialize.memory_plan import planning_pass
 
 from support import conv_head
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from etforge.core.cache import BuildCache
-from etforge.core.direct_cache import DirectCache
+from etforge.core.cache.direct import DirectCache
+from etforge.core.cache.store import BuildCache
 
 from support import run_cli
 
@@ -32,7 +32,7 @@ import json, os, sys
 from pathlib import Path
 import numpy as np
 import torch
-from etforge.core.direct_cache import Recorder
+from etforge.core.cache.direct import Recorder
 
 tmp = Path(sys.argv[1])
 sys.path.insert(0, str(tmp))
@@ -64,7 +64,7 @@ OPAQUE = {
 
 OPAQUE_RUNNER = """
 import os, sys, tempfile
-from etforge.core.direct_cache import Recorder
+from etforge.core.cache.direct import Recorder
 STATE = os.path.join(tempfile.mkdtemp(), "state.txt")  # a file the model reads, then rewrites
 open(STATE, "w").write("0")
 rec = Recorder()

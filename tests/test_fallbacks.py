@@ -1,5 +1,5 @@
 """Every second-best path a compile takes is recorded (report.json ``fallbacks``, the summary)
-and ``--no-fallback`` / ``strict=True`` refuses it, writing nothing (core/fallbacks.py).
+and ``--no-fallback`` / ``strict=True`` refuses it, writing nothing (core/common/fallbacks.py).
 
 The LSTM is the fallback every CPU target takes today: no kernel library provides
 ``aten::lstm``, so it is decomposed into ops that have kernels. The zoo and the architecture
@@ -17,8 +17,8 @@ from torch import nn
 
 import etforge
 from etforge import zoo
-from etforge.core.fallbacks import StrictFallback
-from etforge.core.summary import summary_lines
+from etforge.core.build.summary import summary_lines
+from etforge.core.common.fallbacks import StrictFallback
 
 from support import run_cli
 
@@ -132,7 +132,7 @@ def test_architecture_compiles_without_fallback(family: str) -> None:
 
 
 def test_a_strict_inner_recording_leaves_the_outer_as_it_was() -> None:
-    from etforge.core.fallbacks import record, recording
+    from etforge.core.common.fallbacks import record, recording
 
     with recording() as outer:
         with recording(strict=True), pytest.raises(StrictFallback):

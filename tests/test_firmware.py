@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from etforge.core.errors import EtforgeError
+from etforge.core.common.errors import EtforgeError
 from etforge.runtime.firmware import build, device, sources
 
 from support import run_cli

@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 import torch
 
-from etforge.core.converter import OpConverter, elementwise
-from etforge.core.hookspecs import hookimpl
-from etforge.core.quant_rule import QuantRule
+from etforge.core.contracts.converter import OpConverter, elementwise
+from etforge.core.contracts.hookspecs import hookimpl
+from etforge.core.contracts.quant_rule import QuantRule
 
 
 def _plugin(name: str, *converters: Any, rules: tuple[QuantRule, ...] = ()) -> types.ModuleType:
@@ -30,7 +30,7 @@ def _plugin(name: str, *converters: Any, rules: tuple[QuantRule, ...] = ()) -> t
 
 def _gelu_plugin(approximate: bool) -> types.ModuleType:
     """A GELU converter: LiteRT GELU with ``approximate`` (tanh) or exact (erf) semantics."""
-    from etforge.core.litert import options
+    from etforge.core.litert.builder import options
 
     class Gelu(OpConverter):
         ops = ("aten.gelu.default",)
@@ -54,9 +54,9 @@ def _compare(
     samples: int = 8,
     **kwargs: Any,
 ) -> Any:
-    from etforge.core.compiler import compile_model
-    from etforge.core.plugin_manager import extra_plugins, registry
-    from etforge.core.report import build_report
+    from etforge.core.build.compiler import compile_model
+    from etforge.core.build.report import build_report
+    from etforge.core.registry.manager import extra_plugins, registry
     from etforge.runtime.verify import compare
 
     with extra_plugins(*plugins):
@@ -222,9 +222,9 @@ def _avg_for_max_pool() -> types.ModuleType:
 
 def test_accuracy_gate_fails_a_wrong_converter_on_real_data() -> None:
     from etforge import zoo
-    from etforge.core.compiler import compile_model
-    from etforge.core.plugin_manager import extra_plugins, registry
-    from etforge.core.report import build_report
+    from etforge.core.build.compiler import compile_model
+    from etforge.core.build.report import build_report
+    from etforge.core.registry.manager import extra_plugins, registry
     from etforge.runtime.accuracy import load_labeled
     from etforge.runtime.verify import compare
 
@@ -264,9 +264,9 @@ def test_gate_thresholds_are_fixed_constants(gelu_runs: dict[bool, Any]) -> None
 
 
 def _compiled(model: torch.nn.Module, calib: list[tuple[torch.Tensor, ...]], target: str) -> tuple[Any, Any]:
-    from etforge.core.compiler import compile_model
-    from etforge.core.plugin_manager import registry
-    from etforge.core.report import build_report
+    from etforge.core.build.compiler import compile_model
+    from etforge.core.build.report import build_report
+    from etforge.core.registry.manager import registry
 
     reg = registry()
     result = compile_model(model.eval(), calib[0], target, calibration=calib, reg=reg)
@@ -294,7 +294,7 @@ def cortex_m33_cnn() -> tuple[Any, Any]:
 
 def _with_arg(program: Any, op: str, index: int, delta: int) -> tuple[Any, str]:
     """A copy of ``program`` with integer argument ``index`` of its first ``op`` node moved by ``delta``."""
-    from etforge.core.pipeline import clone_program
+    from etforge.core.build.pipeline import clone_program
 
     broken = clone_program(program)
     node = next(n for n in broken.graph.nodes if op in str(n.target))

@@ -19,7 +19,7 @@ from executorch.exir import to_edge_transform_and_lower
 from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
 import etforge
-from etforge.core.plugin_manager import registry
+from etforge.core.registry.manager import registry
 
 
 class Net(torch.nn.Module):

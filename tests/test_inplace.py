@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 import etforge
-from etforge.core.functionalize import functional_form, functionalize
+from etforge.core.front.functionalize import functional_form, functionalize
 
 #: (target, lowering) pairs compiled: cortex-m33 has no NPU, its one path is the classic one.
 CASES = (

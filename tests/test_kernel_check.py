@@ -1,4 +1,4 @@
-"""Every op left on the CPU has a kernel on the device (core/kernel_check.py).
+"""Every op left on the CPU has a kernel on the device (core/lower/kernel_check.py).
 
 An op no linked kernel library provides is decomposed (torch's decomposition, before
 quantization) or refused naming the node, the op and the libraries tried — before anything
@@ -18,7 +18,7 @@ import yaml
 from torch import nn
 
 import etforge
-from etforge.core.errors import EtforgeError
+from etforge.core.common.errors import EtforgeError
 
 from support import run_cli
 
@@ -167,7 +167,7 @@ def test_float64_module_is_compiled_as_float32_with_a_note() -> None:
 
 
 def test_float64_program_is_refused_clearly() -> None:
-    from etforge.core.compiler import compile_model
+    from etforge.core.build.compiler import compile_model
 
     model = nn.Linear(4, 2).double().eval()
     example = (torch.randn(1, 4, dtype=torch.float64),)

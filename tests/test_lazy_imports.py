@@ -1,4 +1,4 @@
-"""The command's deferred import of Inductor's post-grad passes (core/lazy_imports.py)."""
+"""The command's deferred import of Inductor's post-grad passes (core/common/lazy_imports.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 CODE = r"""
 import sys
 import torch
-from etforge.core.lazy_imports import POST_GRAD, defer_inductor_post_grad
+from etforge.core.common.lazy_imports import POST_GRAD, defer_inductor_post_grad
 
 assert defer_inductor_post_grad()
 import executorch.exir  # noqa: F401
@@ -59,7 +59,7 @@ def test_deferred_post_grad_loads_on_first_use_and_works() -> None:
 def test_an_already_imported_module_is_left_alone() -> None:
     code = (
         "import sys, torch._inductor.fx_passes.post_grad as real\n"
-        "from etforge.core.lazy_imports import POST_GRAD, defer_inductor_post_grad\n"
+        "from etforge.core.common.lazy_imports import POST_GRAD, defer_inductor_post_grad\n"
         "assert not defer_inductor_post_grad() and sys.modules[POST_GRAD] is real\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)

@@ -10,7 +10,7 @@ import torch
 from ai_edge_litert import schema_py_generated as schema
 from ai_edge_litert.interpreter import Interpreter
 
-from etforge.core.litert import LiteRTBuilder, Quant, options, read_metadata
+from etforge.core.litert.builder import LiteRTBuilder, Quant, options, read_metadata
 from etforge.testing import check_op
 
 
@@ -92,8 +92,8 @@ def test_conversion_is_deterministic() -> None:
         torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(64, 3)
     )
     x = (torch.randn(1, 3, 4, 4),)
-    from etforge.core import pipeline
-    from etforge.core.plugin_manager import registry
+    from etforge.core.build import pipeline
+    from etforge.core.registry.manager import registry
 
     target = registry().target("litert")
     blobs = []

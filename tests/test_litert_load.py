@@ -13,7 +13,7 @@ from support import run_cli, write_distribution
 
 BROKEN = """
 from etforge import hookimpl
-from etforge.core.converter import OpConverter
+from etforge.core.contracts.converter import OpConverter
 
 
 class BrokenRelu(OpConverter):

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from etforge import zoo
-from etforge.core.compiler import compile_model
-from etforge.core.errors import EtforgeError
-from etforge.core.memory import memory_stats
+from etforge.core.build.compiler import compile_model
+from etforge.core.common.errors import EtforgeError
+from etforge.core.serialize.memory import memory_stats
 
 from support import run_cli
 
@@ -84,7 +84,7 @@ def test_arena_plan_is_valid_and_beats_executorch_greedy() -> None:
     """autoencoder on the NPU: greedy buckets strand a tensor; best_fit reaches the lower bound."""
     from executorch.exir import EdgeProgramManager
 
-    from etforge.core import pipeline
+    from etforge.core.build import pipeline
 
     model, example = zoo.build("autoencoder")
     result = compile_model(model, example, "imxrt700", calibration=zoo.calibration("autoencoder", 2))

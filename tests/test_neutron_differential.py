@@ -107,8 +107,8 @@ def upstream_child(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[s
 
 
 def _etforge(case: DCase) -> dict[str, str]:
-    from etforge.core import pipeline
-    from etforge.core.plugin_manager import registry
+    from etforge.core.build import pipeline
+    from etforge.core.registry.manager import registry
 
     reg = registry()
     tgt = reg.target(TARGET)

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch.fx import Node
 
-from etforge.core.graph_utils import is_dequantize, is_quantize, node_op
+from etforge.core.graph.utils import is_dequantize, is_quantize, node_op
 
 TARGET = "imxrt700"
 ACCEPTED = "accepted"
@@ -339,9 +339,9 @@ def _decide(cases: list[Case], quantize: bool = True) -> dict[str, tuple[bool, s
     """(on the NPU, reason) of each case's node, decided as compile decides it."""
     from executorch.exir import to_edge
 
-    from etforge.core import pipeline
-    from etforge.core.partitioner import EtforgePartitioner
-    from etforge.core.plugin_manager import registry
+    from etforge.core.build import pipeline
+    from etforge.core.lower.partitioner import EtforgePartitioner
+    from etforge.core.registry.manager import registry
 
     torch.manual_seed(0)
     reg = registry()
@@ -434,7 +434,7 @@ def test_sdk_num_macs_drives_the_conv_decision(monkeypatch: pytest.MonkeyPatch) 
     """3*3*ceil(7280, 64) = 65664 > 65535: accepted with the assumed 16 MACs, refused with the SDK's 64."""
     import os
 
-    from etforge.core import target as target_mod
+    from etforge.core.contracts import target as target_mod
 
     monkeypatch.syspath_prepend(str(SDK_DOUBLE))  # find_spec sees the SDK; the child imports it
     monkeypatch.setenv("PYTHONPATH", f"{SDK_DOUBLE}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
@@ -445,9 +445,9 @@ def test_sdk_num_macs_drives_the_conv_decision(monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_report_marks_assumed_figures() -> None:
-    from etforge.core.compiler import compile_model
-    from etforge.core.plugin_manager import registry
-    from etforge.core.report import build_report
+    from etforge.core.build.compiler import compile_model
+    from etforge.core.build.report import build_report
+    from etforge.core.registry.manager import registry
 
     torch.manual_seed(0)
     x = (torch.randn(1, 8),)

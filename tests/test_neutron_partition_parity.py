@@ -21,8 +21,8 @@ import torch.nn.functional as F  # noqa: N812
 from test_neutron_parity import ACCEPTED, TARGET, Case, Cases, _inputs, _node_of
 from torch.fx import Node
 
-from etforge.core.graph_utils import is_dequantize
-from etforge.core.partitioner import Decision
+from etforge.core.graph.utils import is_dequantize
+from etforge.core.lower.partitioner import Decision
 
 NOOP = "partition of no-op ops only"
 DIM_ORDER = "neither contiguous nor channels-last"
@@ -120,9 +120,9 @@ def _run(
     and every decision."""
     from executorch.exir import to_edge
 
-    from etforge.core import pipeline
-    from etforge.core.partitioner import EtforgePartitioner
-    from etforge.core.plugin_manager import registry
+    from etforge.core.build import pipeline
+    from etforge.core.lower.partitioner import EtforgePartitioner
+    from etforge.core.registry.manager import registry
 
     torch.manual_seed(0)
     reg = registry()

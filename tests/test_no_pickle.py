@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from etforge.core import cache as cache_mod
+from etforge.core.cache import store as cache_mod
 
 from support import run_cli
 
@@ -134,9 +134,9 @@ def test_every_program_file_is_loaded_tensors_only(
 ) -> None:
     """What verify (and compile, for a .pt2 model) loads programs with: planted pickles in
     the example inputs or a weight torch would unpickle are refused, naming the file."""
-    import etforge.core.pipeline  # noqa: F401  (registers the quantized ops a quantized.pt2 names)
-    from etforge.core.errors import EtforgeError
-    from etforge.core.load import load_program
+    import etforge.core.build.pipeline  # noqa: F401  (registers the quantized ops a quantized.pt2 names)
+    from etforge.core.common.errors import EtforgeError
+    from etforge.core.front.load import load_program
 
     path = tmp_path / member
     path.write_bytes((built[0] / member).read_bytes())

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from etforge.core.errors import EtforgeError
-from etforge.core.litert import LiteRTBuilder
-from etforge.core.npu_memory import SOURCE, plan_partition
+from etforge.core.common.errors import EtforgeError
+from etforge.core.litert.builder import LiteRTBuilder
+from etforge.core.serialize.npu_memory import SOURCE, plan_partition
 
 
 def _chain() -> bytes:
@@ -77,9 +77,9 @@ def _peak_live(model: bytes) -> int:
 
 @pytest.fixture(scope="module")
 def compiled() -> Any:
-    from etforge.core.compiler import compile_model
-    from etforge.core.plugin_manager import registry
-    from etforge.core.report import build_report
+    from etforge.core.build.compiler import compile_model
+    from etforge.core.build.report import build_report
+    from etforge.core.registry.manager import registry
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(
@@ -111,8 +111,8 @@ def test_partition_plan_is_valid_and_above_the_peak(compiled: Any) -> None:
 
 
 def test_memory_budget_names_the_partition(compiled: Any) -> None:
-    from etforge.core.memory import check_budget, memory_stats
-    from etforge.core.npu_memory import plan_result
+    from etforge.core.serialize.memory import check_budget, memory_stats
+    from etforge.core.serialize.npu_memory import plan_result
 
     result, _ = compiled
     stats, plans = memory_stats(result.executorch), plan_result(result)

@@ -44,7 +44,7 @@ NEW = {
 CHILD = """
 import os, sys
 from pathlib import Path
-from etforge.core import output
+from etforge.core.build import output
 
 out, exchange, new = Path(sys.argv[1]), sys.argv[2] == "1", eval(sys.argv[3])
 if not exchange:
@@ -96,7 +96,7 @@ def run_child(out: Path, exchange: bool, kill_at: str | None) -> int:
 def test_a_kill_anywhere_leaves_old_or_new_complete(
     tmp_path: Path, exchange: bool, kill_at: str | None, had_output: bool
 ) -> None:
-    from etforge.core import output
+    from etforge.core.build import output
 
     out = tmp_path / "out"
     if had_output:
@@ -118,7 +118,7 @@ def test_a_kill_anywhere_leaves_old_or_new_complete(
 
 
 def test_failed_staging_leaves_nothing_and_old_output_intact(tmp_path: Path) -> None:
-    from etforge.core import output
+    from etforge.core.build import output
 
     out = tmp_path / "out"
     write_tree(out, OLD)
@@ -134,7 +134,7 @@ def test_failed_staging_leaves_nothing_and_old_output_intact(tmp_path: Path) -> 
 
 
 def test_recover_leaves_a_live_runs_staging_alone(tmp_path: Path) -> None:
-    from etforge.core import output
+    from etforge.core.build import output
 
     out = tmp_path / "out"
     live = tmp_path / f"out.tmp-{os.getpid()}-abc123"  # this process: a compile in progress
@@ -144,8 +144,8 @@ def test_recover_leaves_a_live_runs_staging_alone(tmp_path: Path) -> None:
 
 
 def test_output_that_is_not_ours_is_refused(tmp_path: Path) -> None:
-    from etforge.core import output
-    from etforge.core.errors import EtforgeError
+    from etforge.core.build import output
+    from etforge.core.common.errors import EtforgeError
 
     home = tmp_path / "home"
     write_tree(home, {"notes.txt": b"my notes", "src/main.c": b"int main;"})
@@ -155,7 +155,7 @@ def test_output_that_is_not_ours_is_refused(tmp_path: Path) -> None:
 
 
 def test_the_users_own_entries_are_kept(tmp_path: Path) -> None:
-    from etforge.core import output
+    from etforge.core.build import output
 
     out = tmp_path / "out"
     write_tree(out, {**OLD, "gen/model.h": b"from etforge codegen -o out/gen"})
@@ -165,7 +165,7 @@ def test_the_users_own_entries_are_kept(tmp_path: Path) -> None:
 
 
 def test_staging_gets_the_usual_mode(tmp_path: Path) -> None:
-    from etforge.core import output
+    from etforge.core.build import output
 
     out = tmp_path / "fresh"
     with output.replacing(out) as staging:

@@ -55,7 +55,9 @@ def test_wheel_metadata_registers_builtin_plugins(wheel: Path) -> None:
 def test_plain_install_imports_from_elsewhere(wheel: Path, tmp_path: Path) -> None:
     target = tmp_path / "site"
     _pip(sys.executable, "install", "--no-deps", "--target", str(target), str(wheel))
-    code = "import etforge, etforge.core.hookspecs, etforge.plugins.ops.conv; print(etforge.__file__)"
+    code = (
+        "import etforge, etforge.core.contracts.hookspecs, etforge.plugins.ops.conv; print(etforge.__file__)"
+    )
     env = {**os.environ, "PYTHONPATH": str(target)}
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stderr

@@ -9,15 +9,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from etforge.core.converter import Constraint, OpConverter, elementwise
-from etforge.core.errors import EtforgeError, PluginError
-from etforge.core.plugin_manager import PluginInfo, Registry, load_plugins, registry
+from etforge.core.common.errors import EtforgeError, PluginError
+from etforge.core.contracts.converter import Constraint, OpConverter, elementwise
+from etforge.core.registry.manager import PluginInfo, Registry, load_plugins, registry
 
 from support import run_cli, write_distribution
 
 STRING_OPS = """
 from etforge import hookimpl
-from etforge.core.converter import OpConverter
+from etforge.core.contracts.converter import OpConverter
 
 class Sqrt(OpConverter):
     ops = "aten.sqrt.default"
@@ -29,7 +29,7 @@ def etforge_op_converters():
 """
 MISSPELLED = """
 from etforge import hookimpl
-from etforge.core.converter import elementwise
+from etforge.core.contracts.converter import elementwise
 
 @hookimpl
 def etforge_op_converters():
@@ -37,7 +37,7 @@ def etforge_op_converters():
 """
 RULE_OVERRIDE = """
 from etforge import hookimpl
-from etforge.core.quant_rule import QuantRule
+from etforge.core.contracts.quant_rule import QuantRule
 
 @hookimpl
 def etforge_quantizer_rules():
@@ -45,8 +45,8 @@ def etforge_quantizer_rules():
 """
 UNMATCHED = """
 from etforge import hookimpl
-from etforge.core.converter import elementwise
-from etforge.core.quant_rule import QuantRule
+from etforge.core.contracts.converter import elementwise
+from etforge.core.contracts.quant_rule import QuantRule
 
 @hookimpl
 def etforge_op_converters():
@@ -87,7 +87,7 @@ def test_misspelled_litert_builtin_is_rejected_at_load(plugin_dir: Path) -> None
     # the names come from the installed schema: the correct spelling loads
     from ai_edge_litert import schema_py_generated as schema
 
-    from etforge.core.plugin_checks import converter_problems, litert_builtins
+    from etforge.core.registry.checks import converter_problems, litert_builtins
 
     assert litert_builtins() == {k for k in vars(schema.BuiltinOperator) if k.isupper()}
     assert converter_problems(elementwise("aten.floor.default", "FLOOR")) == []
@@ -109,7 +109,7 @@ def test_quant_rule_override_is_reported_as_a_conflict(plugin_dir: Path) -> None
 
     sys.path.insert(0, str(plugin_dir))
     try:
-        from etforge.core.quantize import ComposedQuantizer
+        from etforge.core.quantize.quantizer import ComposedQuantizer
 
         reg = load_plugins()
         rules = ComposedQuantizer(reg.rules_for(reg.target("imxrt700"))).rules
@@ -166,14 +166,14 @@ def _registry(conv: OpConverter, strict: bool = False) -> Registry:
 
 
 def _compile(reg: Registry) -> object:
-    from etforge.core.compiler import compile_model
+    from etforge.core.build.compiler import compile_model
 
     x = (torch.linspace(-2, 2, 16).reshape(1, 16),)
     return compile_model(Floor(), x, "litert", quantize=False, reg=reg)
 
 
 def test_raising_check_moves_the_node_off_and_names_the_plugin() -> None:
-    from etforge.core.report import build_report
+    from etforge.core.build.report import build_report
 
     reg = _registry(RaisingCheck())
     result = _compile(reg)
@@ -207,7 +207,7 @@ def test_failing_convert_names_converter_and_plugin() -> None:
 
 
 def _rank_at_most_2(node: torch.fx.Node, target: object) -> bool | str:
-    from etforge.core.graph_utils import shape_of
+    from etforge.core.graph.utils import shape_of
 
     rank = len(shape_of(node))
     return rank <= 2 or f"rank {rank}"
@@ -225,7 +225,7 @@ class RankLimited(OpConverter):
 
 def test_structured_constraints_decide_support() -> None:
     """An advertised Constraint is what the support check applies; ``etforge ops`` shows its text."""
-    from etforge.core.compiler import compile_model
+    from etforge.core.build.compiler import compile_model
 
     reg = _registry(RankLimited())
     ok = compile_model(Floor(), (torch.randn(2, 8),), "litert", quantize=False, reg=reg)
@@ -240,8 +240,8 @@ def test_structured_constraints_decide_support() -> None:
 def test_partition_names_agree_between_nodes_and_partitions() -> None:
     """Portable fallback with several partitions (the issue's cifarnet repro)."""
     from etforge import zoo
-    from etforge.core.compiler import compile_model
-    from etforge.core.report import build_report
+    from etforge.core.build.compiler import compile_model
+    from etforge.core.build.report import build_report
 
     model, example = zoo.build("cifarnet")
     result = compile_model(
@@ -268,7 +268,7 @@ def test_partition_names_agree_between_nodes_and_partitions() -> None:
 
 RAISING_CHECK = """
 from etforge import hookimpl
-from etforge.core.converter import OpConverter
+from etforge.core.contracts.converter import OpConverter
 
 class BrokenFloor(OpConverter):
     ops = ("aten.floor.default",)
@@ -313,7 +313,7 @@ class RaisingMacs(OpConverter):
     litert = "FLOOR"
 
     def check(self, node: torch.fx.Node, target: object) -> object:
-        from etforge.core.converter import unsupported
+        from etforge.core.contracts.converter import unsupported
 
         return unsupported("floor stays on the CPU here")
 
@@ -322,7 +322,7 @@ class RaisingMacs(OpConverter):
 
 
 def test_raising_macs_is_a_named_fallback_not_a_silent_zero() -> None:
-    from etforge.core.fallbacks import StrictFallback, recording
+    from etforge.core.common.fallbacks import StrictFallback, recording
 
     result = _compile(_registry(RaisingMacs()))
     (fb,) = [f for f in result.fallbacks if f.stage == "partition"]

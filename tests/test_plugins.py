@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from etforge.core.plugin_manager import load_plugins
+from etforge.core.registry.manager import load_plugins
 
 from support import run_cli, write_distribution
 
@@ -27,7 +27,7 @@ def etforge_targets():
 """
 OVERRIDE = """
 from etforge import hookimpl
-from etforge.core.converter import elementwise
+from etforge.core.contracts.converter import elementwise
 
 @hookimpl
 def etforge_op_converters():
@@ -35,7 +35,7 @@ def etforge_op_converters():
 """
 TIE = """
 from etforge import hookimpl
-from etforge.core.converter import elementwise
+from etforge.core.contracts.converter import elementwise
 
 @hookimpl
 def etforge_op_converters():

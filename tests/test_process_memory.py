@@ -1,4 +1,4 @@
-"""The command's collector and heap handling (core/process_memory.py)."""
+"""The command's collector and heap handling (core/common/process_memory.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 CHILD = textwrap.dedent(
     """
     import gc
-    from etforge.core import process_memory
+    from etforge.core.common import process_memory
 
     def rss_mb():
         for line in open("/proc/self/status"):

@@ -9,11 +9,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from etforge.core import output
-from etforge.core.compiler import compile_model
-from etforge.core.graph_utils import node_op
-from etforge.core.plugin_manager import registry
-from etforge.core.report import build_report
+from etforge.core.build import output
+from etforge.core.build.compiler import compile_model
+from etforge.core.build.report import build_report
+from etforge.core.graph.utils import node_op
+from etforge.core.registry.manager import registry
 
 
 class Residual(torch.nn.Module):

@@ -1,4 +1,4 @@
-"""The quantized program built from PT2E's converted graph (core/program_from_graph.py) is the
+"""The quantized program built from PT2E's converted graph (core/quantize/program.py) is the
 program ``torch.export`` gives when it re-traces that graph: same code, signature, values and
 serialized bytes. Every expectation here comes from torch's own re-export, not from the code
 under test.
@@ -12,10 +12,11 @@ import torch.nn.functional as F
 from executorch.exir.passes.remove_unused_parameters_pass import remove_unused_parameters_pass
 from torch import nn
 
-from etforge.core import pipeline, program_from_graph
-from etforge.core.compiler import compile_model
-from etforge.core.plugin_manager import registry
-from etforge.core.program_from_graph import Unsupported, as_dispatched
+from etforge.core.build import pipeline
+from etforge.core.build.compiler import compile_model
+from etforge.core.quantize import program as program_from_graph
+from etforge.core.quantize.program import Unsupported, as_dispatched
+from etforge.core.registry.manager import registry
 
 
 class _Block(nn.Module):

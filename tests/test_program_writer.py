@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from etforge.core.errors import EtforgeError
-from etforge.core.program_writer import ProgramWriter
+from etforge.core.common.errors import EtforgeError
+from etforge.core.serialize.program_writer import ProgramWriter
 
 NAMES = ("float.pt2", "quantized.pt2")
 

@@ -14,11 +14,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from etforge.core import output
-from etforge.core.compiler import CompileResult, compile_model
-from etforge.core.errors import EtforgeError
-from etforge.core.plugin_manager import registry
-from etforge.core.report import build_report
+from etforge.core.build import output
+from etforge.core.build.compiler import CompileResult, compile_model
+from etforge.core.build.report import build_report
+from etforge.core.common.errors import EtforgeError
+from etforge.core.registry.manager import registry
 from etforge.runtime import cortex_m_kernels
 from etforge.runtime.host import run_program
 from etforge.runtime.pte_interpreter import PteInterpreter

@@ -14,7 +14,7 @@ import pytest
 import torch
 from executorch.exir import to_edge
 
-from etforge.core.errors import EtforgeError
+from etforge.core.common.errors import EtforgeError
 from etforge.plugins.targets.dim_orders import Arg, align, problem
 from etforge.runtime.pte_interpreter import PteInterpreter
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from etforge.core.converter import OpConverter
-from etforge.core.plugin_manager import PluginInfo, Registry, registry
+from etforge.core.contracts.converter import OpConverter
+from etforge.core.registry.manager import PluginInfo, Registry, registry
 
 from support import REPO
 
@@ -32,7 +32,7 @@ class ReluAsLeakyZero(OpConverter):
     litert = "LEAKY_RELU"
 
     def convert(self, node: torch.fx.Node, ctx: object) -> None:
-        from etforge.core.litert import options
+        from etforge.core.litert.builder import options
 
         x = ctx.input(node.args[0])  # type: ignore[attr-defined]
         ctx.emit("LEAKY_RELU", [x], [ctx.output(node, x.perm)], options("LeakyReluOptions", alpha=0.0))  # type: ignore[attr-defined]
@@ -55,8 +55,8 @@ def test_given_registry_decides_partition_and_report() -> None:
     the process-wide registry (which lacks the override) is not consulted."""
     from ai_edge_litert.interpreter import Interpreter
 
-    from etforge.core.compiler import compile_model
-    from etforge.core.report import build_report
+    from etforge.core.build.compiler import compile_model
+    from etforge.core.build.report import build_report
 
     reg = _with_override()
     x = (torch.randn(1, 16, generator=torch.Generator().manual_seed(0)),)
@@ -84,7 +84,7 @@ def test_given_registry_decides_partition_and_report() -> None:
 def test_support_is_decided_once_per_node() -> None:
     """ExecuTorch asks which ops to keep whole (twice), the partitioner places the nodes, the
     backend converts them: each node's support check runs once, and its answer is carried."""
-    from etforge.core.compiler import compile_model
+    from etforge.core.build.compiler import compile_model
     from etforge.plugins.ops.linear import Linear
 
     seen: list[str] = []
@@ -111,7 +111,7 @@ def test_support_is_decided_once_per_node() -> None:
 
 def test_lowering_token_is_not_serialized() -> None:
     """Each lowering has its own token; it is stripped, so two lowerings give the same bytes."""
-    from etforge.core.compiler import compile_model
+    from etforge.core.build.compiler import compile_model
 
     torch.manual_seed(0)
     m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU())
@@ -133,7 +133,7 @@ def test_plugins_load_once_per_cli_run(tmp_path: Path) -> None:
     )
     script = (
         "import sys\n"
-        "from etforge.core import plugin_manager as pm\n"
+        "from etforge.core.registry import manager as pm\n"
         "calls = []\n"
         "real = pm.load_plugins\n"
         "def counting(*a, **k):\n"
@@ -200,7 +200,7 @@ def _code_tokens(path: Path) -> list[tuple[int, str]]:
 
 def test_core_names_no_op_and_no_chip() -> None:
     found = []
-    for path in sorted((REPO / "core").glob("*.py")):
+    for path in sorted((REPO / "core").rglob("*.py")):
         for line, text in _code_tokens(path):
             for m in FORBIDDEN.finditer(text):
                 if m.group(0).lower() not in ALLOWED and (path.name, m.group(0)) not in PENDING:
@@ -218,7 +218,7 @@ def test_core_reads_no_npu_spec_name() -> None:
             names |= set(t.npu.requires) | set(t.npu.limits) | set(t.npu.choices) | set(t.npu.declares)
     assert "partition_needs_compute" in names and "max_kernel" in names  # the Neutron spec is loaded
     found = []
-    for path in sorted((REPO / "core").glob("*.py")):
+    for path in sorted((REPO / "core").rglob("*.py")):
         for line, text in _code_tokens(path):
             if text[:1] in "\"'" or text[:2].lower() in {'f"', "f'"}:
                 for name in names:
@@ -233,7 +233,7 @@ def test_a_name_defined_twice_is_an_error_naming_both_plugins() -> None:
 
     import pytest
 
-    from etforge.core.errors import PluginError
+    from etforge.core.common.errors import PluginError
 
     base = registry()
     info = PluginInfo("imposter", "imposter-dist", "0.1", "tests.imposter")

@@ -23,9 +23,9 @@ from ai_edge_litert.interpreter import Interpreter
 from models.issue14_cases import CASES, channel_shuffle
 
 import etforge
-from etforge.core import pipeline
-from etforge.core.graph_utils import node_op
-from etforge.core.plugin_manager import registry
+from etforge.core.build import pipeline
+from etforge.core.graph.utils import node_op
+from etforge.core.registry.manager import registry
 
 #: A rewrite changes float rounding only (a division becomes a multiplication by the
 #: reciprocal, LayerNorm's variance is summed in another order): float32 noise, not error.
@@ -132,9 +132,9 @@ def test_rewrites_are_listed_with_their_plugin() -> None:
 
 
 def test_a_failing_rewrite_is_named() -> None:
-    from etforge.core.errors import EtforgeError
-    from etforge.core.plugin_manager import extra_plugins
-    from etforge.core.rewrite import Rewrite
+    from etforge.core.common.errors import EtforgeError
+    from etforge.core.contracts.rewrite import Rewrite
+    from etforge.core.registry.manager import extra_plugins
 
     class Broken(Rewrite):
         def apply(self, gm, target):

@@ -226,7 +226,7 @@ def test_sdk_failure_fails_compile_and_writes_nothing(
     from click.testing import CliRunner
 
     from etforge.cli import main
-    from etforge.core import target as target_mod
+    from etforge.core.contracts import target as target_mod
 
     out = tmp_path / "out"
     pidfile = tmp_path / "sdk.pid"

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import etforge
-from etforge.core.errors import EtforgeError
+from etforge.core.common.errors import EtforgeError
 from etforge.runtime.inputs import seeded_inputs
 from etforge.runtime.outputs import OutputCheck
 from etforge.runtime.pte_agreement import compare_with_edge

@@ -94,7 +94,7 @@ def test_a_program_and_report_from_another_output_are_named(
 
 
 def test_a_float_program_from_another_output_is_named(compiled: dict[str, Path], tmp_path: Path) -> None:
-    from etforge.core.errors import EtforgeError
+    from etforge.core.common.errors import EtforgeError
 
     out = _copy(compiled, tmp_path)
     shutil.copy(compiled["imxrt700cm"] / "float.pt2", out / "float.pt2")

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from etforge import zoo
-from etforge.core import pipeline
-from etforge.core.plugin_manager import registry
+from etforge.core.build import pipeline
+from etforge.core.registry.manager import registry
 from etforge.runtime.host import run_program
 from etforge.testing import check_op
 

@@ -4,21 +4,21 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from etforge.core.converter import Constraint, OpConverter
-from etforge.core.hookspecs import hookimpl
-from etforge.core.quant_rule import QuantRule
+from etforge.core.contracts.converter import Constraint, OpConverter
+from etforge.core.contracts.hookspecs import hookimpl
+from etforge.core.contracts.quant_rule import QuantRule
 
 if TYPE_CHECKING:
     from torch.fx import Node
 
-    from etforge.core.litert_convert import ConversionContext, Value
-    from etforge.core.target import TargetSpec
+    from etforge.core.contracts.target import TargetSpec
+    from etforge.core.litert.convert import ConversionContext, Value
 
 NHWC = (0, 2, 3, 1)
 
 
 def _window(node: Node) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], bool]:
-    from etforge.core.ophelpers import arg, pair
+    from etforge.core.litert.ophelpers import arg, pair
 
     kernel = pair(arg(node, 1, "kernel_size"))
     stride_raw = arg(node, 2, "stride", None)
@@ -52,8 +52,8 @@ def _pool(
     stride: tuple[int, ...],
     mode: str = "VALID",
 ) -> None:
-    from etforge.core.litert import options
-    from etforge.core.litert_convert import padding as pad_enum
+    from etforge.core.litert.builder import options
+    from etforge.core.litert.convert import padding as pad_enum
 
     opts = options(
         "Pool2DOptions",
@@ -80,7 +80,7 @@ def _limits(
 
 def _shared_qparams(node: Node, target: TargetSpec) -> bool | str:
     """Input and output quantized alike, when the NPU requires it of pooling (LiteRT does too)."""
-    from etforge.core.ophelpers import shares_qparams
+    from etforge.core.litert.ophelpers import shares_qparams
 
     if target.npu is None or not target.npu.requirement("shared_qparams_pool"):
         return True
@@ -92,7 +92,7 @@ def _max_pool_output(node: Node) -> Node:
 
 
 def _max_pool_shape(node: Node, target: TargetSpec) -> bool | str:
-    from etforge.core.graph_utils import shape_of
+    from etforge.core.graph.utils import shape_of
 
     if "with_indices" in str(node.target):
         users = list(node.users)
@@ -105,7 +105,7 @@ def _max_pool_shape(node: Node, target: TargetSpec) -> bool | str:
 
 
 def _max_pool_window(node: Node, target: TargetSpec) -> bool | str:
-    from etforge.core.ophelpers import arg, pair
+    from etforge.core.litert.ophelpers import arg, pair
 
     if any(d != 1 for d in pair(arg(node, 4, "dilation", 1))):
         return "dilated"
@@ -116,8 +116,8 @@ def _max_pool_window(node: Node, target: TargetSpec) -> bool | str:
 
 
 def _avg_pool_window(node: Node, target: TargetSpec) -> bool | str:
-    from etforge.core.graph_utils import shape_of
-    from etforge.core.ophelpers import arg, choose_padding
+    from etforge.core.graph.utils import shape_of
+    from etforge.core.litert.ophelpers import arg, choose_padding
 
     if arg(node, 6, "divisor_override") is not None:
         return "divisor_override"
@@ -139,7 +139,7 @@ def _avg_pool_window(node: Node, target: TargetSpec) -> bool | str:
 
 
 def _adaptive_window(node: Node, target: TargetSpec) -> bool | str:
-    from etforge.core.graph_utils import shape_of
+    from etforge.core.graph.utils import shape_of
 
     ins, outs = shape_of(node.args[0]), shape_of(node)
     if len(ins) != 4:
@@ -162,7 +162,7 @@ class MaxPool2d(OpConverter):
     )
 
     def convert(self, node: Node, ctx: ConversionContext) -> None:
-        from etforge.core.graph_utils import shape_of
+        from etforge.core.graph.utils import shape_of
 
         out_node = next(iter(node.users)) if "with_indices" in str(node.target) else node
         kernel, stride, padding, _ = _window(node)
@@ -178,7 +178,7 @@ class MaxPool2d(OpConverter):
 
 
 def _pad(ctx: ConversionContext, x: Value, pads: list[tuple[int, int]], value: float | None) -> Value:
-    from etforge.core.ophelpers import pad_spatial
+    from etforge.core.litert.ophelpers import pad_spatial
 
     return pad_spatial(ctx, x, pads, value)
 
@@ -198,7 +198,7 @@ class AvgPool2d(OpConverter):
     )
 
     def convert(self, node: Node, ctx: ConversionContext) -> None:
-        from etforge.core.ophelpers import arg
+        from etforge.core.litert.ophelpers import arg
 
         kernel, stride, padding, _ = _window(node)
         x = ctx.input(node.args[0], NHWC)
@@ -226,8 +226,8 @@ class AdaptiveAvgPool2d(OpConverter):
     def convert(self, node: Node, ctx: ConversionContext) -> None:
         import numpy as np
 
-        from etforge.core.graph_utils import shape_of
-        from etforge.core.litert import options
+        from etforge.core.graph.utils import shape_of
+        from etforge.core.litert.builder import options
 
         x = ctx.input(node.args[0], NHWC)
         outs = shape_of(node)

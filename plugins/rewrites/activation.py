@@ -14,13 +14,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from etforge.core.hookspecs import hookimpl
-from etforge.core.rewrite import Rewrite
+from etforge.core.contracts.hookspecs import hookimpl
+from etforge.core.contracts.rewrite import Rewrite
 
 if TYPE_CHECKING:
     from torch.fx import GraphModule
 
-    from etforge.core.target import TargetSpec
+    from etforge.core.contracts.target import TargetSpec
 
 
 class Hardsigmoid(Rewrite):
@@ -29,7 +29,7 @@ class Hardsigmoid(Rewrite):
     def apply(self, gm: GraphModule, target: TargetSpec) -> bool:
         import torch
 
-        from etforge.core.rewrite import call, calls, constant, val
+        from etforge.core.contracts.rewrite import call, calls, constant, val
 
         aten = torch.ops.aten
         changed = False
@@ -70,7 +70,7 @@ class Silu(Rewrite):
     def apply(self, gm: GraphModule, target: TargetSpec) -> bool:
         import torch
 
-        from etforge.core.rewrite import call, calls, val
+        from etforge.core.contracts.rewrite import call, calls, val
 
         aten = torch.ops.aten
         changed = False

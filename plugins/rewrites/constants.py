@@ -14,13 +14,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from etforge.core.hookspecs import hookimpl
-from etforge.core.rewrite import Rewrite
+from etforge.core.contracts.hookspecs import hookimpl
+from etforge.core.contracts.rewrite import Rewrite
 
 if TYPE_CHECKING:
     from torch.fx import GraphModule, Node
 
-    from etforge.core.target import TargetSpec
+    from etforge.core.contracts.target import TargetSpec
 
 
 def _value_ops() -> tuple[frozenset[object], frozenset[object]]:
@@ -70,7 +70,7 @@ class ValueOpsAsConstants(Rewrite):
     )
 
     def applies_to(self, target: TargetSpec) -> bool:
-        from etforge.core.plugin_manager import registry
+        from etforge.core.registry.manager import registry
 
         # A target whose CPU backend is not loaded fails here, naming it (as its compile would).
         return bool(getattr(registry().cpu_backend(target), "folds_qdq", False))
@@ -78,7 +78,7 @@ class ValueOpsAsConstants(Rewrite):
     def apply(self, gm: GraphModule, target: TargetSpec) -> bool:
         import torch
 
-        from etforge.core.rewrite import constant, val
+        from etforge.core.contracts.rewrite import constant, val
 
         like, free = _value_ops()
         changed = False

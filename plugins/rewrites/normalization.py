@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from etforge.core.hookspecs import hookimpl
-from etforge.core.rewrite import Rewrite
+from etforge.core.contracts.hookspecs import hookimpl
+from etforge.core.contracts.rewrite import Rewrite
 
 if TYPE_CHECKING:
     from torch.fx import GraphModule
 
-    from etforge.core.target import TargetSpec
+    from etforge.core.contracts.target import TargetSpec
 
 
 class LayerNorm(Rewrite):
@@ -24,7 +24,7 @@ class LayerNorm(Rewrite):
     def apply(self, gm: GraphModule, target: TargetSpec) -> bool:
         import torch
 
-        from etforge.core.rewrite import call, calls, constant, val
+        from etforge.core.contracts.rewrite import call, calls, constant, val
 
         aten = torch.ops.aten
         changed = False

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from etforge.core.hookspecs import hookimpl
-from etforge.core.rewrite import Rewrite
+from etforge.core.contracts.hookspecs import hookimpl
+from etforge.core.contracts.rewrite import Rewrite
 
 if TYPE_CHECKING:
     from torch.fx import GraphModule, Node
 
-    from etforge.core.target import TargetSpec
+    from etforge.core.contracts.target import TargetSpec
 
 
 def _is(node: object, *ops: Any) -> bool:
@@ -43,7 +43,7 @@ class ChannelShuffle(Rewrite):
         """(x, groups) when ``last`` closes a channel shuffle of the 4-D ``x``."""
         import torch
 
-        from etforge.core.rewrite import val
+        from etforge.core.contracts.rewrite import val
 
         aten = torch.ops.aten
         t = last.args[0]
@@ -74,7 +74,7 @@ class ChannelShuffle(Rewrite):
     def _replace(self, gm: GraphModule, last: Node, x: Node, groups: int) -> None:
         import torch
 
-        from etforge.core.rewrite import call, val
+        from etforge.core.contracts.rewrite import call, val
 
         aten = torch.ops.aten
         vx = val(x)

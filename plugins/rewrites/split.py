@@ -10,13 +10,13 @@ from __future__ import annotations
 import operator
 from typing import TYPE_CHECKING
 
-from etforge.core.hookspecs import hookimpl
-from etforge.core.rewrite import Rewrite
+from etforge.core.contracts.hookspecs import hookimpl
+from etforge.core.contracts.rewrite import Rewrite
 
 if TYPE_CHECKING:
     from torch.fx import GraphModule
 
-    from etforge.core.target import TargetSpec
+    from etforge.core.contracts.target import TargetSpec
 
 
 class SplitToSlices(Rewrite):
@@ -25,7 +25,7 @@ class SplitToSlices(Rewrite):
     def apply(self, gm: GraphModule, target: TargetSpec) -> bool:
         import torch
 
-        from etforge.core.rewrite import call, calls, val
+        from etforge.core.contracts.rewrite import call, calls, val
 
         aten = torch.ops.aten
         changed = False

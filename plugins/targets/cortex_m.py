@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from etforge.core.cpu_backend import CpuBackend
-from etforge.core.hookspecs import hookimpl
-from etforge.core.target import OptionSpec, TargetSpec
+from etforge.core.contracts.cpu_backend import CpuBackend
+from etforge.core.contracts.hookspecs import hookimpl
+from etforge.core.contracts.target import OptionSpec, TargetSpec
 
 if TYPE_CHECKING:
     from executorch.exir import EdgeCompileConfig
@@ -59,7 +59,7 @@ def target_config(target: TargetSpec, options: dict[str, Any]) -> Any:
     from executorch.backends.cortex_m.library import cmsis_nn
     from executorch.backends.cortex_m.target_config import CortexM, CortexMTargetConfig
 
-    from etforge.core.errors import EtforgeError
+    from etforge.core.common.errors import EtforgeError
 
     cpu_name = str(options.get("cpu") or target.cpu)
     try:
@@ -118,7 +118,7 @@ class CortexMBackend(CpuBackend):
         # gives every consumer its int8 producer; the usual passes then run as before.
         from executorch.backends.cortex_m.passes.aten_to_cortex_m_pass import AtenToCortexMPass
 
-        from etforge.core import fallbacks
+        from etforge.core.common import fallbacks
 
         fallbacks.record(
             "cpu_lowering",
@@ -141,7 +141,7 @@ def _aligned(ep: ExportedProgram) -> ExportedProgram:
     """Every portable and CMSIS-NN kernel call given the dim orders its C++ kernel accepts
     (``plugins/targets/dim_orders.py``): the pass manager leaves channels-last tensors where ExecuTorch's
     portable kernels refuse or miscompute them."""
-    from etforge.core.cpu_backend import LOWERING_NOTES_KEY
+    from etforge.core.contracts.cpu_backend import LOWERING_NOTES_KEY
     from etforge.plugins.targets.dim_orders import align, summary
 
     ep.graph_module.meta[LOWERING_NOTES_KEY] = summary(align(ep))
@@ -162,7 +162,7 @@ def copy_program(ep: ExportedProgram) -> ExportedProgram:
 
 def lowering_error(exc: BaseException, ep: ExportedProgram, target: TargetSpec) -> Exception:
     """ExecuTorch's Cortex-M pass manager failed: one line naming the pass, node and op."""
-    from etforge.core.errors import EtforgeError
+    from etforge.core.common.errors import EtforgeError
 
     return EtforgeError(
         f"{target.name}: ExecuTorch's Cortex-M lowering{pass_failure(exc, ep)}; this graph pattern has no "
@@ -177,7 +177,7 @@ def pass_failure(exc: BaseException, ep: ExportedProgram) -> str:
     """
     import re
 
-    from etforge.core.graph_utils import node_op
+    from etforge.core.graph.utils import node_op
 
     chain, cause = [], exc
     while cause is not None and len(chain) < 8:

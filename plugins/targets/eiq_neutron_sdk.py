@@ -13,9 +13,9 @@ from __future__ import annotations
 import importlib.util
 from typing import Any
 
-from etforge.core.hookspecs import hookimpl
-from etforge.core.npu_compiler import NpuCompiler, NpuPayload, PartitionIo
-from etforge.core.target import TargetSpec
+from etforge.core.contracts.hookspecs import hookimpl
+from etforge.core.contracts.npu_compiler import NpuCompiler, NpuPayload, PartitionIo
+from etforge.core.contracts.target import TargetSpec
 
 SDK_MODULE = "eiq_neutron_sdk"
 FORMAT_NEUTRON = "neutron-c-v1"
@@ -175,8 +175,8 @@ class EiqNeutronSdk(NpuCompiler):
     def compile_io(
         self, tflite: bytes, target: TargetSpec, options: dict[str, Any], partition: str, io: PartitionIo
     ) -> NpuPayload:
-        from etforge.core.errors import EtforgeError
-        from etforge.core.isolated import run_isolated
+        from etforge.core.common.errors import EtforgeError
+        from etforge.core.common.isolated import run_isolated
         from etforge.plugins.targets.neutron_spec_sdk import device_problem
 
         npu = target.npu

@@ -10,9 +10,9 @@ installed, read from it instead (``probe``).
 
 from __future__ import annotations
 
-from etforge.core.hookspecs import hookimpl
-from etforge.core.partition_check import PartitionCheck
-from etforge.core.target import NpuSpec, OptionSpec, TargetSpec
+from etforge.core.contracts.hookspecs import hookimpl
+from etforge.core.contracts.partition_check import PartitionCheck
+from etforge.core.contracts.target import NpuSpec, OptionSpec, TargetSpec
 from etforge.plugins.targets.cortex_m import CPU_OPTIONS, DIM_ORDER_OPTION
 
 _UPSTREAM = "executorch/backends/nxp/backend/ir/converter/node_converters/ops_converters/"

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from etforge.core.cpu_backend import CpuBackend
-from etforge.core.hookspecs import hookimpl
+from etforge.core.contracts.cpu_backend import CpuBackend
+from etforge.core.contracts.hookspecs import hookimpl
 
 
 class Portable(CpuBackend):

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
-from etforge.core.errors import EtforgeError
+from etforge.core.common.errors import EtforgeError
 from etforge.runtime.firmware.sources import (
     Sources,
     cmsis_nn_sources,

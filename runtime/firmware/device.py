@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from etforge.core import output
-from etforge.core.errors import EtforgeError
+from etforge.core.build import output
+from etforge.core.common.errors import EtforgeError
 from etforge.runtime.firmware.build import Image, build_image
 from etforge.runtime.firmware.qemu import INSTRUCTION_LABEL, QemuRun
 from etforge.runtime.firmware.qemu import run as run_qemu
@@ -92,7 +92,7 @@ class DeviceVerification:
 
 
 def _load(out: Path) -> tuple[dict[str, Any], Any]:
-    from etforge.core.pte_check import check_pte
+    from etforge.core.serialize.pte_check import check_pte
     from etforge.runtime.pte_interpreter import PteInterpreter
 
     output.recover(out)

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from etforge.core.errors import EtforgeError
+from etforge.core.common.errors import EtforgeError
 
 MACHINE = ("-M", "mps2-an505", "-cpu", "cortex-m33")
 #: What the instruction figures are (printed beside every one of them).

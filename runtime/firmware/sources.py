@@ -16,7 +16,7 @@ import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
-from etforge.core.errors import EtforgeError
+from etforge.core.common.errors import EtforgeError
 
 ENV_EXECUTORCH = "ETFORGE_EXECUTORCH_SRC"
 ENV_CMSIS_NN = "ETFORGE_CMSIS_NN_SRC"

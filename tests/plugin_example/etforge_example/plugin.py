@@ -1,9 +1,9 @@
 """An etforge plugin in one file: an extra op converter, its quantizer rule, and a toy target."""
 
 from etforge import hookimpl
-from etforge.core.converter import OpConverter, elementwise
-from etforge.core.quant_rule import QuantRule
-from etforge.core.target import NpuSpec, TargetSpec
+from etforge.core.contracts.converter import OpConverter, elementwise
+from etforge.core.contracts.quant_rule import QuantRule
+from etforge.core.contracts.target import NpuSpec, TargetSpec
 
 
 @hookimpl

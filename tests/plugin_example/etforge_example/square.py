@@ -5,7 +5,7 @@ ATen program before quantization, so the quantizer and the converters see the ``
 """
 
 from etforge import hookimpl
-from etforge.core.rewrite import Rewrite, call, calls
+from etforge.core.contracts.rewrite import Rewrite, call, calls
 
 
 class SquareAsMul(Rewrite):

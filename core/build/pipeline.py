@@ -1,0 +1,517 @@
+"""The compile pipeline's stages as plain functions: export, quantize, lower, serialize.
+
+ExecuTorch does the heavy lifting (``to_edge_transform_and_lower`` decomposes once and
+runs our partitioner and backend); these functions only wire plugins into it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from executorch.exir import (
+    EdgeCompileConfig,
+    EdgeProgramManager,
+    ExecutorchProgramManager,
+    to_edge,
+    to_edge_transform_and_lower,
+)
+from torch.export import ExportedProgram
+
+from etforge.core.lower import npu_backend as backend
+from etforge.core.lower import delegate_stubs
+from etforge.core.common import fallbacks
+from etforge.core.common.errors import EtforgeError, first_line
+from etforge.core.front.export import export  # noqa: F401  (pipeline.export: the stage functions in one place)
+from etforge.core.graph.utils import clone_program, node_op
+from etforge.core.litert.convert import Converted
+from etforge.core.contracts.npu_compiler import NpuPayload
+from etforge.core.lower.partitioner import EtforgePartitioner
+from etforge.core.registry.manager import Registry, registry
+from etforge.core.quantize.quantizer import ComposedQuantizer, convert, prepare
+from etforge.core.contracts.target import TargetSpec
+from etforge.core.common.threads import one_thread
+
+
+@dataclass
+class Partition:
+    """One NPU partition as lowered: its LiteRT model and the delegate payload."""
+
+    name: str
+    converted: Converted
+    payload: NpuPayload
+    processed: bytes
+
+    @property
+    def host_only(self) -> bool:
+        return self.payload.host_only
+
+
+def edge_config() -> EdgeCompileConfig:
+    return EdgeCompileConfig(_check_ir_validity=False)
+
+
+def rewrite(
+    ep: ExportedProgram, target: TargetSpec, reg: Registry | None = None
+) -> tuple[ExportedProgram, list[str]]:
+    """Run the target's graph rewrites (``etforge_rewrites``) on the float program.
+
+    Returns the re-exported program (``ep`` itself when nothing changed) and the names of
+    the rewrites that changed the graph. A rewrite that raises or leaves a broken graph is
+    an :class:`EtforgeError` naming it and its plugin.
+    """
+    from etforge.core.contracts.rewrite import annotate_values
+
+    reg = reg or registry()
+    rewrites = [r for r in reg.rewrites_for(target) if r.stage == "export"]
+    if not rewrites:
+        return ep, []
+    example = tuple(ep.example_inputs[0])
+    gm = ep.module(check_guards=False)
+    annotate_values(gm, example)
+    applied: list[str] = []
+    for rw in rewrites:
+        try:
+            changed = bool(rw.apply(gm, target))
+            if changed:
+                gm.graph.eliminate_dead_code()
+                gm.graph.lint()
+                gm.recompile()
+                annotate_values(gm, example)
+        except EtforgeError:
+            raise
+        except Exception as exc:
+            label = reg.owner_label(rw) if hasattr(reg, "owner_label") else reg.owner(rw)
+            first = (str(exc).strip().splitlines() or [""])[0]
+            raise EtforgeError(
+                f"graph rewrite {rw.name} ({label}) failed on {target.name}: {type(exc).__name__}: {first}"
+            ) from None
+        if changed:
+            applied.append(rw.name)
+    # The graph module's node cycles would keep every real activation alive until the
+    # collector's next full pass; the re-export below computes its own values.
+    for node in gm.graph.nodes:
+        node.meta.pop("val", None)
+    if not applied:
+        return ep, []
+    try:
+        return torch.export.export(gm, example, strict=False), applied
+    except Exception as exc:
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise EtforgeError(
+            f"torch.export rejected the model after rewrites {', '.join(applied)}: {type(exc).__name__}: {first}"
+        ) from None
+
+
+def quantizer_for(
+    target: TargetSpec, options: dict[str, Any] | None = None, reg: Registry | None = None
+) -> Any:
+    """The target's NPU rules first, then its CPU backend's quantizer for what they left."""
+    reg = reg or registry()
+    options = {**target.option_defaults(), **(options or {})}
+    rules = reg.rules_for(target)
+    # An op kept off the NPU is quantized the CPU's way (CMSIS-NN's linear takes per-tensor
+    # weights, not the NPU rule's per-channel ones).
+    blocked = set(options.get("operators_not_to_delegate", ()))
+    keep = (lambda node: node_op(node) not in blocked) if blocked else None
+    ours = ComposedQuantizer(rules, node_filter=keep) if rules else None
+    cpu_q = reg.cpu_backend(target).quantizer(target, options)
+    if ours is None and cpu_q is None:
+        raise EtforgeError(f"target {target.name!r} composes no quantizer (no rules, no CPU quantizer)")
+    if ours is None:
+        return cpu_q
+    if cpu_q is None:
+        return ours
+    return StackedQuantizer(ours, cpu_q)
+
+
+class StackedQuantizer(ComposedQuantizer.__mro__[1]):  # torchao's Quantizer base
+    """``first`` annotates; ``fill`` annotates only the nodes ``first`` left alone.
+
+    (torchao's ComposableQuantizer refuses a later quantizer touching earlier annotations;
+    here the NPU rules own their nodes and the CPU quantizer fills the gaps.)
+    """
+
+    def __init__(self, first: Any, fill: Any) -> None:
+        super().__init__()
+        self.first, self.fill = first, fill
+
+    def transform_for_annotation(self, model: torch.fx.GraphModule) -> torch.fx.GraphModule:
+        return self.fill.transform_for_annotation(self.first.transform_for_annotation(model))
+
+    def annotate(self, model: torch.fx.GraphModule) -> torch.fx.GraphModule:
+        key = "quantization_annotation"
+        self.first.annotate(model)
+        owned = {n: n.meta.pop(key) for n in list(model.graph.nodes) if key in n.meta}
+        self.fill.annotate(model)
+        for node, ann in owned.items():
+            node.meta[key] = ann
+        _share_across(model, set(owned))
+        return model
+
+    def validate(self, model: torch.fx.GraphModule) -> None:
+        return None
+
+
+def _share_across(model: torch.fx.GraphModule, owned: set[torch.fx.Node]) -> None:
+    """One observer per tensor where the two quantizers meet.
+
+    A producer annotated by one quantizer and a consumer by the other would each observe the
+    same tensor (quantize, dequantize, quantize again: a CPU requantization and its rounding
+    at every NPU/CPU boundary, the model input and output included); so would a consumer of
+    a shared-quantization op (a layout copy, a pool) whose group the other quantizer
+    observes. The consumer takes the producer's quantization instead.
+    """
+    from torchao.quantization.pt2e.quantizer import QuantizationSpec, SharedQuantizationSpec
+
+    key = "quantization_annotation"
+    for node in model.graph.nodes:
+        ann = node.meta.get(key)
+        if ann is None:
+            continue
+        for src, spec in list(ann.input_qspec_map.items()):
+            src_ann = src.meta.get(key) if isinstance(src, torch.fx.Node) else None
+            if (
+                src_ann is not None
+                and src_ann.output_qspec is not None
+                and (
+                    (src in owned) != (node in owned)
+                    or isinstance(src_ann.output_qspec, SharedQuantizationSpec)
+                )
+                and type(spec) is QuantizationSpec
+                # a consumer asking for its own scheme (symmetric bmm inputs) keeps it: requantized
+                and spec.qscheme == torch.per_tensor_affine
+                and getattr(src_ann.output_qspec, "dtype", spec.dtype) == spec.dtype
+            ):
+                ann.input_qspec_map[src] = SharedQuantizationSpec(src)
+
+
+def quantize(
+    ep: ExportedProgram,
+    target: TargetSpec,
+    calibration: Sequence[Sequence[torch.Tensor]],
+    reg: Registry | None = None,
+    options: dict[str, Any] | None = None,
+) -> ExportedProgram:
+    """PT2E post-training quantization with the target's composed quantizer.
+
+    The converted graph becomes an ``ExportedProgram`` directly (``core/program_from_graph``:
+    the program a re-export gives, without re-tracing); what that cannot take is re-exported.
+    """
+    from executorch.exir.passes.remove_unused_parameters_pass import remove_unused_parameters_pass
+
+    from etforge.core.quantize.program import Unsupported, program_from_graph
+
+    example = tuple(ep.example_inputs[0])
+    gm = prepare(ep.module(check_guards=False), quantizer_for(target, options, reg))
+    with torch.no_grad(), one_thread():  # the scales must not depend on the thread count
+        for batch in calibration:
+            gm(*batch)
+    gm = convert(gm)
+    try:
+        quantized = program_from_graph(gm, ep, example)
+    except Unsupported:
+        quantized = torch.export.export(gm, example, strict=False)
+    # The float weights PT2E folded into int8 constants stay in the graph module's state,
+    # unused; to_edge would drop them (its first pass), here they leave before anything
+    # copies or writes the program.
+    return remove_unused_parameters_pass(quantized)
+
+
+def lower(
+    ep: ExportedProgram,
+    target: TargetSpec,
+    options: dict[str, Any] | None = None,
+    reg: Registry | None = None,
+    early: bool = True,
+    lowering: dict[str, Any] | None = None,
+) -> tuple[EdgeProgramManager, EtforgePartitioner, list[Partition], dict[str, float]]:
+    """NPU delegation, then the CPU backend's lowering.
+
+    With ``early`` (the default), NPU partitions are delegated on the quantized ATen program and
+    only the rest goes through ``to_edge`` (``core/lower/early.py``); the classic path, ExecuTorch's
+    single pass over everything, is the fallback and the reference (``early=False``).
+    Returns the Edge program, the partitioner (its decisions), the partitions and stage times;
+    ``lowering`` (when given) gets the path taken and why (``path``, ``reason``, ``fallback``:
+    the early path was tried and could not be exact).
+    """
+    reg = reg or registry()
+    options = {**target.option_defaults(), **(options or {})}
+    cpu = reg.cpu_backend(target)
+    config = cpu.edge_compile_config() or edge_config()
+    t0 = time.perf_counter()
+    path = "classic"
+    # The lowering hands preprocess this registry and collects the partitions it converts.
+    with backend.lowering(reg, options, target) as low:
+        partitioner = EtforgePartitioner(target, options, reg, lowering=low)
+        partitioner.remember_constants(ep)  # it is handed fake copies of the program
+        early_result = None
+        why: dict[str, Any] = {"path": "classic", "reason": "", "fallback": False}
+        # Early delegation is proven on quantized programs (what the NPU runs); a float program
+        # (--float, the litert target) lowers the classic way, here and when verify rebuilds it.
+        if not early:
+            why["reason"] = "the classic path was asked for (early=False)"
+        elif not _quantized(ep):
+            why["reason"] = "a float program: early delegation is proven on quantized programs only"
+        else:
+            early_result = _lower_early(ep, target, options, reg, partitioner, config, why)
+            why["fallback"] = early_result is None
+            if early_result is None:
+                fallbacks.record("lower", "lowered the classic way (slower)", "", why["reason"])
+        if early_result is not None:
+            why = {
+                "path": "early",
+                "reason": "NPU partitions delegated on the quantized ATen program"
+                if target.npu is not None
+                else f"{target.name} has no NPU: the program decomposed node by node, then to_edge's passes",
+            }
+            edge = early_result
+            path = "early"
+        else:
+            low.partitions.clear()
+            partitioner = EtforgePartitioner(target, options, reg, lowering=low)
+            partitioner.remember_constants(ep)
+            edge = _lower_classic(ep, partitioner, config, low)
+        lowered = low.in_tag_order()
+    if lowering is not None:
+        lowering.update(why)
+    backend.strip_lowering_specs(edge.exported_program())
+    t1 = time.perf_counter()
+    parts = [Partition(x.name, x.converted, x.payload, x.processed) for x in lowered]
+    from etforge.core.litert.builder import check_loads
+
+    for part in parts:  # before anything is serialized or written: every partition loads in LiteRT
+        c = part.converted
+        check_loads(part.name, c.tflite, list(c.operators), dict(c.op_nodes))
+    _set_runtime_backend_ids(edge.exported_program(), parts)
+    host = edge.exported_program()
+    with delegate_stubs.shape_only(host):
+        cpu_ep = cpu.lower(host, target, options)
+        delegate_stubs.restore(cpu_ep)
+    if drop_dead_constants(cpu_ep) or cpu_ep is not host:
+        edge = EdgeProgramManager({"forward": cpu_ep}, compile_config=config)
+    t2 = time.perf_counter()
+    return edge, partitioner, parts, {f"delegate ({path})": t1 - t0, "cpu_lowering": t2 - t1}
+
+
+def _quantized(ep: ExportedProgram) -> bool:
+    from etforge.core.graph.utils import is_quantize
+
+    return any(is_quantize(n) for n in ep.graph_module.graph.nodes)
+
+
+def _lower_classic(
+    ep: ExportedProgram, partitioner: EtforgePartitioner, config: EdgeCompileConfig, low: backend.Lowering
+) -> EdgeProgramManager:
+    """ExecuTorch's own flow: decompose and run the Edge passes on everything, then delegate."""
+    if getattr(config, "preserve_ops", None):
+        # A CPU backend that keeps ATen ops whole (CMSIS-NN's linear ...) needs to_edge's
+        # preserve_ops, which to_edge_transform_and_lower ignores once a partitioner is
+        # given: decompose once with both sets preserved, then delegate.
+        config = dataclasses.replace(config, preserve_ops=_kept_whole(config, partitioner))
+        return to_edge(ep, compile_config=config).to_backend(partitioner)
+    try:
+        return to_edge_transform_and_lower(ep, partitioner=[partitioner], compile_config=config)
+    except RuntimeError as exc:
+        if "was not decomposed or delegated" not in str(exc):
+            raise
+        # A kept-whole node ended up off the NPU (a partition-level refusal such as
+        # min_partition_ops): redo with everything decomposed; converters of the
+        # decomposed forms (addmm, permute ...) take what the NPU can run.
+        fallbacks.record(
+            "lower",
+            "re-lowered with every op decomposed",
+            "",
+            f"an op kept whole for the NPU stayed on the CPU ({first_line(exc)})",
+        )
+        low.partitions.clear()
+        partitioner.preserve = False
+        return to_edge_transform_and_lower(ep, partitioner=[partitioner], compile_config=config)
+
+
+def _kept_whole(config: EdgeCompileConfig, partitioner: EtforgePartitioner) -> list[Any]:
+    keep = list(config.preserve_ops) + [_aten_op(n) for n in partitioner.preserved_op_names()]
+    return list(dict.fromkeys(k for k in keep if k is not None))
+
+
+def _lower_early(
+    ep: ExportedProgram,
+    target: TargetSpec,
+    options: dict[str, Any],
+    reg: Registry,
+    partitioner: EtforgePartitioner,
+    config: EdgeCompileConfig,
+    why: dict[str, Any] | None = None,
+) -> EdgeProgramManager | None:
+    """Delegate on the quantized ATen program, then ``to_edge`` the rest (``core/lower/early.py``).
+
+    On a target without an NPU nothing is delegated: the node-by-node decomposition replaces
+    ``to_edge``'s ``run_decompositions`` (which re-traces the whole program), same bytes.
+
+    ``None`` when the early path cannot be exact for this program: the caller lowers classically
+    (``why["reason"]`` says which node stopped it, and how).
+    The delegates keep their shape stubs (``core/lower/delegate_stubs.py``) for the CPU lowering;
+    the caller restores them.
+    """
+    from executorch.exir.backend.backend_api import to_backend
+    from executorch.exir.tracer import _default_decomposition_table
+
+    from etforge.core.lower import early
+
+    cpu_keep = set(getattr(config, "preserve_ops", None) or [])
+    if target.npu is None:
+        keep = cpu_keep
+    elif cpu_keep:
+        keep = set(_kept_whole(config, partitioner))
+    else:
+        keep = set(partitioner.ops_to_not_decompose(ep)[0])
+    work = clone_program(ep)
+    full = _decomposition_dict(
+        _default_decomposition_table(), {n.target for n in work.graph_module.graph.nodes}
+    )
+    try:
+        early.prepare(work, keep, {k: v for k, v in full.items() if k not in keep})
+        if target.npu is None:  # nothing to delegate: the decomposition alone is the gain
+            return _to_edge_decomposed(work, config)
+        handles = early.handles_by_ancestor(work.graph_module)
+        delegated = to_backend(work, partitioner)
+        # Ops kept whole for the NPU that it did not take are decomposed, as to_edge would.
+        early.decompose(delegated, cpu_keep, {k: v for k, v in full.items() if k not in cpu_keep})
+    except early.NotExact as exc:
+        if why is not None:
+            why["reason"] = f"the early path cannot be exact: {exc}"
+        return None
+    delegate_stubs.stub(delegated)
+    edge = _to_edge_decomposed(delegated, config)
+    early.renumber(edge.exported_program().graph_module, handles)
+    # The remainder's Edge form must leave the NPU nothing: else the classic path would
+    # have delegated more, and it is the reference.
+    probe = EtforgePartitioner(target, options, reg)
+    probed = probe.partition(clone_program(edge.exported_program()))
+    if probed.partition_tags:
+        delegate_stubs.restore(edge.exported_program())
+        if why is not None:
+            taken = [
+                n.name
+                for n in probed.tagged_exported_program.graph_module.graph.nodes
+                if "delegation_tag" in n.meta
+            ]
+            why["reason"] = (
+                f"the NPU takes nodes of the remainder's Edge form ({', '.join(taken[:4])}"
+                + (" …" if len(taken) > 4 else "")
+                + "), which the classic path delegates"
+            )
+        return None
+    return edge
+
+
+def _decomposition_dict(table: Any, ops: set[Any]) -> dict[Any, Any]:
+    """``table`` (torch's ``CustomDecompTable``) as a dict, for the ops a graph can reach.
+
+    Reading the table materializes it: it collects the composite ops of every namespace
+    (about 0.3 s on every call). Its ATen part is already there; of the other namespaces only
+    the graph's own ops can matter, since dispatch decomposes any composite op a decomposition
+    emits. Without the private fields, the table is read whole."""
+    raw, deleted = getattr(table, "decomp_table", None), getattr(table, "deleted_custom_ops", None)
+    try:
+        from torch._export.utils import _get_decomp_for_cia, _is_preservable_cia_op
+    except ImportError:
+        raw = None
+    if not isinstance(raw, dict) or not isinstance(deleted, set):
+        return dict(table.items())
+    out = dict(raw)
+    for op in ops:
+        if (
+            isinstance(op, torch._ops.OpOverload)
+            and op.namespace != "aten"
+            and op not in out
+            and op not in deleted
+            and _is_preservable_cia_op(op)
+        ):
+            out[op] = _get_decomp_for_cia(op)
+    return out
+
+
+def _to_edge_decomposed(ep: ExportedProgram, config: EdgeCompileConfig) -> EdgeProgramManager:
+    """``to_edge`` of a program whose nodes ``early.prepare`` already decomposed with its table.
+
+    ``to_edge`` would run ``run_decompositions`` again, which re-traces the program and, on
+    every call, collects the composite ops of every namespace (seconds on a small model) to
+    change nothing here; the Edge passes themselves run as ``to_edge`` runs them."""
+    from executorch.exir.program._program import _generate_edge_program
+
+    preserve = list(getattr(config, "preserve_ops", None) or [])
+    program = _generate_edge_program(config, ep, preserve_ops=preserve)
+    return EdgeProgramManager({"forward": program}, None, config)
+
+
+def drop_dead_constants(ep: ExportedProgram) -> int:
+    """Remove constant inputs no node reads; returns how many.
+
+    ExecuTorch drops unused *parameters* only; a pass that replaces a weight (Cortex-M's
+    NHWC copies) leaves the old buffer, and the emitter still serializes it: flash for
+    nothing (ds_cnn on Cortex-M: a quarter of its .pte).
+    """
+    from torch.export.graph_signature import InputKind
+
+    kinds = {InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR}
+    mutated = set(ep.graph_signature.buffers_to_mutate.values())
+    nodes = {n.name: n for n in ep.graph_module.graph.nodes if n.op == "placeholder"}
+    dead = [
+        spec
+        for spec in ep.graph_signature.input_specs
+        if spec.kind in kinds
+        and spec.target not in mutated
+        and getattr(spec.arg, "name", None) in nodes
+        and not nodes[spec.arg.name].users
+    ]
+    for spec in dead:
+        ep.graph_signature.input_specs.remove(spec)
+        ep.graph_module.graph.erase_node(nodes[spec.arg.name])
+    kept = {s.target for s in ep.graph_signature.input_specs}
+    for spec in dead:
+        if spec.target not in kept:  # a tensor goes only when no remaining input reads it
+            ep.state_dict.pop(spec.target, None)
+            ep.constants.pop(spec.target, None)
+    if dead:
+        ep.graph_module.recompile()
+    return len(dead)
+
+
+def _aten_op(name: str) -> Any:
+    ns, op, overload = name.split(".")
+    return getattr(getattr(getattr(torch.ops, ns), op, None), overload, None)
+
+
+def _set_runtime_backend_ids(ep: ExportedProgram, parts: list[Partition]) -> None:
+    """A device payload is delegated to the backend id its device runtime registers."""
+    ids = {p.processed: p.payload.runtime_backend_id for p in parts if p.payload.runtime_backend_id}
+    if not ids:
+        return
+    for node in ep.graph_module.graph.nodes:
+        if node.op == "get_attr":
+            mod = getattr(ep.graph_module, str(node.target), None)
+            processed = getattr(mod, "processed_bytes", None)
+            if processed is not None and bytes(processed) in ids:
+                mod._backend_id = ids[bytes(processed)]
+
+
+def serialize(edge: EdgeProgramManager, *sharing: ExportedProgram) -> ExecutorchProgramManager:
+    """``to_executorch``, its passes seeing the delegates through shape stubs.
+
+    ``sharing``: programs that hold the same lowered modules (the host program ``edge`` was
+    cloned from); their delegates get their originals back too, error or not."""
+    import executorch.kernels.quantized  # noqa: F401  (out variants of quantized_decomposed ops)
+    from executorch.exir import ExecutorchBackendConfig
+
+    from etforge.core.serialize.memory_plan import planning_pass
+
+    program = edge.exported_program()
+    with delegate_stubs.shape_only(program, *sharing):
+        et = edge.to_executorch(ExecutorchBackendConfig(memory_planning_pass=planning_pass()))
+        delegate_stubs.restore(et.exported_program())
+    return et

@@ -1,0 +1,87 @@
+"""Silence third-party noise in the CLI: what torch, torchao and ExecuTorch print is not the user's concern.
+
+Installed once at CLI start, before torch is imported, because some of the noise comes from
+import-time code (torchao's "Failed to load ..._C_mxfp8.so", pytree deprecations). ``-v``
+skips it and shows everything. Errors are never silenced here: etforge reports them itself
+as :class:`~etforge.core.common.errors.EtforgeError` lines.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+import warnings
+from collections.abc import Iterator
+
+#: Modules whose ``UserWarning``s are library chatter (the user's own modules keep theirs).
+THIRD_PARTY = r"(torch|torchao|executorch|ai_edge_litert|flatbuffers|tosa|numpy|copyreg|typing)(\.|$)"
+
+
+_STATE = {"quiet": False}
+
+
+def install(verbose: bool = False) -> None:
+    """Quiet mode for this process (a no-op with ``verbose``)."""
+    if verbose:
+        return
+    _STATE["quiet"] = True
+    # Library loggers (torchao's .so loader, torch's "W1123 ... _pytree.py" and its
+    # fake-tensor tracebacks logged before an export error, ExecuTorch's "PassManager is
+    # deprecated"): torch re-sets its loggers' levels at import, so disable globally.
+    logging.disable(logging.CRITICAL)
+    # C++ glog/c10 warnings from torch's native code.
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    # API deprecations inside libraries are for their developers.
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    # "No complete tensor found in the group!" (torch.export.save) and friends.
+    warnings.filterwarnings("ignore", category=UserWarning, module=THIRD_PARTY)
+
+
+@contextlib.contextmanager
+def native_stderr() -> Iterator[None]:
+    """In quiet mode, what native code writes to stderr inside the block is dropped (LiteRT's
+    "INFO: Created TensorFlow Lite XNNPACK delegate for CPU."); Python exceptions still
+    propagate, so no error is hidden."""
+    if not _STATE["quiet"]:
+        yield
+        return
+    sys.stderr.flush()
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
+@contextlib.contextmanager
+def scope() -> Iterator[None]:
+    """The CLI's quiet mode for one call of the Python API, then the caller's settings back.
+
+    ``etforge.compile`` and the ``etforge.target`` methods import and drive torch, torchao,
+    ExecuTorch and LiteRT, whose chatter (the same as the CLI hides) would land in the
+    user's notebook or script. The warning filters, the logging switch and the native
+    stderr mode are restored on exit; ``ETFORGE_VERBOSE=1`` keeps everything visible.
+    Nested calls (``compile`` inside a method) leave the outer scope in charge.
+    """
+    if _STATE["quiet"] or os.environ.get("ETFORGE_VERBOSE", "") not in ("", "0"):
+        yield
+        return
+    disabled = logging.root.manager.disable
+    cpp_level = os.environ.get("TORCH_CPP_LOG_LEVEL")
+    with warnings.catch_warnings():
+        install()
+        try:
+            yield
+        finally:
+            _STATE["quiet"] = False
+            logging.disable(disabled)
+            if cpp_level is None:
+                os.environ.pop("TORCH_CPP_LOG_LEVEL", None)
+            else:
+                os.environ["TORCH_CPP_LOG_LEVEL"] = cpp_level

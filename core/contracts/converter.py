@@ -1,0 +1,191 @@
+"""The op-converter contract: one class per op family, keyed by the Edge ops it handles.
+
+Converters are described declaratively (op names are strings, limits are data) so that
+listing them never imports torch; ``is_supported`` and ``convert`` receive torch.fx nodes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    from torch.fx import Node
+
+    from etforge.core.contracts.target import TargetSpec
+    from etforge.core.litert.convert import ConversionContext
+
+
+@dataclass(frozen=True)
+class Support:
+    """A support decision; ``reason`` says why not, for the report."""
+
+    ok: bool
+    reason: str = ""
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+
+SUPPORTED = Support(True)
+
+
+def unsupported(reason: str) -> Support:
+    return Support(False, reason)
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """A limit a converter both advertises (``etforge ops``) and enforces.
+
+    ``test(node, target)`` returns True (or "") when the node satisfies the limit, else False
+    or a string with the details; :meth:`OpConverter.is_supported` runs every constraint
+    before ``check``, so what ``etforge ops`` lists is what the support check decides on.
+    (A plain string in ``constraints`` is accepted but only documents; ``etforge plugins``
+    warns that it is not checked.)
+    """
+
+    text: str
+    test: Callable[[Node, TargetSpec], bool | str]
+
+    def evaluate(self, node: Node, target: TargetSpec) -> Support:
+        got = self.test(node, target)
+        if got is True or got == "":
+            return SUPPORTED
+        detail = got if isinstance(got, str) else ""
+        return unsupported(f"{self.text}: {detail}" if detail else f"not {self.text}")
+
+
+class OpConverter:
+    """Base class of op converters.
+
+    Class attributes are the declarative description; override ``check`` for
+    op-specific limits and ``convert`` to emit LiteRT operators through ``ctx``.
+    """
+
+    #: Edge op overloads handled, e.g. ``("aten.convolution.default",)``.
+    ops: ClassVar[tuple[str, ...]] = ()
+    #: ATen ops that ``to_edge_transform_and_lower`` must keep whole for this converter.
+    preserve: ClassVar[tuple[str, ...]] = ()
+    #: Higher wins when two converters claim one op; built-ins use 0.
+    priority: ClassVar[int] = 0
+    #: Target names or NPU families this converter applies to; ``None``: every NPU.
+    targets: ClassVar[tuple[str, ...] | None] = None
+    #: Element types handled: "int8" (quantized) and/or "float32".
+    dtypes: ClassVar[tuple[str, ...]] = ("int8", "float32")
+    #: Limits, shown by ``etforge ops``: :class:`Constraint` (checked by ``is_supported``)
+    #: or plain text (documentation only; ``etforge plugins`` warns about it).
+    constraints: ClassVar[tuple[Constraint | str, ...]] = ()
+    #: LiteRT builtins ``convert`` emits (besides ``litert``): checked against the schema at load.
+    litert_ops: ClassVar[tuple[str, ...]] = ()
+
+    @property
+    def name(self) -> str:
+        return type(self).__name__
+
+    def applies_to(self, target: TargetSpec) -> bool:
+        if target.npu is None:
+            return False
+        return self.targets is None or target.name in self.targets or target.npu.family in self.targets
+
+    def is_supported(self, node: Node, target: TargetSpec) -> Support:
+        """Dtype gate, then the structured constraints, then the op-specific ``check``."""
+        from etforge.core.graph.utils import node_dtype
+
+        dtype = node_dtype(node)
+        if target.npu is not None and dtype not in target.npu.dtypes:
+            return unsupported(
+                f"{dtype}: the {target.npu.family} NPU runs {', '.join(target.npu.dtypes)} only"
+            )
+        if dtype not in self.dtypes:
+            return unsupported(f"{dtype} not supported (handles {', '.join(self.dtypes)})")
+        for c in self.constraints:
+            if isinstance(c, Constraint):
+                s = c.evaluate(node, target)
+                if not s.ok:
+                    return s
+        return self.check(node, target)
+
+    def check(self, node: Node, target: TargetSpec) -> Support:
+        return SUPPORTED
+
+    def convert(self, node: Node, ctx: ConversionContext) -> None:
+        raise NotImplementedError(f"{self.name} does not implement convert()")
+
+    def macs(self, node: Node) -> int:
+        """Multiply-accumulates of this node, for the NPU coverage figures."""
+        return 0
+
+    def is_noop(self, node: Node, target: TargetSpec, constant: Callable[[Node], Any] | None = None) -> bool:
+        """True when ``node`` (which this converter accepted) computes nothing on ``target``:
+        its output is its input (a view, a clone, a scale-1 resize, a clamp that quantization
+        collapsed ...) or a compile-time constant. A target whose NPU compiler drops such ops
+        sets the ``partition_needs_compute`` requirement, and the partitioner then keeps a
+        partition of no-ops only off the NPU (it would compile to an empty graph).
+
+        ``constant(n)`` gives the value of a compile-time tensor ``n`` (None if it is not one).
+        """
+        return False
+
+    def fused_activation(self, node: Node) -> str | None:
+        """The LiteRT fused-activation name (e.g. of a clamp) when ``node``, an op this
+        converter handles, can fold into its producer's output; None: it cannot.
+
+        Producers ask through ``ctx.fuse_activation``; the core knows no activation op.
+        """
+        return None
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "ops": list(self.ops),
+            "priority": self.priority,
+            "targets": list(self.targets) if self.targets is not None else None,
+            "dtypes": list(self.dtypes),
+            "constraints": [c.text if isinstance(c, Constraint) else c for c in self.constraints],
+            "unchecked_constraints": [c for c in self.constraints if isinstance(c, str)],
+        }
+
+
+class Elementwise(OpConverter):
+    """A declarative elementwise op: one Edge op, one LiteRT builtin, same-shaped output.
+
+    Binary ops broadcast; int8 unary ops whose LiteRT kernel requires equal in/out
+    quantization declare it with ``same_qparams`` (the quantizer rule shares them too).
+    """
+
+    litert: ClassVar[str] = ""
+    options: ClassVar[dict[str, Any]] = {}
+    arity: ClassVar[int] = 1
+
+    def convert(self, node: Node, ctx: ConversionContext) -> None:
+        ctx.emit_elementwise(node, self.litert, self.arity, self.options)
+
+
+def elementwise(
+    op: str,
+    litert: str,
+    *,
+    arity: int = 1,
+    dtypes: tuple[str, ...] = ("int8", "float32"),
+    options: dict[str, Any] | None = None,
+    name: str | None = None,
+    priority: int = 0,
+    targets: tuple[str, ...] | None = None,
+) -> OpConverter:
+    """Build an :class:`Elementwise` converter from data (op, LiteRT builtin, dtypes)."""
+    cls = type(
+        name or f"{litert.title().replace('_', '')}Converter",
+        (Elementwise,),
+        {
+            "ops": (op,),
+            "litert": litert,
+            "arity": arity,
+            "dtypes": dtypes,
+            "options": dict(options or {}),
+            "priority": priority,
+            "targets": targets,
+        },
+    )
+    return cls()

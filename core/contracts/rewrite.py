@@ -1,0 +1,140 @@
+"""Graph rewrites: target-aware transformations plugins contribute through ``etforge_rewrites``.
+
+A model a user brings often spells a computation in a form the NPU does not run
+(``hardsigmoid``, a 5-D channel shuffle, ``layer_norm``, ``split``) although it runs an
+equivalent one. A rewrite turns the first into the second on the exported ATen graph,
+*before* quantization, so the quantizer rules annotate — and the converters convert — the
+rewritten form. Rewrites must preserve what the float model computes (up to float
+rounding); they never change the user's numbers on purpose.
+
+Nothing here imports torch at module level: ``etforge plugins`` lists rewrites cheaply.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    import torch
+    from torch.fx import GraphModule, Node
+
+    from etforge.core.contracts.target import TargetSpec
+
+#: Where a rewrite runs: ``export`` — the float ATen program (unlifted: parameters are
+#: ``get_attr`` nodes), before quantization.
+STAGES = ("export",)
+
+
+class Rewrite:
+    """Base class of graph rewrites.
+
+    Class attributes describe the rewrite declaratively; ``apply(gm, target)`` edits the
+    ``torch.fx.GraphModule`` in place and returns True when it changed anything. Each node of
+    ``gm`` carries ``meta["val"]`` (a tensor of the node's shape and dtype, also for nodes an
+    earlier rewrite added), so shape checks need no tracing. Leave dead nodes: the pipeline
+    removes them, lints the graph and re-exports it.
+    """
+
+    #: Target names or NPU families (``"neutron-c"``) the rewrite is for; ``None``: every target.
+    targets: ClassVar[tuple[str, ...] | None] = None
+    #: Only on targets with an NPU (a rewrite toward NPU-friendly forms).
+    npu_only: ClassVar[bool] = False
+    #: See :data:`STAGES`.
+    stage: ClassVar[str] = "export"
+    #: Lower runs first; ties run in plugin-name, then rewrite-name order.
+    order: ClassVar[int] = 0
+    #: One line for ``etforge plugins`` and the docs.
+    description: ClassVar[str] = ""
+
+    @property
+    def name(self) -> str:
+        return type(self).__name__
+
+    def applies_to(self, target: TargetSpec) -> bool:
+        if self.npu_only and target.npu is None:
+            return False
+        if self.targets is None:
+            return True
+        family = target.npu.family if target.npu is not None else None
+        return target.name in self.targets or (family is not None and family in self.targets)
+
+    def apply(self, gm: GraphModule, target: TargetSpec) -> bool:
+        raise NotImplementedError(f"rewrite {self.name} does not implement apply()")
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "stage": self.stage,
+            "targets": list(self.targets) if self.targets is not None else None,
+            "npu_only": self.npu_only,
+            "order": self.order,
+            "description": self.description,
+        }
+
+
+# -- helpers for writing rewrites ------------------------------------------------------------
+
+
+def calls(gm: GraphModule, *ops: Any) -> list[Node]:
+    """The ``call_function`` nodes of ``gm`` whose target is one of ``ops`` (OpOverloads), in order."""
+    wanted = set(ops)
+    return [n for n in gm.graph.nodes if n.op == "call_function" and n.target in wanted]
+
+
+def val(node: object) -> torch.Tensor | None:
+    """The tensor a node computes (its ``meta["val"]``), or None for non-tensor values."""
+    import torch
+
+    v = getattr(node, "meta", {}).get("val")
+    return v if isinstance(v, torch.Tensor) else None
+
+
+def constant(gm: GraphModule, value: torch.Tensor, hint: str, before: Node) -> Node:
+    """A ``get_attr`` node reading ``value`` as a new buffer of ``gm``, inserted before ``before``.
+
+    Constants become tensors (not Python scalars) so the quantizer observes and quantizes
+    them like any other operand.
+    """
+    import re
+
+    base = "_rw_" + re.sub(r"\W", "_", hint)
+    name, i = base, 0
+    while hasattr(gm, name):
+        i += 1
+        name = f"{base}_{i}"
+    gm.register_buffer(name, value.detach().clone(), persistent=False)
+    with gm.graph.inserting_before(before):
+        node = gm.graph.get_attr(name)
+    node.meta["val"] = value
+    return node
+
+
+def call(gm: GraphModule, op: Any, args: tuple[Any, ...], before: Node, like: Node | None = None) -> Node:
+    """Insert ``op(*args)`` before ``before``; its ``meta["val"]`` is computed from the arguments'."""
+    import torch
+
+    with gm.graph.inserting_before(before):
+        node = gm.graph.call_function(op, args)
+    src = like if like is not None else before
+    for key in ("stack_trace", "nn_module_stack", "source_fn_stack"):
+        if key in src.meta:
+            node.meta[key] = src.meta[key]
+    concrete = torch.fx.node.map_arg(args, lambda n: n.meta.get("val"))
+    with torch.no_grad():
+        node.meta["val"] = op(*concrete)
+    return node
+
+
+def annotate_values(gm: GraphModule, example: tuple[Any, ...]) -> None:
+    """Run ``gm`` once on ``example`` and store each node's output in ``meta["val"]``."""
+    import torch
+
+    class _Record(torch.fx.Interpreter):
+        def run_node(self, n: Node) -> Any:
+            out = super().run_node(n)
+            if n.op != "output":
+                n.meta["val"] = out
+            return out
+
+    with torch.no_grad():
+        _Record(gm).run(*example)

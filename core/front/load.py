@@ -1,0 +1,391 @@
+"""Model loading: ``zoo:NAME``, ``path/to/file.py:factory`` or a ``.pt2`` ExportedProgram.
+
+Every failure names the file, the factory and what was wrong, without a traceback wall.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import sys
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from etforge.core.common.errors import EtforgeError, first_line
+
+
+@dataclass
+class LoadedModel:
+    """What the pipeline compiles: a module (or program), example inputs, calibration data."""
+
+    spec: str
+    module: torch.nn.Module | None
+    example_inputs: tuple[torch.Tensor, ...]
+    calibration: list[tuple[torch.Tensor, ...]] | None
+    program: torch.export.ExportedProgram | None = None
+    #: What the user should know about the model as loaded (reported, not errors).
+    notes: list[str] = field(default_factory=list)
+
+
+def load_model(spec: str) -> LoadedModel:
+    """The model ``spec`` names, built on one thread (its float reductions — a factory that
+    calibrates BatchNorm, as the zoo's do — then give the same weights on every machine)."""
+    from etforge.core.common.threads import one_thread
+
+    with one_thread():
+        return _load_model(spec)
+
+
+def _load_model(spec: str) -> LoadedModel:
+    if spec.startswith("zoo:"):
+        from etforge import zoo
+
+        name = spec[4:]
+        if name not in zoo.ZOO:
+            raise EtforgeError(f"unknown zoo model {name!r}; known: {', '.join(sorted(zoo.ZOO))}")
+        module, example = zoo.build(name)
+        return LoadedModel(spec, module, example, zoo.calibration(name))
+    loaded = _load(spec)
+    if loaded.program is not None:
+        check_weights(_program_tensors(loaded.program), spec)
+    elif loaded.module is not None:
+        check_weights(_module_tensors(loaded.module), spec)
+    check_inputs(loaded.example_inputs, f"{spec}: example input")
+    return loaded
+
+
+def _load(spec: str) -> LoadedModel:
+    if spec.endswith(".pt2"):
+        return _load_pt2(spec)
+    if ":" not in spec:
+        raise EtforgeError(f"model {spec!r}: expected zoo:NAME, path/to/file.py:factory or a .pt2 file")
+    path, factory = spec.rsplit(":", 1)
+    return _load_factory(spec, Path(path), factory)
+
+
+def _load_pt2(spec: str) -> LoadedModel:
+    path = Path(spec)
+    if not path.is_file():
+        raise EtforgeError(f"model file {path} does not exist")
+    import zipfile
+
+    if not zipfile.is_zipfile(path):
+        raise EtforgeError(
+            f"{path}: not a torch.export program (a .pt2 is a zip archive from torch.export.save)"
+        )
+    try:
+        ep = load_program(path)
+    except EtforgeError:
+        raise
+    except Exception as exc:
+        raise EtforgeError(
+            f"{path}: not a torch.export program ({type(exc).__name__}: {_first_line(exc)})"
+        ) from None
+    args = ep.example_inputs[0] if ep.example_inputs else None
+    if not args:
+        raise EtforgeError(
+            f"{path}: the program carries no example inputs; save it from torch.export.export(...)"
+        )
+    return LoadedModel(spec, None, tuple(args), None, program=ep, notes=dynamic_dims_notes(ep))
+
+
+class _Refused(Exception):
+    """Raised inside torch's loader where it would unpickle more than tensors."""
+
+
+_SAFE_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _tensors_only() -> Iterator[None]:
+    """``torch.export.load`` with every unpickling restricted to tensors and plain containers.
+
+    torch's loader retries a failed ``torch.load(weights_only=True)`` with
+    ``weights_only=False`` and reads pickled constants with ``pickle.loads``: a ``.pt2``
+    from anywhere (an output directory, a shared cache) could run code. Here ``torch.load``
+    is always ``weights_only=True`` and the raw unpicklers refuse; the loader's module
+    globals are restored afterwards."""
+    from torch.export.pt2_archive import _package
+
+    real_load = torch.load
+
+    def load(f: Any, *args: Any, **kwargs: Any) -> Any:
+        kwargs["weights_only"] = True
+        try:
+            return real_load(f, *args, **kwargs)
+        except Exception as exc:
+            raise _Refused(str(exc)) from None
+
+    def refuse(*_: Any, **__: Any) -> Any:
+        raise _Refused("a pickled Python object (not a tensor)")
+
+    class _NoPickle:
+        loads = staticmethod(refuse)
+        load = staticmethod(refuse)
+
+    with _SAFE_LOCK:
+        saved = (torch.load, _package.pickle, torch._C._pickle_load_obj)
+        torch.load = load
+        _package.pickle = _NoPickle  # type: ignore[assignment]
+        torch._C._pickle_load_obj = refuse
+        try:
+            yield
+        finally:
+            torch.load, _package.pickle, torch._C._pickle_load_obj = saved
+
+
+def load_program(path: Path | str) -> torch.export.ExportedProgram:
+    """A saved ``ExportedProgram`` (``.pt2``), loaded without executing anything from the file.
+
+    A file whose weights, constants or example inputs need more than tensors (a pickled
+    object, a ``__reduce__``) is refused with one line naming it."""
+    import logging
+
+    path = Path(path)
+    quiet = logging.getLogger("torch._export.serde.serialize")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)  # its "fallback to weights_only=False" warning never applies here
+    try:
+        with _tensors_only():
+            with open(path, "rb") as f:  # a file object: any path, non-UTF-8 ones too
+                return torch.export.load(f)
+    except _Refused as exc:
+        raise EtforgeError(
+            f"{path}: refused: holds pickled data other than tensors ({_unpickle_detail(str(exc))}); "
+            "etforge never unpickles code from files"
+        ) from None
+    finally:
+        quiet.setLevel(level)
+
+
+def _unpickle_detail(text: str) -> str:
+    """The line of torch's weights-only error that names what was refused (a GLOBAL ...)."""
+    for line in text.splitlines():
+        if "GLOBAL" in line or "Unsupported" in line:
+            return line.strip().rstrip(".")[:160]
+    return first_line(Exception(text))[:160]
+
+
+def _load_factory(spec: str, path: Path, factory: str) -> LoadedModel:
+    if path.suffix != ".py":
+        raise EtforgeError(f"model {spec!r}: {path} is not a .py file")
+    if not path.is_file():
+        raise EtforgeError(f"model file {path} does not exist")
+    name = f"etforge_user_model_{abs(hash(str(path.resolve())))}"
+    module_spec = importlib.util.spec_from_file_location(name, path)
+    assert module_spec is not None and module_spec.loader is not None
+    mod = importlib.util.module_from_spec(module_spec)
+    sys.modules[name] = mod
+    try:
+        module_spec.loader.exec_module(mod)
+    except Exception as exc:
+        raise EtforgeError(f"{path}: importing failed: {type(exc).__name__}: {_first_line(exc)}") from None
+    fn = getattr(mod, factory, None)
+    if not callable(fn):
+        funcs = sorted(
+            n
+            for n, v in vars(mod).items()
+            if callable(v) and not n.startswith("_") and getattr(v, "__module__", "") == name
+        )
+        raise EtforgeError(
+            f"{path}: no callable {factory!r} (callables defined there: {', '.join(funcs) or 'none'})"
+        )
+    try:
+        result = fn()
+    except Exception as exc:
+        raise EtforgeError(f"{path}:{factory}() raised {type(exc).__name__}: {_first_line(exc)}") from None
+    return _validate_factory_result(f"{path}:{factory}", result, spec)
+
+
+def _validate_factory_result(where: str, result: Any, spec: str) -> LoadedModel:
+    expected = "(torch.nn.Module, tuple_of_example_tensors[, calibration_batches])"
+    if not isinstance(result, tuple) or len(result) not in (2, 3):
+        raise EtforgeError(f"{where} returned {type(result).__name__}; expected {expected}")
+    module, example = result[0], result[1]
+    if not isinstance(module, torch.nn.Module):
+        raise EtforgeError(
+            f"{where} returned a {type(module).__name__} as the model; expected a torch.nn.Module"
+        )
+    if isinstance(example, torch.Tensor):
+        example = (example,)
+    if not isinstance(example, (tuple, list)) or not all(isinstance(t, torch.Tensor) for t in example):
+        raise EtforgeError(
+            f"{where}: example inputs must be a tuple of tensors; got {type(example).__name__}"
+        )
+    calibration = None
+    if len(result) == 3 and result[2] is not None:
+        calibration = check_calibration(list(result[2]), tuple(example), where)
+    return LoadedModel(spec, module, tuple(example), calibration)
+
+
+def load_calibration(path: str, example: tuple[torch.Tensor, ...]) -> list[tuple[torch.Tensor, ...]]:
+    """A ``.pt`` file holding a list of input tuples (or tensors, for single-input models)."""
+    file = Path(path)
+    if not file.is_file():
+        raise EtforgeError(f"calibration file {file} does not exist")
+    try:
+        data = torch.load(file, weights_only=True)
+    except Exception as exc:
+        text = str(exc)
+        detail = first_line(Exception(text.split("WeightsUnpickler error:", 1)[-1])).split(". ")[0]
+        if "WeightsUnpickler error: Unsupported global" in text:  # a pickled object that is not a tensor
+            raise EtforgeError(
+                f"calibration file {file}: holds objects other than tensors ({detail}); "
+                "save a list of tuples of tensors with torch.save"
+            ) from None
+        raise EtforgeError(f"calibration file {file}: cannot load ({type(exc).__name__}: {detail})") from None
+    if isinstance(data, torch.Tensor):
+        data = list(data.unbind(0)) if data.dim() == example[0].dim() + 1 else [data]
+    if not isinstance(data, (list, tuple)):
+        raise EtforgeError(
+            f"calibration file {file}: expected a list of input tuples, got {type(data).__name__}"
+        )
+    return check_calibration(list(data), example, str(file))
+
+
+def check_calibration(
+    batches: Sequence[Any], example: tuple[torch.Tensor, ...], where: str
+) -> list[tuple[torch.Tensor, ...]]:
+    """Each batch must match the example inputs' count, shapes and dtypes."""
+    if not batches:
+        raise EtforgeError(f"{where}: calibration data is empty")
+    out = []
+    for i, batch in enumerate(batches):
+        items = (batch,) if isinstance(batch, torch.Tensor) else tuple(batch)
+        if len(items) != len(example):
+            raise EtforgeError(
+                f"{where}: calibration batch {i} has {len(items)} inputs, the model takes {len(example)}"
+            )
+        for j, (got, want) in enumerate(zip(items, example, strict=True)):
+            if not isinstance(got, torch.Tensor) or got.shape != want.shape or got.dtype != want.dtype:
+                desc = (
+                    f"{got.dtype}{list(got.shape)}" if isinstance(got, torch.Tensor) else type(got).__name__
+                )
+                raise EtforgeError(
+                    f"{where}: calibration batch {i}, input {j} is {desc}; expected {want.dtype}{list(want.shape)}"
+                )
+        check_inputs(items, f"{where}: calibration batch {i}, input")
+        out.append(items)
+    return out
+
+
+def _bad_count(t: torch.Tensor) -> int:
+    """Non-finite values in a floating-point tensor (0 for other dtypes)."""
+    if not (t.is_floating_point() or t.is_complex()):
+        return 0
+    return int((~torch.isfinite(t.detach())).sum())
+
+
+def check_inputs(tensors: Sequence[torch.Tensor], where: str) -> None:
+    """NaN or infinite inputs poison the observers' ranges (all-NaN calibration gives NaN scales)."""
+    for j, t in enumerate(tensors):
+        bad = _bad_count(t) if isinstance(t, torch.Tensor) else 0
+        if bad:
+            raise EtforgeError(
+                f"{where} {j} holds {bad} NaN or infinite value(s) of {t.numel()}; quantization needs finite data"
+            )
+
+
+def check_weights(tensors: dict[str, torch.Tensor], where: str) -> None:
+    """A NaN or infinite weight cannot be quantized (its scale is NaN): name it."""
+    for name, t in tensors.items():
+        bad = _bad_count(t) if isinstance(t, torch.Tensor) else 0
+        if bad:
+            raise EtforgeError(
+                f"{where}: weight {name!r} holds {bad} NaN or infinite value(s) of {t.numel()}"
+            )
+
+
+def _module_tensors(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return dict(module.state_dict(keep_vars=False))
+
+
+def _program_tensors(ep: torch.export.ExportedProgram) -> dict[str, torch.Tensor]:
+    return {**ep.state_dict, **{k: v for k, v in ep.constants.items() if isinstance(v, torch.Tensor)}}
+
+
+def dynamic_dims_notes(ep: torch.export.ExportedProgram) -> list[str]:
+    """A program exported with dynamic dimensions is compiled for its example's sizes: say so."""
+    notes = []
+    user_inputs = set(ep.graph_signature.user_inputs)
+    for node in ep.graph.nodes:
+        val = node.meta.get("val")
+        if node.op != "placeholder" or node.name not in user_inputs or not isinstance(val, torch.Tensor):
+            continue
+        dims = [i for i, d in enumerate(val.shape) if not isinstance(d, int)]
+        if dims:
+            example = dict(zip(user_inputs, ep.example_inputs[0] if ep.example_inputs else (), strict=False))
+            shape = list(example[node.name].shape) if node.name in example else "the example's"
+            notes.append(
+                f"input {node.name!r} has dynamic dimension(s) {dims}; compiled for the example "
+                f"shape {shape} (the .pte takes exactly that shape)"
+            )
+    return notes
+
+
+def check_program_file(path: Path) -> None:
+    """A saved program (``.pt2``) is a complete zip archive: a truncated or damaged one is named."""
+    import zipfile
+
+    if not path.is_file():
+        raise EtforgeError(f"{path} is missing; recompile")
+    try:
+        with zipfile.ZipFile(path) as z:
+            bad = z.testzip()
+    except (zipfile.BadZipFile, OSError, EOFError) as exc:
+        raise EtforgeError(
+            f"{path}: truncated or not a torch.export program ({first_line(exc)}); recompile"
+        ) from None
+    if bad is not None:
+        raise EtforgeError(f"{path}: damaged (member {bad} fails its checksum); recompile")
+
+
+def _first_line(exc: BaseException) -> str:
+    return first_line(exc)
+
+
+def has_float64(tensors: Sequence[Any]) -> bool:
+    return any(isinstance(t, torch.Tensor) and t.dtype == torch.float64 for t in tensors)
+
+
+def as_float32(
+    module: torch.nn.Module,
+    example: tuple[torch.Tensor, ...],
+    calibration: Sequence[tuple[torch.Tensor, ...]] | None,
+) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...], list[tuple[torch.Tensor, ...]] | None, str | None]:
+    """A float64 model (parameters, buffers or inputs) cast to float32, with a note saying so.
+
+    The int8 quantizer, the NPU and the CPU kernels work from float32; a double model would
+    otherwise fail deep inside quantization with a dtype assertion.
+    """
+
+    def f32(t: torch.Tensor) -> torch.Tensor:
+        return t.float() if t.dtype == torch.float64 else t
+
+    if not has_float64([*module.parameters(), *module.buffers(), *example]):
+        return module, example, list(calibration) if calibration is not None else None, None
+    calib = [tuple(f32(t) for t in batch) for batch in calibration] if calibration is not None else None
+    note = "the model is float64: compiled as float32 (parameters, buffers and inputs cast)"
+    return module.float(), tuple(f32(t) for t in example), calib, note
+
+
+def refuse_float64(program: torch.export.ExportedProgram, what: str) -> None:
+    """An exported program's dtypes are fixed: a float64 one is refused with a clear message."""
+    doubles = [
+        n.name
+        for n in program.graph.nodes
+        if n.op == "placeholder"
+        and isinstance(v := n.meta.get("val"), torch.Tensor)
+        and v.dtype == torch.float64
+    ]
+    if doubles:
+        raise EtforgeError(
+            f"{what}: the exported program is float64 ({', '.join(doubles[:4])}"
+            f"{' ...' if len(doubles) > 4 else ''}); export the model in float32 "
+            "(model.float() and float32 inputs) — or pass the module itself, which is cast"
+        )

@@ -1,0 +1,243 @@
+"""Every op left on the CPU needs a kernel the firmware can link — checked before anything is written.
+
+A ``.pte`` names its CPU operators; the device registers kernels for them from the libraries
+the target links (CMSIS-NN's ``cortex_m::`` ops, then ExecuTorch's quantized and portable
+libraries — ``codegen.kernels`` reads which library provides which operator from the yaml
+files ExecuTorch ships, and this check uses that same catalogue). An operator no library
+provides would load on the device and fail there, so ``compile`` refuses it — after first
+trying to decompose the op (torch's decomposition table, applied to the float program before
+quantization, so the parts are quantized like any other op) into operators that are provided.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import torch
+from torch.export import ExportedProgram
+
+from etforge.core.common import fallbacks
+from etforge.core.common.errors import EtforgeError
+
+T = TypeVar("T")
+
+#: What the libraries are called in messages.
+LIBRARY_TITLES: dict[str, str] = {
+    "cortex_m": "CMSIS-NN (cortex_m::)",
+    "quantized": "ExecuTorch quantized",
+    "portable": "ExecuTorch portable",
+    "portable_custom": "ExecuTorch portable custom",
+    "et_copy": "ExecuTorch copy/dim-order",
+}
+
+#: Libraries a CPU backend links when it does not say (``CpuBackend.kernel_libraries``).
+DEFAULT_LIBRARIES: tuple[str, ...] = ("quantized", "portable", "portable_custom", "et_copy")
+
+#: Operators the ExecuTorch runtime executes itself (prim ops), without a kernel library.
+RUNTIME_NAMESPACES: tuple[str, ...] = ("executorch_prim",)
+RUNTIME_OPS: frozenset[str] = frozenset({"aten::sym_size.int", "aten::sym_numel", "aten::sym_stride.int"})
+
+#: Rounds of decomposition before giving up (a decomposition may expose another missing op).
+MAX_ROUNDS = 4
+
+
+@dataclass(frozen=True)
+class Missing:
+    """A CPU node whose operator no linked library provides."""
+
+    node: str
+    #: The operator the program would register, ``ns::name.overload`` (the out variant), or
+    #: the functional op's name when it has no out variant.
+    op: str
+    #: The ATen/custom op the node calls (what a decomposition replaces).
+    aten: Any
+    has_out_variant: bool
+    #: The ATen op ``to_edge`` decomposed into this node, when not the node's own op (an
+    #: LSTM's linear): decomposing that one before quantization quantizes its parts.
+    origin: Any = None
+    #: The name of the node it came from in the program given to ``to_edge`` (torch.fx
+    #: provenance), which names the same node of the float program.
+    source: str | None = None
+
+
+def libraries_for(cpu_backend: object) -> tuple[str, ...]:
+    """The kernel libraries, in lookup order, a CPU backend's firmware links."""
+    libs = getattr(cpu_backend, "kernel_libraries", None)
+    return tuple(libs) if libs else DEFAULT_LIBRARIES
+
+
+def provided(libraries: Sequence[str]) -> set[str]:
+    """Operators (``ns::name.overload``) the libraries provide."""
+    from etforge.codegen.kernels import providers
+
+    wanted = set(libraries)
+    return {op for op, libs in providers().items() if wanted.intersection(libs)}
+
+
+def _overload(target: Any) -> torch._ops.OpOverload | None:
+    """The OpOverload a call_function target runs (an Edge op wraps one), or None."""
+    if isinstance(target, torch._ops.OpOverload):
+        return target
+    inner = getattr(target, "_op", None)
+    return inner if isinstance(inner, torch._ops.OpOverload) else None
+
+
+def _qualified(op: torch._ops.OpOverload) -> str:
+    name = op._schema.name
+    return f"{name}.{op._overloadname}" if op._overloadname else name
+
+
+def registered_name(op: torch._ops.OpOverload) -> tuple[str, bool]:
+    """The operator name the ``.pte`` registers for ``op`` (its out variant) and whether one exists."""
+    import executorch.kernels.quantized  # noqa: F401  (registers quantized_decomposed out variants)
+    from executorch.exir.operator.convert import to_out_variant
+
+    if any(a.is_out for a in op._schema.arguments):
+        return _qualified(op), True
+    try:
+        out, _ = to_out_variant(op)
+    except Exception:  # no out variant registered (a custom op without one)
+        return _qualified(op), False
+    return _qualified(out), True
+
+
+def _is_runtime_op(name: str) -> bool:
+    return name in RUNTIME_OPS or name.split("::")[0] in RUNTIME_NAMESPACES
+
+
+def missing_kernels(program: ExportedProgram, libraries: Sequence[str]) -> list[Missing]:
+    """CPU nodes of a lowered Edge program whose operator no library in ``libraries`` provides.
+
+    Delegate calls, getitems and memory-planning nodes are not operators and are skipped.
+    """
+    have = provided(libraries)
+    out: list[Missing] = []
+    for node in program.graph_module.graph.nodes:
+        if node.op != "call_function":
+            continue
+        op = _overload(node.target)
+        if op is None:  # delegate calls, operator.getitem, exir.memory.alloc ...
+            continue
+        name, has_out = registered_name(op)
+        if _is_runtime_op(name) or (has_out and name in have):
+            continue
+        if not has_out and name.removesuffix(".default") in have:
+            continue  # a library registers the op itself (portable's aten::copy_: buffer write-back)
+        origin = node.meta.get("original_aten")
+        origin = origin if isinstance(origin, torch._ops.OpOverload) and origin != op else None
+        chain = node.meta.get("from_node") or []
+        source = getattr(chain[-1], "name", None) if chain else None
+        out.append(Missing(node.name, name, op, has_out, origin, source))
+    return out
+
+
+def missing_in_pte(pte: bytes, libraries: Sequence[str]) -> list[str]:
+    """Operators of a serialized program that no library provides (after ``to_executorch``)."""
+    from executorch.exir._serialize._program import deserialize_pte_binary
+
+    have = provided(libraries)
+    program = deserialize_pte_binary(pte).program
+    names = {
+        f"{o.name}.{o.overload}" if o.overload else o.name
+        for plan in program.execution_plan
+        for o in plan.operators
+    }
+    return sorted(n for n in names if n not in have and not _is_runtime_op(n))
+
+
+def decompositions(missing: Sequence[Missing], program: ExportedProgram) -> dict[Any, Callable[..., Any]]:
+    """torch's decompositions of the ops ``program`` calls that became the missing nodes.
+
+    The float program's op the missing node came from comes first (an LSTM rather than the
+    float linear ``to_edge`` decomposed it into), then the missing op itself.
+    """
+    decomposition_table = torch.export.default_decompositions()  # core ATen + composite ops
+    calls = {n.name: n.target for n in program.graph_module.graph.nodes if n.op == "call_function"}
+    present = set(calls.values())
+    table: dict[Any, Callable[..., Any]] = {}
+    for m in missing:
+        candidates = (calls.get(m.source or ""), m.origin, m.aten)
+        op = next(
+            (c for c in candidates if c is not None and c in present and c in decomposition_table),
+            None,
+        )
+        if op is not None:
+            table[op] = decomposition_table[op]
+    return table
+
+
+def decompose(program: ExportedProgram, table: dict[Any, Callable[..., Any]]) -> ExportedProgram:
+    """``program`` with exactly the ops in ``table`` decomposed (every other op kept as is)."""
+    out = program.run_decompositions(table)
+    if not out.example_inputs and program.example_inputs:
+        out.example_inputs = program.example_inputs
+    return out
+
+
+def error(
+    missing: Sequence[Missing], libraries: Sequence[str], target: str, decomposed: Sequence[str]
+) -> EtforgeError:
+    """One line naming each node, its op, the libraries tried and why decomposition did not help."""
+    tried = ", ".join(LIBRARY_TITLES.get(lib, lib) for lib in libraries)
+    by_op: dict[str, list[str]] = {}
+    for m in missing:
+        by_op.setdefault(m.op if m.has_out_variant else f"{m.op} (no out variant)", []).append(m.node)
+    parts = [
+        f"{op} at node {', '.join(nodes[:3])}{' ...' if len(nodes) > 3 else ''}"
+        for op, nodes in by_op.items()
+    ]
+    after = f" after decomposing {', '.join(decomposed)}" if decomposed else ""
+    return EtforgeError(
+        f"{target}: no kernel for {'; '.join(parts)} in the libraries tried ({tried}){after}, and torch "
+        "has no decomposition of it into operators they provide; nothing written (replace the op in "
+        "the model, or add a CPU backend plugin whose kernel library provides it)"
+    )
+
+
+def lower_with_kernels(
+    float_program: ExportedProgram,
+    build: Callable[[ExportedProgram], T],
+    lowered: Callable[[T], ExportedProgram],
+    libraries: Sequence[str],
+    target: str,
+) -> tuple[ExportedProgram, T]:
+    """``build(float_program)`` (quantize + lower), redone with missing ops decomposed until every
+    CPU op has a kernel; returns the float program actually built from and the build. Each
+    decomposition is a recorded fallback (``core.fallbacks``).
+
+    Raises :class:`EtforgeError` when an op has no kernel and no decomposition helps.
+    """
+    decomposed: list[str] = []
+    for _ in range(MAX_ROUNDS):
+        built = build(float_program)
+        missing = missing_kernels(lowered(built), libraries)
+        if not missing:
+            return float_program, built
+        table = {
+            op: fn for op, fn in decompositions(missing, float_program).items() if str(op) not in decomposed
+        }
+        if not table:
+            raise error(missing, libraries, target, decomposed)
+        for op in table:
+            fallbacks.record(
+                "kernels",
+                "decomposed into operators that have kernels",
+                str(op),
+                f"no kernel library of {target} provides it",
+            )
+        decomposed += [str(op) for op in table]
+        float_program = decompose(float_program, table)
+    raise error(missing, libraries, target, decomposed)
+
+
+def check_pte(pte: bytes, libraries: Sequence[str], target: str) -> None:
+    """The serialized program's operator table against the libraries (what the device registers)."""
+    missing = missing_in_pte(pte, libraries)
+    if missing:
+        tried = ", ".join(LIBRARY_TITLES.get(lib, lib) for lib in libraries)
+        raise EtforgeError(
+            f"{target}: the serialized program uses {', '.join(missing)}, which no kernel library "
+            f"tried ({tried}) provides; nothing written"
+        )

@@ -1,0 +1,1 @@
+"""Quantization: one torchao PT2E quantizer composed from rule plugins, and the quantized program."""
