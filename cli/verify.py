@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 import click
@@ -21,6 +22,7 @@ from etforge.cli.common import (
     resolved_options,
 )
 from etforge.cli.device import firmware_source_options, verify_on_device
+from etforge.core.registry.manager import Registry
 
 
 def _finite(value: float | None, param: Any, low: float, high: float | None = None) -> float | None:
@@ -152,41 +154,20 @@ def verify(
         verify_on_device(Path(out_dir), runtime, samples, seed, executorch_src, cmsis_nn_src, as_json)
         return
     reg = obj.registry
-    script: dict[str, Any] | None = None
-    if script_model is not None:
-        if not script_target:
-            raise click.UsageError("--model needs --target: the target the .pte was built for")
-        if not out_dir.endswith(".pte"):
-            raise click.BadParameter(f"{out_dir!r} is not a .pte file", param_hint="PTE")
-        spec = named_target(reg, script_target)
-        script = {
-            "model": script_model,
-            "target": spec.name,
-            "options": resolved_options(spec, parse_options(script_options)),
-            "calib": script_calib,
-            "quantized": script_quantized,
-        }
-    elif script_target or script_options or script_calib or script_quantized:
-        raise click.UsageError("--target, --option, --calib and --quantized go with --model")
-    elif out_dir.endswith(".pte"):
-        raise click.UsageError(f"{out_dir} is a .pte: say which model it was built from (--model, --target)")
-    with (
-        console.status("rebuilding and running the program on the host ...")
-        if not quiet
-        else contextlib.nullcontext()
-    ):
-        from etforge.runtime.verify import verify as run_verify
+    script = _script_pte(
+        reg, out_dir, script_model, script_target, script_options, script_calib, script_quantized
+    )
+    checks = {
+        "samples": samples, "seed": seed, "max_steps": max_steps, "min_top1": min_top1,
+        "kernels": kernels, "data": data, "max_accuracy_drop": max_accuracy_drop,
+    }  # fmt: skip
+    v = _verify_on_host(Path(out_dir), script, checks, quiet)
+    _show(v, out_dir, kernels, as_json, quiet)
 
-        checks = {
-            "samples": samples, "seed": seed, "max_steps": max_steps, "min_top1": min_top1,
-            "kernels": kernels, "data": data, "max_accuracy_drop": max_accuracy_drop,
-        }  # fmt: skip
-        if script is not None:
-            from etforge.runtime.script_pte import verify_script_pte
 
-            v = verify_script_pte(Path(out_dir), **script, **checks)
-        else:
-            v = run_verify(Path(out_dir), **checks)
+def _show(v: Any, out_dir: str, kernels: str, as_json: bool, quiet: bool) -> None:
+    """The verification as JSON, as its failures and one line (``--quiet``), or as the table;
+    exit 1 when it failed."""
     if as_json:
         import dataclasses
 
@@ -202,88 +183,8 @@ def verify(
     table = Table(title=f"verify {out_dir} ({v.samples} seeded inputs, LiteRT {kernels} kernels)")
     table.add_column("metric")
     table.add_column("value")
-    if v.max_steps is not None:
-        table.add_row("max |ours - quantized ref| (steps)", f"{v.max_steps:.2f}")
-        table.add_row("mean |ours - quantized ref| (steps)", f"{v.mean_steps:.4f}")
-    if v.top1_vs_quantized is not None:
-        table.add_row("top-1 agreement vs quantized ref", f"{v.top1_vs_quantized}/{v.samples}")
-        if v.top1_vs_exact is not None:
-            table.add_row(
-                "top-1 agreement vs quantized ref in float64",
-                f"{v.top1_vs_exact}/{v.samples} (required {v.top1_required}/{v.samples})",
-            )
-        table.add_row("top-1 agreement vs float model", f"{v.top1_vs_float}/{v.samples}")
-    if v.op_max_steps is not None:
-        table.add_row(
-            "NPU ops vs reference op, same inputs",
-            f"max {v.op_max_steps} step(s); {v.op_values_off:,} of {v.op_values:,} values off "
-            f"({v.op_off_by_one:,} by one step)",
-        )
-        npu_ops = [o for o in v.ops if o["partition"] != "cpu"]
-        top = max(npu_ops, key=lambda o: (o["off_by_one"] / max(o["values"], 1), o["off_by_one"]))
-        table.add_row(
-            "NPU op with the most values one step off",
-            f"{top['partition']}:{top['node']}: {top['off_by_one']:,} of {top['values']:,} (per op: --json)",
-        )
-    if v.cpu_op_max_steps is not None:
-        table.add_row(
-            "CPU ops vs reference op, same inputs",
-            f"max {v.cpu_op_max_steps} step(s); {v.cpu_values_off:,} of {v.cpu_values:,} values off",
-        )
-    if v.exact_values:
-        table.add_row(
-            "NPU values vs device-exact reference", f"{v.exact_values_off:,} of {v.exact_values:,} off"
-        )
-    unruled = [f"{o.get('partition', 'npu')}:{o['node']}" for o in v.not_exact]
-    unruled += [f"cpu:{o['node']}" for o in v.cpu_not_exact]
-    if v.op_max_steps is not None or v.cpu_op_max_steps is not None:
-        table.add_row(
-            "ops without a device-exact rule (compared with torch)",
-            ", ".join(unruled[:4]) + (f" +{len(unruled) - 4} more (--json)" if len(unruled) > 4 else "")
-            if unruled
-            else "none",
-        )
-    if v.sim_max_steps is not None:
-        table.add_row(
-            "whole output vs device simulation (every value)",
-            "equal" if v.sim_exact else f"max {v.sim_max_steps:g} step(s)",
-        )
-    if v.float_max_rel is not None:
-        table.add_row(
-            "NPU ops in float vs float Edge ops (relative)", f"max {v.float_max_rel:.2g} ({v.float_ops} ops)"
-        )
-    if v.reference_spread_steps is not None:
-        table.add_row(
-            "quantized ref in float32 vs float64 (its own precision)",
-            f"max {v.reference_spread_steps:.2f} steps; top-1 {v.reference_spread_top1}/{v.samples}",
-        )
-        table.add_row("max |ours - quantized ref in float64| (steps)", f"{v.max_steps_vs_exact:.2f}")
-    table.add_row(
-        "values the per-op check could not compare",
-        f"{v.skipped_values:,}"
-        + "".join(f"; {e['partition']}:{e['node']} {e['values']:,} ({e['reason']})" for e in v.skipped[:3])
-        + (f"; +{len(v.skipped) - 3} more (--json)" if len(v.skipped) > 3 else ""),
-    )
-    if v.float_accuracy is not None:
-        table.add_row(
-            f"accuracy on {v.data} ({v.data_samples} samples)",
-            f"float {v.float_accuracy:.2f}% · compiled {v.compiled_accuracy:.2f}% · drop "
-            f"{v.accuracy_drop:.2f} points (max {v.max_accuracy_drop:g})",
-        )
-    if v.pte is not None:
-        table.add_row(
-            "model.pte (host interpreter) vs Edge program",
-            f"{v.pte.agreed}/{v.pte.samples} samples identical"
-            + ("" if v.pte.ok else f" (max |diff| {v.pte.max_abs_diff:.4g})")
-            + f"; {v.pte.seconds_per_sample * 1000:.0f} ms/sample",
-        )
-    table.add_row("max |ours - float|", f"{v.max_abs_vs_float:.4g}")
-    table.add_row("whole model on the NPU", "yes" if v.whole_model_on_npu else "no")
-    if len(v.outputs) > 1 or any(o["kind"] != "float" for o in v.outputs):  # runtime.outputs
-        table.add_row(
-            "outputs: compared as, samples agreeing",
-            "\n".join(f"{o['name']}: {o['compared_as']}, {o['agreed']}/{o['samples']}" for o in v.outputs),
-        )
+    for row in (*_output_rows(v), *_per_op_rows(v), *_precision_rows(v), *_coverage_rows(v)):
+        table.add_row(*row)
     print_table(table)
     for note in v.notes:
         console.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
@@ -292,3 +193,152 @@ def verify(
             err_console.print(f"[red]FAIL:[/] {f}")
         sys.exit(1)
     console.print("[green]verify passed[/]")
+
+
+def _script_pte(
+    reg: Registry,
+    out_dir: str,
+    model: str | None,
+    target: str | None,
+    options: tuple[str, ...],
+    calib: str | None,
+    quantized: str | None,
+) -> dict[str, Any] | None:
+    """What ``--model`` says a script's PTE was built from (None: OUT is a compile's output);
+    the script-only options without ``--model``, or a PTE without it, are usage errors."""
+    if model is None:
+        if target or options or calib or quantized:
+            raise click.UsageError("--target, --option, --calib and --quantized go with --model")
+        if out_dir.endswith(".pte"):
+            raise click.UsageError(
+                f"{out_dir} is a .pte: say which model it was built from (--model, --target)"
+            )
+        return None
+    if not target:
+        raise click.UsageError("--model needs --target: the target the .pte was built for")
+    if not out_dir.endswith(".pte"):
+        raise click.BadParameter(f"{out_dir!r} is not a .pte file", param_hint="PTE")
+    spec = named_target(reg, target)
+    return {
+        "model": model,
+        "target": spec.name,
+        "options": resolved_options(spec, parse_options(options)),
+        "calib": calib,
+        "quantized": quantized,
+    }
+
+
+def _verify_on_host(out: Any, script: dict[str, Any] | None, checks: dict[str, Any], quiet: bool) -> Any:
+    """The host verification of OUT (or of a script's PTE), a spinner meanwhile unless quiet."""
+    with (
+        console.status("rebuilding and running the program on the host ...")
+        if not quiet
+        else contextlib.nullcontext()
+    ):
+        from etforge.runtime.verify import verify as run_verify
+
+        if script is not None:
+            from etforge.runtime.script_pte import verify_script_pte
+
+            return verify_script_pte(out, **script, **checks)
+        return run_verify(out, **checks)
+
+
+Row = tuple[str, str]
+
+
+def _output_rows(v: Any) -> Iterator[Row]:
+    """The whole output against the quantized reference: steps off, top-1 agreement."""
+    if v.max_steps is not None:
+        yield "max |ours - quantized ref| (steps)", f"{v.max_steps:.2f}"
+        yield "mean |ours - quantized ref| (steps)", f"{v.mean_steps:.4f}"
+    if v.top1_vs_quantized is not None:
+        yield "top-1 agreement vs quantized ref", f"{v.top1_vs_quantized}/{v.samples}"
+        if v.top1_vs_exact is not None:
+            yield (
+                "top-1 agreement vs quantized ref in float64",
+                f"{v.top1_vs_exact}/{v.samples} (required {v.top1_required}/{v.samples})",
+            )
+        yield "top-1 agreement vs float model", f"{v.top1_vs_float}/{v.samples}"
+
+
+def _per_op_rows(v: Any) -> Iterator[Row]:
+    """Each NPU and CPU op against the reference op on the same inputs."""
+    if v.op_max_steps is not None:
+        yield (
+            "NPU ops vs reference op, same inputs",
+            f"max {v.op_max_steps} step(s); {v.op_values_off:,} of {v.op_values:,} values off "
+            f"({v.op_off_by_one:,} by one step)",
+        )
+        npu_ops = [o for o in v.ops if o["partition"] != "cpu"]
+        top = max(npu_ops, key=lambda o: (o["off_by_one"] / max(o["values"], 1), o["off_by_one"]))
+        yield (
+            "NPU op with the most values one step off",
+            f"{top['partition']}:{top['node']}: {top['off_by_one']:,} of {top['values']:,} (per op: --json)",
+        )
+    if v.cpu_op_max_steps is not None:
+        yield (
+            "CPU ops vs reference op, same inputs",
+            f"max {v.cpu_op_max_steps} step(s); {v.cpu_values_off:,} of {v.cpu_values:,} values off",
+        )
+    if v.exact_values:
+        yield ("NPU values vs device-exact reference", f"{v.exact_values_off:,} of {v.exact_values:,} off")
+    unruled = [f"{o.get('partition', 'npu')}:{o['node']}" for o in v.not_exact]
+    unruled += [f"cpu:{o['node']}" for o in v.cpu_not_exact]
+    if v.op_max_steps is not None or v.cpu_op_max_steps is not None:
+        yield (
+            "ops without a device-exact rule (compared with torch)",
+            ", ".join(unruled[:4]) + (f" +{len(unruled) - 4} more (--json)" if len(unruled) > 4 else "")
+            if unruled
+            else "none",
+        )
+
+
+def _precision_rows(v: Any) -> Iterator[Row]:
+    """The device simulation, the float path, and the reference's own float32 precision."""
+    if v.sim_max_steps is not None:
+        yield (
+            "whole output vs device simulation (every value)",
+            "equal" if v.sim_exact else f"max {v.sim_max_steps:g} step(s)",
+        )
+    if v.float_max_rel is not None:
+        yield (
+            "NPU ops in float vs float Edge ops (relative)",
+            f"max {v.float_max_rel:.2g} ({v.float_ops} ops)",
+        )
+    if v.reference_spread_steps is not None:
+        yield (
+            "quantized ref in float32 vs float64 (its own precision)",
+            f"max {v.reference_spread_steps:.2f} steps; top-1 {v.reference_spread_top1}/{v.samples}",
+        )
+        yield "max |ours - quantized ref in float64| (steps)", f"{v.max_steps_vs_exact:.2f}"
+
+
+def _coverage_rows(v: Any) -> Iterator[Row]:
+    """What could not be compared, accuracy on labeled data, the .pte itself, the outputs."""
+    yield (
+        "values the per-op check could not compare",
+        f"{v.skipped_values:,}"
+        + "".join(f"; {e['partition']}:{e['node']} {e['values']:,} ({e['reason']})" for e in v.skipped[:3])
+        + (f"; +{len(v.skipped) - 3} more (--json)" if len(v.skipped) > 3 else ""),
+    )
+    if v.float_accuracy is not None:
+        yield (
+            f"accuracy on {v.data} ({v.data_samples} samples)",
+            f"float {v.float_accuracy:.2f}% · compiled {v.compiled_accuracy:.2f}% · drop "
+            f"{v.accuracy_drop:.2f} points (max {v.max_accuracy_drop:g})",
+        )
+    if v.pte is not None:
+        yield (
+            "model.pte (host interpreter) vs Edge program",
+            f"{v.pte.agreed}/{v.pte.samples} samples identical"
+            + ("" if v.pte.ok else f" (max |diff| {v.pte.max_abs_diff:.4g})")
+            + f"; {v.pte.seconds_per_sample * 1000:.0f} ms/sample",
+        )
+    yield "max |ours - float|", f"{v.max_abs_vs_float:.4g}"
+    yield "whole model on the NPU", "yes" if v.whole_model_on_npu else "no"
+    if len(v.outputs) > 1 or any(o["kind"] != "float" for o in v.outputs):  # runtime.outputs
+        yield (
+            "outputs: compared as, samples agreeing",
+            "\n".join(f"{o['name']}: {o['compared_as']}, {o['agreed']}/{o['samples']}" for o in v.outputs),
+        )

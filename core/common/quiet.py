@@ -48,7 +48,7 @@ def _library_dirs() -> tuple[str, ...]:
 def is_noise(record: logging.LogRecord) -> bool:
     """A record a library logged: by its logger's name (``torch.fx``), or by the file that
     logged it (ExecuTorch logs on the root logger, and on loggers named after its files)."""
-    return bool(_NOISY_NAME.match(record.name)) or record.pathname.startswith(_library_dirs())
+    return bool(_NOISY_NAME.match(record.name)) or str(record.pathname).startswith(_library_dirs())
 
 
 _HANDLE = logging.Logger.handle
