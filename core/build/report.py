@@ -15,7 +15,7 @@ from etforge import __version__
 from etforge.core.lower import boundaries
 from etforge.core.serialize import npu_memory
 from etforge.core.front import signature
-from etforge.core.build.compiler import CompileResult
+from etforge.core.build.session import CompileResult
 from etforge.core.contracts.cpu_backend import CpuBackend
 from etforge.core.graph.utils import node_op
 from etforge.core.serialize.memory import memory_stats
