@@ -338,11 +338,14 @@ def _lower_classic(
     try:
         return to_edge_transform_and_lower(ep, partitioner=[partitioner], compile_config=config)
     except RuntimeError as exc:
-        if "was not decomposed or delegated" not in str(exc):
+        # ExecuTorch refuses a program where an op kept whole (ops_to_not_decompose) was not
+        # delegated. The partitioner's own decisions say whether that happened (a
+        # partition-level refusal such as min_partition_ops): then lower again with
+        # everything decomposed, and converters of the decomposed forms (addmm, permute ...)
+        # take what the NPU can run. Any other error is the compile's.
+        left = _kept_whole_on_cpu(partitioner)
+        if not left:
             raise
-        # A kept-whole node ended up off the NPU (a partition-level refusal such as
-        # min_partition_ops): redo with everything decomposed; converters of the
-        # decomposed forms (addmm, permute ...) take what the NPU can run.
         fallbacks.record(
             "lower",
             "re-lowered with every op decomposed",
@@ -352,6 +355,14 @@ def _lower_classic(
         low.partitions.clear()
         partitioner.preserve = False
         return to_edge_transform_and_lower(ep, partitioner=[partitioner], compile_config=config)
+
+
+def _kept_whole_on_cpu(partitioner: EtforgePartitioner) -> list[str]:
+    """Nodes of an op kept whole for the NPU that the last partitioning left on the CPU."""
+    if not partitioner.preserve:
+        return []
+    kept = set(partitioner.preserved_op_names())
+    return [d.node for d in partitioner.decisions if not d.npu and d.op in kept]
 
 
 def _kept_whole(config: EdgeCompileConfig, partitioner: EtforgePartitioner) -> list[Any]:
