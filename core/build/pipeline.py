@@ -22,19 +22,19 @@ from executorch.exir import (
 )
 from torch.export import ExportedProgram
 
-from etforge.core.lower import npu_backend as backend
-from etforge.core.lower import delegate_stubs
 from etforge.core.common import fallbacks
 from etforge.core.common.errors import EtforgeError, first_line
+from etforge.core.common.threads import one_thread
+from etforge.core.contracts.npu_compiler import NpuPayload
+from etforge.core.contracts.target import TargetSpec
 from etforge.core.front.export import export  # noqa: F401  (pipeline.export: the stage functions in one place)
 from etforge.core.graph.utils import clone_program, node_op
 from etforge.core.litert.convert import Converted
-from etforge.core.contracts.npu_compiler import NpuPayload
+from etforge.core.lower import delegate_stubs
+from etforge.core.lower import npu_backend as backend
 from etforge.core.lower.partitioner import EtforgePartitioner
-from etforge.core.registry.manager import Registry, registry
 from etforge.core.quantize.quantizer import ComposedQuantizer, convert, prepare
-from etforge.core.contracts.target import TargetSpec
-from etforge.core.common.threads import one_thread
+from etforge.core.registry.manager import Registry, registry
 
 
 @dataclass
@@ -427,7 +427,9 @@ def _lower_early(
     probed = probe.partition(clone_program(edge.exported_program()))
     if probed.partition_tags:
         taken = [
-            n.name for n in probed.tagged_exported_program.graph_module.graph.nodes if "delegation_tag" in n.meta
+            n.name
+            for n in probed.tagged_exported_program.graph_module.graph.nodes
+            if "delegation_tag" in n.meta
         ]
         why["reason"] = (
             f"the NPU takes nodes of the remainder's Edge form ({', '.join(taken[:4])}"

@@ -12,15 +12,15 @@ from typing import Any
 from torch.export import ExportedProgram
 
 from etforge import __version__
-from etforge.core.lower import boundaries
-from etforge.core.serialize import npu_memory
-from etforge.core.front import signature
 from etforge.core.build.pipeline import Partition
 from etforge.core.build.session import CompileResult
 from etforge.core.contracts.cpu_backend import CpuBackend
+from etforge.core.front import signature
 from etforge.core.graph.utils import node_op
-from etforge.core.serialize.memory import memory_stats
+from etforge.core.lower import boundaries
 from etforge.core.registry.manager import Registry
+from etforge.core.serialize import npu_memory
+from etforge.core.serialize.memory import memory_stats
 
 REPORT_VERSION = 1
 

@@ -193,7 +193,9 @@ class CompileSession:
             missing = kernel_check.missing_kernels(built.edge.exported_program(), libraries)
             if not missing:
                 return float_ep, built
-            table = kernel_check.next_decomposition(missing, float_ep, decomposed, libraries, self.target.name)
+            table = kernel_check.next_decomposition(
+                missing, float_ep, decomposed, libraries, self.target.name
+            )
             decomposed += [str(op) for op in table]
             float_ep = kernel_check.decompose(float_ep, table)
         raise kernel_check.error(missing, libraries, self.target.name, decomposed)
@@ -313,4 +315,6 @@ def compile_model(
         progress=progress,
         on_programs=on_programs,
     )
-    return session.run(module, example_inputs, calibration=calibration, program=program, what=what, front=front)
+    return session.run(
+        module, example_inputs, calibration=calibration, program=program, what=what, front=front
+    )
