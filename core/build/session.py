@@ -15,7 +15,11 @@ Each second-best path it takes is a decision recorded in the session's fallback 
 Scoped state, never globals: the fallback log is a context variable for the length of
 :meth:`CompileSession.run`; the NPU backend finds its lowering through
 ``npu_backend.lowering`` (a context variable, since ExecuTorch calls ``preprocess``
-statically); delegate shape stubs live inside one ``delegate_stubs.scope``.
+statically); delegate shape stubs live inside one ``delegate_stubs.scope``. One thing rides
+on the graph instead: the converter the partitioner chose for a node
+(``node.meta[convert.DECIDED_KEY]``), as ExecuTorch's own ``delegation_tag`` does, because
+ExecuTorch copies node meta into the partition it hands ``preprocess`` and a script's
+``to_edge_transform_and_lower`` (no session) must convert with the same choice.
 
 What only the command line does (the build cache, ``codegen``, writing OUT) is layered on
 top by ``etforge.cli``; :func:`compile_model` is the session for one call.
