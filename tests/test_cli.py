@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -81,3 +82,13 @@ def test_the_command_exits_with_mains_code_output_flushed_and_atexit_run(tmp_pat
     assert marker.read_text() == "yes"
     usage = subprocess.run([sys.executable, "-c", code, "compile"], capture_output=True, text=True)
     assert usage.returncode == 2
+
+
+def test_python_dash_m_etforge_cli_runs_every_command(tmp_path: Path) -> None:
+    """``python -m etforge.cli`` sees every command (the group is whole before it runs)."""
+    env = {**os.environ, "ETFORGE_CACHE_DIR": str(tmp_path)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "etforge.cli", "cache", "info"], capture_output=True, text=True, env=env
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith(f"{tmp_path / 'v1'}: 0 builds"), proc.stdout

@@ -123,7 +123,7 @@ def test_piped_tables_fit_and_keep_names_whole(
 
 
 def test_records_wrap_between_words_only() -> None:
-    from etforge.cli import table_records
+    from etforge.cli.common import table_records
 
     table = Table(title="t")
     for col in ("name", "placement", "reason"):

@@ -131,3 +131,44 @@ def test_quiet_silences_torchao_at_import(verbose: bool) -> None:
         assert "library chatter" in proc.stderr and "W-level torch log" in proc.stderr
     else:
         assert proc.stderr == ""
+
+
+def test_quiet_drops_library_logs_and_keeps_a_plugins() -> None:
+    """Quiet drops what the libraries log (by logger name, or logged from their files on the
+    root logger, as ExecuTorch does) and nothing else: a plugin's logger still speaks."""
+    code = (
+        "import logging, os\n"
+        "import executorch\n"
+        "from etforge.core.common import quiet\n"
+        "quiet.install()\n"
+        "logging.getLogger('myplugin').warning('plugin warning stays')\n"
+        "logging.getLogger('torchao.quantization').warning('torchao chatter')\n"
+        "inside = os.path.join(list(executorch.__path__)[0], 'exir', 'some_pass.py')\n"
+        "exec(compile('import logging; logging.warning(\"root chatter\")', inside, 'exec'))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == "plugin warning stays\n", proc.stderr
+
+
+def test_compile_shows_a_plugin_loggers_warning(tmp_path: Path) -> None:
+    """A logger that is not a library's (a plugin's, or the model file's own, as here) reaches
+    stderr of a quiet ``etforge compile``; the libraries' noise does not."""
+    model = tmp_path / "m.py"
+    model.write_text(
+        "import logging\n"
+        "import torch\n"
+        "def build():\n"
+        "    logging.getLogger('myplugin').warning('myplugin: calibration looks thin')\n"
+        "    torch.manual_seed(0)\n"
+        "    return torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU()), (torch.randn(1, 8),)\n"
+    )
+    out = tmp_path / "out"
+    for extra in ((), ("--quiet",)):
+        proc = run_cli(
+            "compile", f"{model}:build", "--target", "litert", "-o", str(out), "--no-cache", *extra
+        )
+        assert proc.returncode == 0, proc.stderr
+        assert "myplugin: calibration looks thin" in proc.stderr, proc.stderr
+        rest = proc.stderr.replace("myplugin: calibration looks thin", "")
+        assert not NOISE.search(rest), proc.stderr

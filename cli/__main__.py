@@ -1,0 +1,5 @@
+"""``python -m etforge.cli``."""
+
+from etforge.cli import run
+
+run()

@@ -1,0 +1,395 @@
+"""``etforge compile``: one model into OUT, or several (``--manifest``) through :mod:`etforge.cli.batch`."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+from typing import Any
+
+import click
+from rich.markup import escape
+
+from etforge.cli.batch import compile_many
+from etforge.cli.common import (
+    OUTPUT,
+    Ctx,
+    console,
+    named_target,
+    parse_options,
+    print_summary,
+    resolved_options,
+    say,
+    warn_missing_kernels,
+)
+from etforge.core.common.errors import EtforgeError
+from etforge.core.registry.manager import Registry
+
+
+@click.command(name="compile")
+@click.argument("models", nargs=-1, metavar="MODEL...")
+@click.option(
+    "--target",
+    "-t",
+    "target_name",
+    default="imxrt700cm",
+    show_default=True,
+    help="Target (see `etforge targets`).",
+)
+@click.option(
+    "-o", "--output", "out_dir", required=True, type=click.Path(file_okay=False), help="Output directory."
+)
+@click.option(
+    "--calib", "calib", type=click.Path(), help="Calibration data: a .pt file with a list of input tuples."
+)
+@click.option("--float", "float_", is_flag=True, help="Do not quantize (float32).")
+@click.option(
+    "--option", "raw_options", multiple=True, metavar="KEY=VALUE", help="Target option (repeatable)."
+)
+@click.option(
+    "--etrecord", is_flag=True, help="Also write OUT/model.etrecord for ExecuTorch's devtools Inspector."
+)
+@click.option(
+    "--memory-budget",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="BYTES",
+    help="Fail if the planned arena, or the arena beside an NPU partition's working memory, is larger.",
+)
+@click.option("--no-cache", is_flag=True, help="Compile afresh; neither read nor fill the build cache.")
+@click.option(
+    "--no-fallback",
+    is_flag=True,
+    help="Fail, writing nothing, where the compile would take a second-best path (report.json 'fallbacks').",
+)
+@click.option("--quiet", "-q", is_flag=True, help="Print only errors, warnings and the final line.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON (nothing else on stdout).")
+@click.option(
+    "--manifest",
+    type=click.Path(dir_okay=False),
+    help="Compile the models × targets × options a JSON/TOML manifest lists (docs/batch.md).",
+)
+@click.option(
+    "--jobs",
+    "-j",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Parallel compiles (default: one per core).",
+)
+@click.option(
+    "--ray", "ray_address", metavar="ADDRESS", help="Run the jobs on a Ray cluster ('local': start one)."
+)
+@click.pass_obj
+def compile_cmd(
+    obj: Ctx,
+    models: tuple[str, ...],
+    target_name: str,
+    out_dir: str,
+    calib: str | None,
+    float_: bool,
+    raw_options: tuple[str, ...],
+    etrecord: bool,
+    memory_budget: int | None,
+    no_cache: bool,
+    no_fallback: bool,
+    quiet: bool,
+    as_json: bool,
+    manifest: str | None,
+    jobs: int | None,
+    ray_address: str | None,
+) -> None:
+    """Compile MODEL (zoo:NAME, path/file.py:factory or a .pt2 file) into OUT/model.pte.
+
+    Several models, or --manifest, compile in parallel into OUT/<model>/<target>/.
+    """
+    from pathlib import Path
+
+    OUTPUT["quiet"] = quiet or as_json
+    if manifest or len(models) > 1 or ray_address:
+        if etrecord or memory_budget or as_json or no_fallback:
+            raise click.UsageError(
+                "--etrecord, --memory-budget, --no-fallback and --json go with a single model"
+            )
+        compile_many(
+            obj, models, manifest, target_name, Path(out_dir), calib, float_, raw_options, jobs, ray_address
+        )
+        return
+    if not models:
+        raise click.UsageError("give a MODEL (or several, or --manifest FILE)")
+    if jobs is not None:
+        raise click.UsageError("--jobs goes with several models or --manifest")
+    model = models[0]
+    from etforge.core.build import output
+    from etforge.core.cache import store as cache
+
+    out = Path(out_dir)
+    reg = obj.registry
+    target = named_target(reg, target_name)
+    options = resolved_options(target, parse_options(raw_options))
+    staging = output.prepare(out)  # OUT must be replaceable before anything is compiled
+    output.kill_point("staging")
+    use_cache = cache.enabled() and not no_cache
+    try:
+        try:
+            job = _Job(
+                staging,
+                reg,
+                model,
+                target,
+                options,
+                calib,
+                float_,
+                etrecord,
+                memory_budget,
+                use_cache,
+                no_fallback,
+            )
+            generated, report, cached = _compile_into(job)
+            output.commit(staging, out)
+        except OSError as exc:  # a full disk, a quota, a file system gone read-only
+            raise output.write_error(out, exc) from None
+    except BaseException:
+        output.discard(staging)  # OUT keeps the previous complete output, if any
+        raise
+    info = report.get("cache") or {}
+    if as_json:
+        from etforge.core.build.summary import summary_data
+
+        click.echo(json.dumps({**summary_data(report, str(out)), "cached": cached}, indent=2))
+        warn_missing_kernels(generated)
+        return
+    if quiet:
+        from etforge.core.build.summary import final_line
+
+        console.print(escape(final_line(report, str(out))), soft_wrap=True)
+        warn_missing_kernels(generated)
+        return
+    if cached:
+        console.print("[green]✓[/] restored from the build cache (nothing changed since it was built)")
+    console.print(
+        f"cache: {info.get('mode', 'miss')} ({escape(str(info.get('reason', '')))})", soft_wrap=True
+    )
+    print_summary(report, out, generated)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Job:
+    """One model's compile, as the command line asked for it (into ``staging``)."""
+
+    staging: Any
+    reg: Registry
+    model: str
+    target: Any
+    options: dict[str, Any]
+    calib: str | None
+    float_: bool
+    etrecord: bool
+    memory_budget: int | None
+    use_cache: bool = False
+    no_fallback: bool = False
+
+    @property
+    def flags(self) -> dict[str, Any]:
+        """The command-line flags that change the build (part of the cache key)."""
+        return {
+            "float": self.float_,
+            "etrecord": self.etrecord,
+            "budget": self.memory_budget,
+            "no_fallback": self.no_fallback,
+        }
+
+
+def _compile_into(job: _Job) -> tuple[Any, dict[str, Any], bool]:
+    """The whole compile, written into ``staging`` (swapped in as OUT by the caller).
+
+    Returns (codegen result, report, restored from the cache). The cache is asked twice:
+    first in direct mode (``core.direct_cache``: what the user typed and the files the model
+    read last time, before torch is imported), then with the full key after the front end
+    (torch, the model, ``torch.export``); ExecuTorch, torchao and LiteRT are imported only
+    when the build has to run.
+    """
+    from etforge.core.build import output
+
+    staging, reg, model, target, options, calib = (job.staging, job.reg, job.model, job.target, job.options, job.calib)  # fmt: skip
+    float_, use_cache, flags = job.float_, job.use_cache, job.flags
+    direct = None
+    if use_cache:
+        from etforge.core.cache import store as cache
+        from etforge.core.cache.direct import Session
+
+        direct = Session.open(
+            model=model, target=target, options=options, flags=flags, calib=calib, reg=reg, exclude=[staging]
+        )
+        if direct is not None and direct.restore(staging):
+            try:
+                report = output.load_report(staging / output.REPORT)
+                problem = cache.check_report(report, model=model, target=target.name, quantized=not float_)
+                if problem is None:
+                    return None, _cache_info(staging, report, "direct", direct.why), True
+                direct.why = f"the cached build was not trusted: {problem}"
+            except EtforgeError as exc:
+                direct.why = f"the cached build was not trusted: {exc}"
+            say("warning", f"{direct.why}; rebuilding")
+            direct.distrust(staging)  # never trusted: the entry goes, the normal path rebuilds
+    recording = direct.recorder.recording() if direct is not None else contextlib.nullcontext()
+    from etforge.core.common import fallbacks
+
+    with fallbacks.recording(job.no_fallback):  # the front end's and the compile's
+        generated, report, cached, key = _build_into(job, recording)
+    if not use_cache:
+        return generated, _cache_info(staging, report, "miss", "the build cache is off"), cached
+    if direct is not None and key is not None:
+        direct.save(key)
+    direct_why = direct.why if direct is not None else "direct mode unavailable for this command line"
+    if cached:
+        reason = f"the exported program and everything the build depends on are unchanged ({direct_why})"
+        return generated, _cache_info(staging, report, "exported", reason), cached
+    reason = f"no cached build of this exported program; {direct_why}"
+    return generated, _cache_info(staging, report, "miss", reason), cached
+
+
+def _cache_info(staging: Any, report: dict[str, Any], mode: str, reason: str) -> dict[str, Any]:
+    """``report["cache"]``: how the build cache answered (direct, exported or miss) and why;
+    written into the staged report.json (the cached entry keeps the report as built)."""
+    import json
+
+    from etforge.core.build import output
+
+    report["cache"] = {"mode": mode, "reason": reason}
+    path = staging / output.REPORT
+    if path.is_file():
+        path.write_text(json.dumps(report, indent=2, sort_keys=False) + "\n")
+    return report
+
+
+def _build_into(
+    job: _Job,
+    recording: contextlib.AbstractContextManager[Any],
+) -> tuple[Any, dict[str, Any], bool, str | None]:
+    """The front end, the full-key cache lookup and, on a miss, the build; also returns the
+    full key when the cache holds the output (None when the cache is off or not updated).
+
+    ``recording`` spans what runs the user's code and reads the user's files (loading,
+    building, exporting the model, reading calibration data): direct mode's dependencies."""
+    from etforge.core.build import output
+
+    staging, reg, model, target, options, calib = (job.staging, job.reg, job.model, job.target, job.options, job.calib)  # fmt: skip
+    float_, etrecord, memory_budget, use_cache, flags = (
+        job.float_, job.etrecord, job.memory_budget, job.use_cache, job.flags,
+    )  # fmt: skip
+
+    with _progress("import"):
+        import torch  # noqa: F401  (its import time is this stage)
+
+        from etforge.core.front.export import front_end
+        from etforge.core.front.load import load_calibration, load_model
+    with recording:
+        with _progress("load"):
+            loaded = load_model(model)
+            calibration = loaded.calibration
+            if calib:
+                calibration = load_calibration(calib, loaded.example_inputs)
+        with _progress("export"):
+            front = front_end(
+                loaded.module,
+                loaded.example_inputs,
+                calibration,
+                target,
+                options,
+                reg,
+                loaded.program,
+                model,
+                owned=True,  # loaded for this compile alone: converted in place, not copied
+            )
+    key = None
+    if use_cache:
+        from etforge.core.cache import store as cache
+
+        key = cache.compile_key(front, reg, model, target, options, flags)
+        build_cache = cache.BuildCache()
+        if build_cache.restore(key, staging):
+            try:
+                restored = output.load_report(staging / output.REPORT)
+                problem = cache.check_report(restored, model=model, target=target.name, quantized=not float_)
+            except EtforgeError as exc:
+                problem = str(exc)
+            if problem is None:
+                return None, restored, True, key
+            say("warning", f"the cached build {key[:12]} was not trusted: {problem}; rebuilding")
+            build_cache.discard(key)
+            from etforge.core.cache.direct import Session
+
+            Session.restore_failed(staging)
+        elif build_cache.why.startswith("the cached entry"):
+            say("warning", f"{build_cache.why}; rebuilding")
+    with _progress("import executorch"):
+        from etforge.core.common.lazy_imports import defer_inductor_post_grad
+
+        defer_inductor_post_grad()
+        from etforge.core.build.compiler import compile_model
+        from etforge.core.build.report import build_report
+        from etforge.core.serialize.program_writer import ProgramWriter
+    # float.pt2 / quantized.pt2 are written by a child process while this one lowers.
+    with ProgramWriter(staging, (output.FLOAT_PROGRAM, output.QUANTIZED_PROGRAM)) as writer:
+        result = compile_model(
+            loaded.module,
+            loaded.example_inputs,
+            target,
+            calibration=calibration,
+            options=options,
+            quantize=not float_,
+            program=loaded.program,
+            reg=reg,
+            progress=_progress,
+            what=model,
+            front=front,
+            on_programs=writer.start,  # strict or not: the recording _compile_into opened
+        )
+        result.notes[:0] = loaded.notes  # e.g. a dynamic batch fixed to the example's size
+        from etforge.core.serialize.memory import check_budget, memory_stats
+        from etforge.core.serialize.npu_memory import plan_result
+
+        check_budget(memory_stats(result.executorch), memory_budget, plan_result(result))
+        with _progress("write"):
+            writer.finish()
+            report = build_report(result, reg, model)
+            output.write_outputs(staging, result, report, programs=False)
+    if etrecord:
+        with _progress("etrecord"):
+            output.write_etrecord(staging, result)
+    with _progress("codegen"):
+        from etforge.codegen import generate
+
+        generated = generate(staging / output.PTE, staging / output.CODEGEN, report=report)
+    if key is not None:
+        from etforge.core.cache import store as cache
+
+        try:
+            cache.BuildCache().store(key, staging)
+        except cache.CacheError as exc:  # a full or read-only cache never fails the compile
+            say("warning", str(exc))
+            key = None
+    return generated, report, False, key
+
+
+def _progress(stage: str) -> Any:
+    """A spinner while ``stage`` runs (on a terminal), then one line with its time."""
+    import contextlib
+    import time
+
+    @contextlib.contextmanager
+    def run() -> Any:
+        start = time.perf_counter()
+        if OUTPUT["quiet"]:
+            yield
+        else:
+            with console.status(f"{stage} ..."):
+                yield
+            console.print(f"[green]✓[/] {stage:<10} {time.perf_counter() - start:6.2f} s")
+        from etforge.core.common import process_memory
+
+        if stage.startswith("import") or stage == "export":  # export imports torch._dynamo
+            process_memory.settle()
+        process_memory.release()
+
+    return run()

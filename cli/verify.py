@@ -1,0 +1,294 @@
+"""``etforge verify``: OUT's program (or a script's ``.pte``) against torch on the host."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+from typing import Any
+
+import click
+from rich.markup import escape
+from rich.table import Table
+
+from etforge.cli.common import (
+    Ctx,
+    console,
+    err_console,
+    named_target,
+    parse_options,
+    print_table,
+    resolved_options,
+)
+from etforge.cli.device import firmware_source_options, verify_on_device
+
+
+def _finite(value: float | None, param: Any, low: float, high: float | None = None) -> float | None:
+    """A number option that must be finite and in range (click's FloatRange lets nan through)."""
+    import math
+
+    if value is None:
+        return None
+    if not math.isfinite(value) or value < low or (high is not None and value > high):
+        span = f"{low:g} to {high:g}" if high is not None else f"at least {low:g}"
+        raise click.BadParameter(f"{value!r} is not a finite number {span}", param=param)
+    return value
+
+
+@click.command()
+@click.argument("out_dir", metavar="OUT|PTE", type=click.Path())
+@click.option(
+    "--model",
+    "script_model",
+    default=None,
+    metavar="MODEL",
+    help="Verify PTE, a .pte your own script produced: MODEL (zoo:NAME, file.py:factory, .pt2) is the "
+    "model it was built from (with --target, --option, --calib or --quantized).",
+)
+@click.option("--target", "-t", "script_target", default=None, help="With --model: the target PTE is for.")
+@click.option(
+    "--option", "script_options", multiple=True, metavar="KEY=VALUE", help="With --model: target option."
+)
+@click.option(
+    "--calib", "script_calib", default=None, help="With --model: the calibration data the script used."
+)
+@click.option(
+    "--quantized",
+    "script_quantized",
+    type=click.Path(dir_okay=False),
+    default=None,
+    metavar="Q.pt2",
+    help="With --model: the script's quantized program (torch.export.save); the reference is lowered from it.",
+)
+@click.option(
+    "--samples",
+    type=click.IntRange(min=1),
+    default=32,
+    show_default=True,
+    help="Seeded random inputs to compare on.",
+)
+@click.option("--seed", default=0, show_default=True)
+@click.option(
+    "--max-steps",
+    type=float,
+    default=None,
+    callback=lambda ctx, param, v: _finite(v, param, low=0.0),
+    help="Also fail when the int8 output is more than S steps from the quantized reference's exact "
+    "value (default: reported, not gated). Every NPU op is always held to 1 step from the reference op "
+    "on the same inputs, with at most 0.1% of its values one step off.",
+)
+@click.option(
+    "--data",
+    default=None,
+    metavar="FILE",
+    help="Labeled samples: a .npz with arrays x and y, a .pt of tensors x and y, or zoo:NAME (a trained "
+    "zoo model's test split); reports float and compiled accuracy and fails on a larger drop.",
+)
+@click.option(
+    "--max-accuracy-drop",
+    type=float,
+    callback=lambda ctx, param, v: _finite(v, param, low=0.0, high=100.0),
+    default=1.0,
+    show_default=True,
+    metavar="POINTS",
+    help="With --data: percentage points of accuracy the compiled program may lose.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output (every field, per op).")
+@click.option("--quiet", "-q", is_flag=True, help="Print only the failures and the final line.")
+@click.option(
+    "--kernels",
+    type=click.Choice(["default", "reference"]),
+    default="default",
+    show_default=True,
+    help="LiteRT kernels for the NPU partitions: default (float-rounded requantization, as the "
+    "PT2E reference) or reference (fixed-point, as TFLite Micro / CMSIS-NN).",
+)
+@click.option(
+    "--min-top1",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Required top-1 agreements (default: 31 of every 32 samples).",
+)
+@click.option(
+    "--runtime",
+    type=click.Choice(["host", "qemu-m33"]),
+    default="host",
+    show_default=True,
+    help="qemu-m33: run model.pte in ExecuTorch's C++ runtime with CMSIS-NN on an emulated Cortex-M33 "
+    "and require its outputs to equal the host interpreter's bit for bit (docs/firmware.md).",
+)
+@firmware_source_options
+@click.pass_obj
+def verify(
+    obj: Ctx,
+    out_dir: str,
+    samples: int,
+    seed: int,
+    max_steps: float | None,
+    min_top1: int | None,
+    kernels: str,
+    data: str | None,
+    max_accuracy_drop: float,
+    as_json: bool,
+    quiet: bool,
+    script_model: str | None,
+    script_target: str | None,
+    script_options: tuple[str, ...],
+    script_calib: str | None,
+    script_quantized: str | None,
+    runtime: str = "host",
+    executorch_src: str | None = None,
+    cmsis_nn_src: str | None = None,
+) -> None:
+    """Run OUT's program on the host (NPU partitions in LiteRT) and compare with torch.
+
+    PTE --model MODEL --target T: verify a .pte your own ExecuTorch script produced.
+    """
+    from pathlib import Path
+
+    if runtime != "host":
+        if script_model is not None:
+            raise click.UsageError("--runtime qemu-m33 verifies an OUT directory, not a script's .pte")
+        verify_on_device(Path(out_dir), runtime, samples, seed, executorch_src, cmsis_nn_src, as_json)
+        return
+    reg = obj.registry
+    script: dict[str, Any] | None = None
+    if script_model is not None:
+        if not script_target:
+            raise click.UsageError("--model needs --target: the target the .pte was built for")
+        if not out_dir.endswith(".pte"):
+            raise click.BadParameter(f"{out_dir!r} is not a .pte file", param_hint="PTE")
+        spec = named_target(reg, script_target)
+        script = {
+            "model": script_model,
+            "target": spec.name,
+            "options": resolved_options(spec, parse_options(script_options)),
+            "calib": script_calib,
+            "quantized": script_quantized,
+        }
+    elif script_target or script_options or script_calib or script_quantized:
+        raise click.UsageError("--target, --option, --calib and --quantized go with --model")
+    elif out_dir.endswith(".pte"):
+        raise click.UsageError(f"{out_dir} is a .pte: say which model it was built from (--model, --target)")
+    with (
+        console.status("rebuilding and running the program on the host ...")
+        if not quiet
+        else contextlib.nullcontext()
+    ):
+        from etforge.runtime.verify import verify as run_verify
+
+        checks = {
+            "samples": samples, "seed": seed, "max_steps": max_steps, "min_top1": min_top1,
+            "kernels": kernels, "data": data, "max_accuracy_drop": max_accuracy_drop,
+        }  # fmt: skip
+        if script is not None:
+            from etforge.runtime.script_pte import verify_script_pte
+
+            v = verify_script_pte(Path(out_dir), **script, **checks)
+        else:
+            v = run_verify(Path(out_dir), **checks)
+    if as_json:
+        import dataclasses
+
+        click.echo(json.dumps({**dataclasses.asdict(v), "ok": v.ok}, indent=2, default=str))
+        sys.exit(0 if v.ok else 1)
+    if quiet:
+        for f in v.failures:
+            err_console.print(f"[red]FAIL:[/] {escape(f)}", soft_wrap=True)
+        console.print(
+            "[green]verify passed[/]" if v.ok else f"[red]verify failed[/] ({len(v.failures)} check(s))"
+        )
+        sys.exit(0 if v.ok else 1)
+    table = Table(title=f"verify {out_dir} ({v.samples} seeded inputs, LiteRT {kernels} kernels)")
+    table.add_column("metric")
+    table.add_column("value")
+    if v.max_steps is not None:
+        table.add_row("max |ours - quantized ref| (steps)", f"{v.max_steps:.2f}")
+        table.add_row("mean |ours - quantized ref| (steps)", f"{v.mean_steps:.4f}")
+    if v.top1_vs_quantized is not None:
+        table.add_row("top-1 agreement vs quantized ref", f"{v.top1_vs_quantized}/{v.samples}")
+        if v.top1_vs_exact is not None:
+            table.add_row(
+                "top-1 agreement vs quantized ref in float64",
+                f"{v.top1_vs_exact}/{v.samples} (required {v.top1_required}/{v.samples})",
+            )
+        table.add_row("top-1 agreement vs float model", f"{v.top1_vs_float}/{v.samples}")
+    if v.op_max_steps is not None:
+        table.add_row(
+            "NPU ops vs reference op, same inputs",
+            f"max {v.op_max_steps} step(s); {v.op_values_off:,} of {v.op_values:,} values off "
+            f"({v.op_off_by_one:,} by one step)",
+        )
+        npu_ops = [o for o in v.ops if o["partition"] != "cpu"]
+        top = max(npu_ops, key=lambda o: (o["off_by_one"] / max(o["values"], 1), o["off_by_one"]))
+        table.add_row(
+            "NPU op with the most values one step off",
+            f"{top['partition']}:{top['node']}: {top['off_by_one']:,} of {top['values']:,} (per op: --json)",
+        )
+    if v.cpu_op_max_steps is not None:
+        table.add_row(
+            "CPU ops vs reference op, same inputs",
+            f"max {v.cpu_op_max_steps} step(s); {v.cpu_values_off:,} of {v.cpu_values:,} values off",
+        )
+    if v.exact_values:
+        table.add_row(
+            "NPU values vs device-exact reference", f"{v.exact_values_off:,} of {v.exact_values:,} off"
+        )
+    unruled = [f"{o.get('partition', 'npu')}:{o['node']}" for o in v.not_exact]
+    unruled += [f"cpu:{o['node']}" for o in v.cpu_not_exact]
+    if v.op_max_steps is not None or v.cpu_op_max_steps is not None:
+        table.add_row(
+            "ops without a device-exact rule (compared with torch)",
+            ", ".join(unruled[:4]) + (f" +{len(unruled) - 4} more (--json)" if len(unruled) > 4 else "")
+            if unruled
+            else "none",
+        )
+    if v.sim_max_steps is not None:
+        table.add_row(
+            "whole output vs device simulation (every value)",
+            "equal" if v.sim_exact else f"max {v.sim_max_steps:g} step(s)",
+        )
+    if v.float_max_rel is not None:
+        table.add_row(
+            "NPU ops in float vs float Edge ops (relative)", f"max {v.float_max_rel:.2g} ({v.float_ops} ops)"
+        )
+    if v.reference_spread_steps is not None:
+        table.add_row(
+            "quantized ref in float32 vs float64 (its own precision)",
+            f"max {v.reference_spread_steps:.2f} steps; top-1 {v.reference_spread_top1}/{v.samples}",
+        )
+        table.add_row("max |ours - quantized ref in float64| (steps)", f"{v.max_steps_vs_exact:.2f}")
+    table.add_row(
+        "values the per-op check could not compare",
+        f"{v.skipped_values:,}"
+        + "".join(f"; {e['partition']}:{e['node']} {e['values']:,} ({e['reason']})" for e in v.skipped[:3])
+        + (f"; +{len(v.skipped) - 3} more (--json)" if len(v.skipped) > 3 else ""),
+    )
+    if v.float_accuracy is not None:
+        table.add_row(
+            f"accuracy on {v.data} ({v.data_samples} samples)",
+            f"float {v.float_accuracy:.2f}% · compiled {v.compiled_accuracy:.2f}% · drop "
+            f"{v.accuracy_drop:.2f} points (max {v.max_accuracy_drop:g})",
+        )
+    if v.pte is not None:
+        table.add_row(
+            "model.pte (host interpreter) vs Edge program",
+            f"{v.pte.agreed}/{v.pte.samples} samples identical"
+            + ("" if v.pte.ok else f" (max |diff| {v.pte.max_abs_diff:.4g})")
+            + f"; {v.pte.seconds_per_sample * 1000:.0f} ms/sample",
+        )
+    table.add_row("max |ours - float|", f"{v.max_abs_vs_float:.4g}")
+    table.add_row("whole model on the NPU", "yes" if v.whole_model_on_npu else "no")
+    if len(v.outputs) > 1 or any(o["kind"] != "float" for o in v.outputs):  # runtime.outputs
+        table.add_row(
+            "outputs: compared as, samples agreeing",
+            "\n".join(f"{o['name']}: {o['compared_as']}, {o['agreed']}/{o['samples']}" for o in v.outputs),
+        )
+    print_table(table)
+    for note in v.notes:
+        console.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
+    if not v.ok:
+        for f in v.failures:
+            err_console.print(f"[red]FAIL:[/] {f}")
+        sys.exit(1)
+    console.print("[green]verify passed[/]")
