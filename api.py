@@ -68,7 +68,7 @@ class Target:
         On Cortex-M targets everything is channels-last, so NPU partitions and CMSIS-NN
         kernels hand NHWC buffers over without conversions (option ``dim_order``).
         """
-        from etforge.core.build.compiler import adapt_layout
+        from etforge.core.front.export import adapt_layout
 
         return adapt_layout(model, tuple(example_inputs), calibration, self.spec, self._options())
 
@@ -309,18 +309,24 @@ def compile(  # noqa: A001 (the natural name, as in torch.compile)
     quantize: bool = True,
     lowering: str = "early",
     strict: bool = False,
+    memory_budget: int | None = None,
 ) -> Compiled:
     """Compile like ``etforge compile``; ``calibration`` defaults to the example inputs.
 
     ``strict`` (``etforge compile --no-fallback``): a second-best path (``report["fallbacks"]``)
-    is an error, :class:`etforge.core.common.fallbacks.StrictFallback`.
+    is an error, :class:`etforge.core.common.fallbacks.StrictFallback`. ``memory_budget``
+    (bytes, ``--memory-budget``): the planned arena, beside each NPU partition's working
+    memory, must fit it.
+
+    The compile is the command line's: one :class:`~etforge.core.build.session.CompileSession`
+    (the CLI adds its cache, ``codegen`` and writing OUT on top).
 
     ``lowering="classic"`` delegates the way an ExecuTorch script does (``to_edge_transform_and_lower``
     with :meth:`Target.partitioners`), byte for byte; the default delegates NPU partitions
     before ``to_edge`` (faster; the same partitions, LiteRT tensors named after the ATen graph).
     """
-    from etforge.core.build.compiler import compile_model
     from etforge.core.build.report import build_report
+    from etforge.core.build.session import CompileSession
     from etforge.core.common.errors import EtforgeError
     from etforge.core.front.load import check_calibration, check_inputs, check_weights
     from etforge.core.registry.manager import registry
@@ -336,15 +342,14 @@ def compile(  # noqa: A001 (the natural name, as in torch.compile)
     check_weights(dict(model.state_dict()), what)
     check_inputs(example, f"{what}: example input")
     calib = check_calibration(list(calibration), example, "calibration") if calibration is not None else None
-    result = compile_model(
-        model,
-        example,
+    session = CompileSession(
         spec,
-        calibration=calib,
+        reg=reg,
         options=parsed,
         quantize=quantize,
-        reg=reg,
         early=lowering == "early",
         strict=strict,
+        memory_budget=memory_budget,
     )
+    result = session.run(model, example, calibration=calib, what=what)
     return Compiled(result, build_report(result, reg, what))

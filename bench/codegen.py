@@ -17,7 +17,7 @@ from executorch.codegen.tools.selective_build import _get_program_from_buffer, _
 
 from etforge import zoo
 from etforge.codegen import generate
-from etforge.core.build.compiler import compile_model
+from etforge.core.build.session import compile_model
 
 
 def main() -> None:

@@ -27,9 +27,9 @@ import torch
 from executorch.exir import to_edge_transform_and_lower
 
 from etforge import zoo
-from etforge.core.build.compiler import compile_model
 from etforge.core.build.pipeline import edge_config, lower
 from etforge.core.build.report import build_report
+from etforge.core.build.session import compile_model
 from etforge.core.registry.manager import registry
 
 

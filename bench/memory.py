@@ -15,7 +15,7 @@ from executorch.exir import EdgeProgramManager
 
 from etforge import zoo
 from etforge.core.build import pipeline
-from etforge.core.build.compiler import compile_model
+from etforge.core.build.session import compile_model
 from etforge.core.serialize.memory import memory_stats
 
 

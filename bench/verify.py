@@ -31,8 +31,8 @@ from typing import Any
 import torch
 
 from etforge import zoo
-from etforge.core.build.compiler import compile_model
 from etforge.core.build.report import build_report
+from etforge.core.build.session import compile_model
 from etforge.core.registry.manager import registry
 from etforge.runtime import pte_ops
 from etforge.runtime.accuracy import load_labeled

@@ -271,13 +271,34 @@ def _build_into(
 
     ``recording`` spans what runs the user's code and reads the user's files (loading,
     building, exporting the model, reading calibration data): direct mode's dependencies."""
-    from etforge.core.build import output
+    loaded, calibration, front = _front_end(job, recording)
+    key = None
+    if job.use_cache:
+        from etforge.core.cache import store as cache
 
-    staging, reg, model, target, options, calib = (job.staging, job.reg, job.model, job.target, job.options, job.calib)  # fmt: skip
-    float_, etrecord, memory_budget, use_cache, flags = (
-        job.float_, job.etrecord, job.memory_budget, job.use_cache, job.flags,
-    )  # fmt: skip
+        key = cache.compile_key(front, job.reg, job.model, job.target, job.options, job.flags)
+        restored = _restored(job, key)
+        if restored is not None:
+            return None, restored, True, key
+    report = _compile_and_write(job, loaded, calibration, front)
+    with _progress("codegen"):
+        from etforge.codegen import generate
+        from etforge.core.build import output
 
+        generated = generate(job.staging / output.PTE, job.staging / output.CODEGEN, report=report)
+    if key is not None:
+        from etforge.core.cache import store as cache
+
+        try:
+            cache.BuildCache().store(key, job.staging)
+        except cache.CacheError as exc:  # a full or read-only cache never fails the compile
+            say("warning", str(exc))
+            key = None
+    return generated, report, False, key
+
+
+def _front_end(job: _Job, recording: contextlib.AbstractContextManager[Any]) -> tuple[Any, Any, Any]:
+    """(the loaded model, its calibration, the exported front end), ``recording`` watching."""
     with _progress("import"):
         import torch  # noqa: F401  (its import time is this stage)
 
@@ -285,91 +306,92 @@ def _build_into(
         from etforge.core.front.load import load_calibration, load_model
     with recording:
         with _progress("load"):
-            loaded = load_model(model)
+            loaded = load_model(job.model)
             calibration = loaded.calibration
-            if calib:
-                calibration = load_calibration(calib, loaded.example_inputs)
+            if job.calib:
+                calibration = load_calibration(job.calib, loaded.example_inputs)
         with _progress("export"):
             front = front_end(
                 loaded.module,
                 loaded.example_inputs,
                 calibration,
-                target,
-                options,
-                reg,
+                job.target,
+                job.options,
+                job.reg,
                 loaded.program,
-                model,
+                job.model,
                 owned=True,  # loaded for this compile alone: converted in place, not copied
             )
-    key = None
-    if use_cache:
-        from etforge.core.cache import store as cache
+    return loaded, calibration, front
 
-        key = cache.compile_key(front, reg, model, target, options, flags)
-        build_cache = cache.BuildCache()
-        if build_cache.restore(key, staging):
-            try:
-                restored = output.load_report(staging / output.REPORT)
-                problem = cache.check_report(restored, model=model, target=target.name, quantized=not float_)
-            except EtforgeError as exc:
-                problem = str(exc)
-            if problem is None:
-                return None, restored, True, key
-            say("warning", f"the cached build {key[:12]} was not trusted: {problem}; rebuilding")
-            build_cache.discard(key)
-            from etforge.core.cache.direct import Session
 
-            Session.restore_failed(staging)
-        elif build_cache.why.startswith("the cached entry"):
-            say("warning", f"{build_cache.why}; rebuilding")
+def _restored(job: _Job, key: str) -> dict[str, Any] | None:
+    """The report of the build the cache restored into ``staging`` under ``key``, when it is
+    trusted; else None (an untrusted entry is discarded: the caller rebuilds)."""
+    from etforge.core.build import output
+    from etforge.core.cache import store as cache
+
+    build_cache = cache.BuildCache()
+    if build_cache.restore(key, job.staging):
+        try:
+            restored = output.load_report(job.staging / output.REPORT)
+            problem = cache.check_report(
+                restored, model=job.model, target=job.target.name, quantized=not job.float_
+            )
+        except EtforgeError as exc:
+            problem = str(exc)
+        if problem is None:
+            return restored
+        say("warning", f"the cached build {key[:12]} was not trusted: {problem}; rebuilding")
+        build_cache.discard(key)
+        from etforge.core.cache.direct import Session
+
+        Session.restore_failed(job.staging)
+    elif build_cache.why.startswith("the cached entry"):
+        say("warning", f"{build_cache.why}; rebuilding")
+    return None
+
+
+def _compile_and_write(job: _Job, loaded: Any, calibration: Any, front: Any) -> dict[str, Any]:
+    """The compile session (``core.build.session``, as ``etforge.compile``), then OUT's files
+    and the report; returns the report."""
+    from etforge.core.build import output
+
     with _progress("import executorch"):
         from etforge.core.common.lazy_imports import defer_inductor_post_grad
 
         defer_inductor_post_grad()
-        from etforge.core.build.compiler import compile_model
         from etforge.core.build.report import build_report
+        from etforge.core.build.session import CompileSession
         from etforge.core.serialize.program_writer import ProgramWriter
     # float.pt2 / quantized.pt2 are written by a child process while this one lowers.
-    with ProgramWriter(staging, (output.FLOAT_PROGRAM, output.QUANTIZED_PROGRAM)) as writer:
-        result = compile_model(
+    with ProgramWriter(job.staging, (output.FLOAT_PROGRAM, output.QUANTIZED_PROGRAM)) as writer:
+        session = CompileSession(
+            job.target,
+            reg=job.reg,
+            options=job.options,
+            quantize=not job.float_,
+            memory_budget=job.memory_budget,
+            progress=_progress,
+            on_programs=writer.start,
+        )  # strict or not: the recording _compile_into opened decides
+        result = session.run(
             loaded.module,
             loaded.example_inputs,
-            target,
             calibration=calibration,
-            options=options,
-            quantize=not float_,
             program=loaded.program,
-            reg=reg,
-            progress=_progress,
-            what=model,
+            what=job.model,
             front=front,
-            on_programs=writer.start,  # strict or not: the recording _compile_into opened
         )
         result.notes[:0] = loaded.notes  # e.g. a dynamic batch fixed to the example's size
-        from etforge.core.serialize.memory import check_budget, memory_stats
-        from etforge.core.serialize.npu_memory import plan_result
-
-        check_budget(memory_stats(result.executorch), memory_budget, plan_result(result))
         with _progress("write"):
             writer.finish()
-            report = build_report(result, reg, model)
-            output.write_outputs(staging, result, report, programs=False)
-    if etrecord:
+            report = build_report(result, job.reg, job.model)
+            output.write_outputs(job.staging, result, report, programs=False)
+    if job.etrecord:
         with _progress("etrecord"):
-            output.write_etrecord(staging, result)
-    with _progress("codegen"):
-        from etforge.codegen import generate
-
-        generated = generate(staging / output.PTE, staging / output.CODEGEN, report=report)
-    if key is not None:
-        from etforge.core.cache import store as cache
-
-        try:
-            cache.BuildCache().store(key, staging)
-        except cache.CacheError as exc:  # a full or read-only cache never fails the compile
-            say("warning", str(exc))
-            key = None
-    return generated, report, False, key
+            output.write_etrecord(job.staging, result)
+    return report
 
 
 def _progress(stage: str) -> Any:

@@ -59,7 +59,7 @@ def verify_script_pte(
         check_program_file(Path(quantized))
         result = _lower_quantized(loaded, load_program(Path(quantized)), spec, opts, reg, model)
     else:
-        from etforge.core.build.compiler import compile_model
+        from etforge.core.build.session import compile_model
 
         result = compile_model(
             loaded.module, loaded.example_inputs, spec, calibration=calibration, options=opts,
@@ -95,9 +95,10 @@ def verify_script_pte(
 
 
 def _lower_quantized(loaded: Any, qep: Any, spec: Any, opts: dict[str, Any], reg: Any, what: str) -> Any:
-    """A compile result whose quantized program is the script's own (the rest as ``compile``)."""
+    """A compile result whose quantized program is the script's own, lowered the classic way
+    (a script's route); the rest as ``compile``."""
     from etforge.core.build import pipeline
-    from etforge.core.build.compiler import CompileResult
+    from etforge.core.build.session import CompileSession
     from etforge.core.front.export import front_end
 
     if loaded.module is None and loaded.program is None:
@@ -105,37 +106,10 @@ def _lower_quantized(loaded: Any, qep: Any, spec: Any, opts: dict[str, Any], reg
     front = front_end(
         loaded.module, loaded.example_inputs, loaded.calibration, spec, opts, reg, loaded.program, what
     )
+    session = CompileSession(spec, reg=reg, options=opts, early=False)
     float_ep, _ = pipeline.rewrite(front.program, spec, reg)
-    lowering: dict[str, Any] = {}
-    edge, partitioner, parts = _lowered(qep, spec, opts, reg, lowering)
-    host = edge.exported_program()
-    et = _serialized(edge)
-    return CompileResult(
-        target=spec,
-        options=opts,
-        quantized=True,
-        float_program=float_ep,
-        quantized_program=qep,
-        edge=edge,
-        host_program=host,
-        executorch=et,
-        pte=et.buffer,
-        partitions=parts,
-        decisions=partitioner.decisions,
-        notes=list(front.notes),
-        lowering=lowering,
-    )
-
-
-def _lowered(
-    program: Any, spec: Any, opts: dict[str, Any], reg: Any, lowering: dict[str, Any]
-) -> tuple[Any, ...]:
-    """(Edge program manager, partitioner, partitions), lowered the classic way (a script's
-    route); ``lowering`` gets the path taken, for the report ``verify`` rebuilds from."""
-    from etforge.core.build import pipeline
-
-    edge, partitioner, parts, _ = pipeline.lower(program, spec, opts, reg, early=False, lowering=lowering)
-    return edge, partitioner, parts
+    built = session.lower(qep, qep)
+    return session.result(float_ep, built, _serialized(built.edge), notes=list(front.notes))
 
 
 def _serialized(edge: Any) -> Any:

@@ -25,8 +25,8 @@ MAX_DROP = 1.0
 @cache
 def _compiled(name: str, target: str) -> tuple[Any, dict[str, Any]]:
     from etforge import zoo
-    from etforge.core.build.compiler import compile_model
     from etforge.core.build.report import build_report
+    from etforge.core.build.session import compile_model
     from etforge.core.registry.manager import registry
 
     model, example = zoo.build(name)

@@ -72,6 +72,15 @@ def test_unknown_target_and_option() -> None:
         etforge.target("imxrt700", turbo=True)
 
 
+def test_compile_checks_the_memory_budget_like_the_cli() -> None:
+    """``etforge.compile`` runs the CLI's compile session: ``memory_budget`` is its check."""
+    model, example, calib = _model()
+    with pytest.raises(EtforgeError, match=r"planned arena .* does not fit the memory budget 64 B"):
+        etforge.compile(model, example, target="imxrt700", calibration=calib, memory_budget=64)
+    fits = etforge.compile(model, example, target="imxrt700", calibration=calib, memory_budget=1 << 30)
+    assert fits.report["memory"]["arena_bytes"], fits.report["memory"]
+
+
 def test_compile_validates_options_like_the_cli() -> None:
     model, example, calib = _model()
     with pytest.raises(

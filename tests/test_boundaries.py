@@ -15,7 +15,7 @@ import torch
 from ai_edge_litert.interpreter import Interpreter
 
 from etforge import zoo
-from etforge.core.build.compiler import CompileResult, compile_model
+from etforge.core.build.session import CompileResult, compile_model
 from etforge.core.common.errors import EtforgeError
 from etforge.core.graph import layout
 from etforge.core.graph.utils import node_op

@@ -178,7 +178,7 @@ def test_bad_prune_size_is_a_usage_error(tmp_path: Path) -> None:
 
 
 def test_build_only_options_change_neither_the_pte_nor_the_key() -> None:
-    from etforge.core.build.compiler import compile_model
+    from etforge.core.build.session import compile_model
     from etforge.core.registry.manager import registry
 
     torch.manual_seed(0)

@@ -13,8 +13,8 @@ import pytest
 from etforge import zoo
 from etforge.codegen import generate
 from etforge.core.build import output
-from etforge.core.build.compiler import compile_model
 from etforge.core.build.report import build_report
+from etforge.core.build.session import compile_model
 from etforge.core.common.errors import EtforgeError
 from etforge.core.registry.manager import registry
 

@@ -722,7 +722,7 @@ class _Residual(torch.nn.Module):
 def test_program_instructions_equal_cmsis_nn(lib: ctypes.CDLL) -> None:
     """In a compiled cortex-m33 program, the host interpreter's add and average-pool instructions
     write what CMSIS-NN's C computes from the same bytes and arguments."""
-    from etforge.core.build.compiler import compile_model
+    from etforge.core.build.session import compile_model
     from etforge.core.registry.manager import registry
     from etforge.runtime.pte_interpreter import PteInterpreter
 

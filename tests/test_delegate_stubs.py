@@ -13,7 +13,7 @@ from executorch.exir import EdgeProgramManager, ExecutorchBackendConfig
 from torch.export import ExportedProgram
 
 from etforge.core.build import pipeline
-from etforge.core.build.compiler import compile_model
+from etforge.core.build.session import compile_model
 from etforge.core.lower import delegate_stubs
 from etforge.core.registry.manager import registry
 from etforge.core.serialize.memory_plan import planning_pass

@@ -153,7 +153,7 @@ TARGETS = ("imxrt700", "imxrt700cm")
 
 
 def _parity(name: str, samples: int = 4, target: str = "imxrt700", seed: int = 0) -> list[Any]:
-    from etforge.core.build.compiler import compile_model
+    from etforge.core.build.session import compile_model
     from etforge.runtime.host import run_program
     from etforge.runtime.stepwise import op_parity
 

@@ -125,7 +125,7 @@ def test_early_delegation_matches_the_classic_path(name: str, target: str) -> No
 def test_without_an_npu_the_early_decomposition_gives_the_classic_bytes(name: str) -> None:
     """cortex-m33: nothing to delegate; the node-by-node decomposition replaces to_edge's
     re-tracing one (the early path's speed) and the .pte is the classic path's, byte for byte."""
-    from etforge.core.build.compiler import compile_model
+    from etforge.core.build.session import compile_model
 
     cls, shape = CASES[name]
     torch.manual_seed(0)
@@ -203,7 +203,7 @@ def test_a_decomposition_that_mutates_falls_back_to_the_classic_path() -> None:
     """A channels-last adaptive average pool decomposes to mean + ``as_strided_``: to_edge
     functionalizes that, a node-by-node decomposition cannot, so the early path steps aside
     (before, the program failed ExecuTorch's functional-IR check)."""
-    from etforge.core.build.compiler import compile_model
+    from etforge.core.build.session import compile_model
 
     from support import conv_head
 

@@ -38,7 +38,7 @@ def test_codegen_rejects_bad_names_and_libraries(tmp_path: Path) -> None:
 
 def test_unknown_kernel_library(tmp_path: Path) -> None:
     from etforge import zoo
-    from etforge.core.build.compiler import compile_model
+    from etforge.core.build.session import compile_model
 
     model, example = zoo.build("autoencoder")
     pte = tmp_path / "model.pte"

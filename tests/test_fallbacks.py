@@ -95,6 +95,31 @@ def test_cli_no_fallback_writes_nothing(tmp_path: Path) -> None:
     assert "fallback: decomposed" in r.stdout and (out / "model.pte").is_file()
 
 
+class LoneLinear(nn.Module):
+    """A linear the NPU takes whole, alone in its partition: ``min_partition_ops=2`` refuses
+    it after ExecuTorch kept it whole, so the classic path lowers again, decomposed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cumsum(self.fc(x), 1)  # cumsum: no converter, the partition stays one op
+
+
+def test_the_classic_relowering_is_a_recorded_decision() -> None:
+    torch.manual_seed(0)
+    model, example = LoneLinear().eval(), (torch.randn(1, 8),)
+    options = {"min_partition_ops": 2}
+    classic = etforge.compile(model, example, target="imxrt700", options=options, lowering="classic")
+    (fb,) = classic.report["fallbacks"]
+    assert fb["what"] == "re-lowered with every op decomposed" and "aten_linear_default" in fb["why"], fb
+    early = etforge.compile(model, example, target="imxrt700", options=options)
+    assert early.report["fallbacks"] == [] and early.pte == classic.pte
+    with pytest.raises(StrictFallback, match="re-lowered with every op decomposed"):
+        etforge.compile(model, example, target="imxrt700", options=options, lowering="classic", strict=True)
+
+
 #: The one known fallback of the zoo and the architecture suite: ExecuTorch's Cortex-M passes
 #: fail on a bmm fed by a folded linear (int32 trace) and are re-run with the CMSIS-NN
 #: substitution moved up (plugins/targets/cortex_m.py). Asserted exactly, both ways.

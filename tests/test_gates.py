@@ -54,8 +54,8 @@ def _compare(
     samples: int = 8,
     **kwargs: Any,
 ) -> Any:
-    from etforge.core.build.compiler import compile_model
     from etforge.core.build.report import build_report
+    from etforge.core.build.session import compile_model
     from etforge.core.registry.manager import extra_plugins, registry
     from etforge.runtime.verify import compare
 
@@ -222,8 +222,8 @@ def _avg_for_max_pool() -> types.ModuleType:
 
 def test_accuracy_gate_fails_a_wrong_converter_on_real_data() -> None:
     from etforge import zoo
-    from etforge.core.build.compiler import compile_model
     from etforge.core.build.report import build_report
+    from etforge.core.build.session import compile_model
     from etforge.core.registry.manager import extra_plugins, registry
     from etforge.runtime.accuracy import load_labeled
     from etforge.runtime.verify import compare
@@ -264,8 +264,8 @@ def test_gate_thresholds_are_fixed_constants(gelu_runs: dict[bool, Any]) -> None
 
 
 def _compiled(model: torch.nn.Module, calib: list[tuple[torch.Tensor, ...]], target: str) -> tuple[Any, Any]:
-    from etforge.core.build.compiler import compile_model
     from etforge.core.build.report import build_report
+    from etforge.core.build.session import compile_model
     from etforge.core.registry.manager import registry
 
     reg = registry()

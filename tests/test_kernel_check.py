@@ -167,7 +167,7 @@ def test_float64_module_is_compiled_as_float32_with_a_note() -> None:
 
 
 def test_float64_program_is_refused_clearly() -> None:
-    from etforge.core.build.compiler import compile_model
+    from etforge.core.build.session import compile_model
 
     model = nn.Linear(4, 2).double().eval()
     example = (torch.randn(1, 4, dtype=torch.float64),)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from etforge import zoo
-from etforge.core.build.compiler import compile_model
+from etforge.core.build.session import compile_model
 from etforge.core.common.errors import EtforgeError
 from etforge.core.serialize.memory import memory_stats
 

@@ -55,7 +55,7 @@ def test_gap_closed(case: str) -> None:
 
 
 def test_replicate_pad_stays_on_the_cpu() -> None:
-    from etforge.core.build.compiler import compile_model
+    from etforge.core.build.session import compile_model
 
     x = (torch.randn(1, 2, 4, 4, generator=torch.Generator().manual_seed(1)),)
     result = compile_model(

@@ -72,7 +72,7 @@ def _build(
 
 @pytest.mark.parametrize("early", [True, False], ids=["early", "classic"])
 def test_every_grouped_conv_is_on_the_npu(model_file: Path, early: bool) -> None:
-    from etforge.core.build.compiler import compile_model
+    from etforge.core.build.session import compile_model
 
     model, example, calib = _build(model_file)
     result = compile_model(model, example, TARGET, calibration=calib, early=early)
@@ -99,7 +99,7 @@ def test_split_grouped_convs_verify(model_file: Path, tmp_path: Path) -> None:
 
 def test_litert_target_keeps_grouped_convs_whole(model_file: Path) -> None:
     """The split is Neutron's (target data): LiteRT runs grouped convs as they are."""
-    from etforge.core.build.compiler import compile_model
+    from etforge.core.build.session import compile_model
 
     model, example, calib = _build(model_file)
     result = compile_model(model, example, "litert", calibration=calib)
@@ -112,7 +112,7 @@ def test_regnet_x_400mf_is_one_partition() -> None:
         sys.modules.setdefault(name, types.ModuleType(name))
     import torchvision
 
-    from etforge.core.build.compiler import compile_model
+    from etforge.core.build.session import compile_model
 
     torch.manual_seed(0)
     model = torchvision.models.regnet_x_400mf(num_classes=10).eval()

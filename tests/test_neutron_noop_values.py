@@ -53,7 +53,7 @@ class _AddConst(torch.nn.Module):
 
 @pytest.mark.parametrize("early", [True, False], ids=["early", "classic"])
 def test_noop_rule_sees_real_constants(early: bool) -> None:
-    from etforge.core.build.compiler import compile_model
+    from etforge.core.build.session import compile_model
 
     x = (torch.randn(1, 2, 3, 4, generator=torch.Generator().manual_seed(0)),)
     decided = {}

@@ -445,8 +445,8 @@ def test_sdk_num_macs_drives_the_conv_decision(monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_report_marks_assumed_figures() -> None:
-    from etforge.core.build.compiler import compile_model
     from etforge.core.build.report import build_report
+    from etforge.core.build.session import compile_model
     from etforge.core.registry.manager import registry
 
     torch.manual_seed(0)

@@ -77,8 +77,8 @@ def _peak_live(model: bytes) -> int:
 
 @pytest.fixture(scope="module")
 def compiled() -> Any:
-    from etforge.core.build.compiler import compile_model
     from etforge.core.build.report import build_report
+    from etforge.core.build.session import compile_model
     from etforge.core.registry.manager import registry
 
     torch.manual_seed(0)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from etforge.core.build.compiler import compile_model
+from etforge.core.build.session import compile_model
 from etforge.runtime.host import run_program
 
 

@@ -166,7 +166,7 @@ def _registry(conv: OpConverter, strict: bool = False) -> Registry:
 
 
 def _compile(reg: Registry) -> object:
-    from etforge.core.build.compiler import compile_model
+    from etforge.core.build.session import compile_model
 
     x = (torch.linspace(-2, 2, 16).reshape(1, 16),)
     return compile_model(Floor(), x, "litert", quantize=False, reg=reg)
@@ -225,7 +225,7 @@ class RankLimited(OpConverter):
 
 def test_structured_constraints_decide_support() -> None:
     """An advertised Constraint is what the support check applies; ``etforge ops`` shows its text."""
-    from etforge.core.build.compiler import compile_model
+    from etforge.core.build.session import compile_model
 
     reg = _registry(RankLimited())
     ok = compile_model(Floor(), (torch.randn(2, 8),), "litert", quantize=False, reg=reg)
@@ -240,8 +240,8 @@ def test_structured_constraints_decide_support() -> None:
 def test_partition_names_agree_between_nodes_and_partitions() -> None:
     """Portable fallback with several partitions (the issue's cifarnet repro)."""
     from etforge import zoo
-    from etforge.core.build.compiler import compile_model
     from etforge.core.build.report import build_report
+    from etforge.core.build.session import compile_model
 
     model, example = zoo.build("cifarnet")
     result = compile_model(

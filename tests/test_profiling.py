@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from etforge.core.build import output
-from etforge.core.build.compiler import compile_model
 from etforge.core.build.report import build_report
+from etforge.core.build.session import compile_model
 from etforge.core.graph.utils import node_op
 from etforge.core.registry.manager import registry
 

@@ -13,7 +13,7 @@ from executorch.exir.passes.remove_unused_parameters_pass import remove_unused_p
 from torch import nn
 
 from etforge.core.build import pipeline
-from etforge.core.build.compiler import compile_model
+from etforge.core.build.session import compile_model
 from etforge.core.quantize import program as program_from_graph
 from etforge.core.quantize.program import Unsupported, as_dispatched
 from etforge.core.registry.manager import registry

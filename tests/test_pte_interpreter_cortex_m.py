@@ -15,8 +15,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from etforge.core.build import output
-from etforge.core.build.compiler import CompileResult, compile_model
 from etforge.core.build.report import build_report
+from etforge.core.build.session import CompileResult, compile_model
 from etforge.core.common.errors import EtforgeError
 from etforge.core.registry.manager import registry
 from etforge.runtime import cortex_m_kernels

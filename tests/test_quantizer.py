@@ -88,7 +88,7 @@ def test_qat_uses_the_same_rules_and_lowers_exactly() -> None:
 def test_eval_dropout_shares_its_input_qparams_so_the_npu_never_requantizes() -> None:
     """Eval dropout is an identity (a clone in Edge); the op after it must not observe the
     same values again, which left a requantizing QUANTIZE on the NPU (MobileNetV2 on imxrt700)."""
-    from etforge.core.build.compiler import compile_model
+    from etforge.core.build.session import compile_model
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(

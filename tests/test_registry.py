@@ -55,8 +55,8 @@ def test_given_registry_decides_partition_and_report() -> None:
     the process-wide registry (which lacks the override) is not consulted."""
     from ai_edge_litert.interpreter import Interpreter
 
-    from etforge.core.build.compiler import compile_model
     from etforge.core.build.report import build_report
+    from etforge.core.build.session import compile_model
 
     reg = _with_override()
     x = (torch.randn(1, 16, generator=torch.Generator().manual_seed(0)),)
@@ -84,7 +84,7 @@ def test_given_registry_decides_partition_and_report() -> None:
 def test_support_is_decided_once_per_node() -> None:
     """ExecuTorch asks which ops to keep whole (twice), the partitioner places the nodes, the
     backend converts them: each node's support check runs once, and its answer is carried."""
-    from etforge.core.build.compiler import compile_model
+    from etforge.core.build.session import compile_model
     from etforge.plugins.ops.linear import Linear
 
     seen: list[str] = []
@@ -111,7 +111,7 @@ def test_support_is_decided_once_per_node() -> None:
 
 def test_lowering_token_is_not_serialized() -> None:
     """Each lowering has its own token; it is stripped, so two lowerings give the same bytes."""
-    from etforge.core.build.compiler import compile_model
+    from etforge.core.build.session import compile_model
 
     torch.manual_seed(0)
     m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU())

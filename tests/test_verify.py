@@ -27,8 +27,8 @@ class _ReluPlusInput(torch.nn.Module):
 
 
 def _compile_and_compare(*plugins: object, min_top1: int | None = None) -> object:
-    from etforge.core.build.compiler import compile_model
     from etforge.core.build.report import build_report
+    from etforge.core.build.session import compile_model
     from etforge.core.registry.manager import extra_plugins, registry
     from etforge.runtime.verify import compare
 
@@ -61,8 +61,8 @@ def test_a_top1_miss_with_every_op_close_says_so() -> None:
 def test_cpu_ops_are_compared_with_the_reference_op_on_the_same_inputs() -> None:
     """cortex-m33: each CMSIS-NN op equals its reference in CMSIS-NN's arithmetic on the same
     inputs (0 values off); a shifted output offset is seen at that op only."""
-    from etforge.core.build.compiler import compile_model
     from etforge.core.build.pipeline import clone_program
+    from etforge.core.build.session import compile_model
     from etforge.runtime.stepwise import cpu_op_parity
 
     torch.manual_seed(0)
@@ -94,7 +94,7 @@ def test_the_reference_in_float64_is_the_exact_quantized_value() -> None:
     """An 8192-wide int8 linear: the float64 evaluation equals the integer computation done
     here exactly; torch's float32 evaluation of the same program misses it on some values
     (which is why verify reports the reference's own precision)."""
-    from etforge.core.build.compiler import compile_model
+    from etforge.core.build.session import compile_model
     from etforge.runtime.reference import run_float64
 
     torch.manual_seed(0)

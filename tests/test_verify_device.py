@@ -11,8 +11,8 @@ F = torch.nn.functional
 
 
 def _compile_compare(model: torch.nn.Module, shape: tuple[int, ...], target: str, samples: int = 4) -> Any:
-    from etforge.core.build.compiler import compile_model
     from etforge.core.build.report import build_report
+    from etforge.core.build.session import compile_model
     from etforge.core.registry.manager import registry
     from etforge.runtime.verify import compare
 
@@ -112,7 +112,7 @@ def test_a_cortex_m_linear_is_exact_in_cmsis_nn_rounding() -> None:
     roundings as CMSIS-NN does and equals the host's kernel on every value, while LiteRT's
     FULLY_CONNECTED rule (one rounding, ``device_ref``) is off on a few: CPU ops need the CPU
     kernel's rule."""
-    from etforge.core.build.compiler import compile_model
+    from etforge.core.build.session import compile_model
     from etforge.runtime.cortex_m_kernels import cmsis_reference
     from etforge.runtime.device_ref import Reference
     from etforge.runtime.host import run_program

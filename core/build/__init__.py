@@ -1,2 +1,2 @@
-"""One compile from model to output directory: the stages in order, the report, the summary
-and the output directory replaced whole."""
+"""One compile: the session that runs the stages in order (``session``), the stage functions
+(``pipeline``), the report and summary, and the output directory."""

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from etforge.core.common.errors import EtforgeError
 
 if TYPE_CHECKING:
-    from etforge.core.build.compiler import CompileResult
+    from etforge.core.build.session import CompileResult
 
 PTE = "model.pte"
 REPORT = "report.json"

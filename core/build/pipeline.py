@@ -22,19 +22,19 @@ from executorch.exir import (
 )
 from torch.export import ExportedProgram
 
-from etforge.core.lower import npu_backend as backend
-from etforge.core.lower import delegate_stubs
 from etforge.core.common import fallbacks
 from etforge.core.common.errors import EtforgeError, first_line
+from etforge.core.common.threads import one_thread
+from etforge.core.contracts.npu_compiler import NpuPayload
+from etforge.core.contracts.target import TargetSpec
 from etforge.core.front.export import export  # noqa: F401  (pipeline.export: the stage functions in one place)
 from etforge.core.graph.utils import clone_program, node_op
 from etforge.core.litert.convert import Converted
-from etforge.core.contracts.npu_compiler import NpuPayload
+from etforge.core.lower import delegate_stubs
+from etforge.core.lower import npu_backend as backend
 from etforge.core.lower.partitioner import EtforgePartitioner
-from etforge.core.registry.manager import Registry, registry
 from etforge.core.quantize.quantizer import ComposedQuantizer, convert, prepare
-from etforge.core.contracts.target import TargetSpec
-from etforge.core.common.threads import one_thread
+from etforge.core.registry.manager import Registry, registry
 
 
 @dataclass
@@ -244,12 +244,47 @@ def lower(
     cpu = reg.cpu_backend(target)
     config = cpu.edge_compile_config() or edge_config()
     t0 = time.perf_counter()
-    path = "classic"
+    # Delegates carry shape stubs from the early path's to_edge to the end of the CPU
+    # lowering (delegate_stubs): the scope restores every program that held one.
+    with delegate_stubs.scope() as stubs:
+        edge, partitioner, lowered, why = _delegate(ep, target, options, reg, config, early, stubs)
+        if lowering is not None:
+            lowering.update(why)
+        t1 = time.perf_counter()
+        parts = [Partition(x.name, x.converted, x.payload, x.processed) for x in lowered]
+        from etforge.core.litert.builder import check_loads
+
+        for part in parts:  # before anything is serialized or written: every partition loads in LiteRT
+            c = part.converted
+            check_loads(part.name, c.tflite, list(c.operators), dict(c.op_nodes))
+        _set_runtime_backend_ids(edge.exported_program(), parts)
+        host = edge.exported_program()
+        stubs.stub(host)
+        cpu_ep = cpu.lower(host, target, options)
+        stubs.track(cpu_ep)
+    if drop_dead_constants(cpu_ep) or cpu_ep is not host:
+        edge = EdgeProgramManager({"forward": cpu_ep}, compile_config=config)
+    t2 = time.perf_counter()
+    return edge, partitioner, parts, {f"delegate ({why['path']})": t1 - t0, "cpu_lowering": t2 - t1}
+
+
+def _delegate(
+    ep: ExportedProgram,
+    target: TargetSpec,
+    options: dict[str, Any],
+    reg: Registry,
+    config: EdgeCompileConfig,
+    early: bool,
+    stubs: delegate_stubs.StubScope,
+) -> tuple[EdgeProgramManager, EtforgePartitioner, list[backend.Lowered], dict[str, Any]]:
+    """The NPU delegation: the early path when asked for and exact, else the classic path.
+
+    Returns the Edge program, the partitioner that decided, the partitions in graph order
+    and the path taken with why (``path``, ``reason``, ``fallback``). Taking the classic path
+    after trying the early one is a recorded fallback.
+    """
     # The lowering hands preprocess this registry and collects the partitions it converts.
     with backend.lowering(reg, options, target) as low:
-        partitioner = EtforgePartitioner(target, options, reg, lowering=low)
-        partitioner.remember_constants(ep)  # it is handed fake copies of the program
-        early_result = None
         why: dict[str, Any] = {"path": "classic", "reason": "", "fallback": False}
         # Early delegation is proven on quantized programs (what the NPU runs); a float program
         # (--float, the litert target) lowers the classic way, here and when verify rebuilds it.
@@ -258,44 +293,30 @@ def lower(
         elif not _quantized(ep):
             why["reason"] = "a float program: early delegation is proven on quantized programs only"
         else:
-            early_result = _lower_early(ep, target, options, reg, partitioner, config, why)
-            why["fallback"] = early_result is None
-            if early_result is None:
-                fallbacks.record("lower", "lowered the classic way (slower)", "", why["reason"])
-        if early_result is not None:
-            why = {
-                "path": "early",
-                "reason": "NPU partitions delegated on the quantized ATen program"
-                if target.npu is not None
-                else f"{target.name} has no NPU: the program decomposed node by node, then to_edge's passes",
-            }
-            edge = early_result
-            path = "early"
-        else:
-            low.partitions.clear()
-            partitioner = EtforgePartitioner(target, options, reg, lowering=low)
-            partitioner.remember_constants(ep)
-            edge = _lower_classic(ep, partitioner, config, low)
-        lowered = low.in_tag_order()
-    if lowering is not None:
-        lowering.update(why)
-    backend.strip_lowering_specs(edge.exported_program())
-    t1 = time.perf_counter()
-    parts = [Partition(x.name, x.converted, x.payload, x.processed) for x in lowered]
-    from etforge.core.litert.builder import check_loads
+            partitioner = _partitioner(ep, target, options, reg, low)
+            edge = _lower_early(ep, target, options, reg, partitioner, config, why, stubs)
+            if edge is not None:
+                why = {
+                    "path": "early",
+                    "reason": "NPU partitions delegated on the quantized ATen program"
+                    if target.npu is not None
+                    else f"{target.name} has no NPU: the program decomposed node by node, then to_edge's passes",
+                }
+                return edge, partitioner, low.in_tag_order(), why
+            why["fallback"] = True
+            fallbacks.record("lower", "lowered the classic way (slower)", "", why["reason"])
+        low.partitions.clear()
+        partitioner = _partitioner(ep, target, options, reg, low)
+        edge = _lower_classic(ep, partitioner, config, low)
+        return edge, partitioner, low.in_tag_order(), why
 
-    for part in parts:  # before anything is serialized or written: every partition loads in LiteRT
-        c = part.converted
-        check_loads(part.name, c.tflite, list(c.operators), dict(c.op_nodes))
-    _set_runtime_backend_ids(edge.exported_program(), parts)
-    host = edge.exported_program()
-    with delegate_stubs.shape_only(host):
-        cpu_ep = cpu.lower(host, target, options)
-        delegate_stubs.restore(cpu_ep)
-    if drop_dead_constants(cpu_ep) or cpu_ep is not host:
-        edge = EdgeProgramManager({"forward": cpu_ep}, compile_config=config)
-    t2 = time.perf_counter()
-    return edge, partitioner, parts, {f"delegate ({path})": t1 - t0, "cpu_lowering": t2 - t1}
+
+def _partitioner(
+    ep: ExportedProgram, target: TargetSpec, options: dict[str, Any], reg: Registry, low: backend.Lowering
+) -> EtforgePartitioner:
+    partitioner = EtforgePartitioner(target, options, reg, lowering=low)
+    partitioner.remember_constants(ep)  # it is handed fake copies of the program
+    return partitioner
 
 
 def _quantized(ep: ExportedProgram) -> bool:
@@ -317,11 +338,14 @@ def _lower_classic(
     try:
         return to_edge_transform_and_lower(ep, partitioner=[partitioner], compile_config=config)
     except RuntimeError as exc:
-        if "was not decomposed or delegated" not in str(exc):
+        # ExecuTorch refuses a program where an op kept whole (ops_to_not_decompose) was not
+        # delegated. The partitioner's own decisions say whether that happened (a
+        # partition-level refusal such as min_partition_ops): then lower again with
+        # everything decomposed, and converters of the decomposed forms (addmm, permute ...)
+        # take what the NPU can run. Any other error is the compile's.
+        left = _kept_whole_on_cpu(partitioner)
+        if not left:
             raise
-        # A kept-whole node ended up off the NPU (a partition-level refusal such as
-        # min_partition_ops): redo with everything decomposed; converters of the
-        # decomposed forms (addmm, permute ...) take what the NPU can run.
         fallbacks.record(
             "lower",
             "re-lowered with every op decomposed",
@@ -331,6 +355,14 @@ def _lower_classic(
         low.partitions.clear()
         partitioner.preserve = False
         return to_edge_transform_and_lower(ep, partitioner=[partitioner], compile_config=config)
+
+
+def _kept_whole_on_cpu(partitioner: EtforgePartitioner) -> list[str]:
+    """Nodes of an op kept whole for the NPU that the last partitioning left on the CPU."""
+    if not partitioner.preserve:
+        return []
+    kept = set(partitioner.preserved_op_names())
+    return [d.node for d in partitioner.decisions if not d.npu and d.op in kept]
 
 
 def _kept_whole(config: EdgeCompileConfig, partitioner: EtforgePartitioner) -> list[Any]:
@@ -345,7 +377,8 @@ def _lower_early(
     reg: Registry,
     partitioner: EtforgePartitioner,
     config: EdgeCompileConfig,
-    why: dict[str, Any] | None = None,
+    why: dict[str, Any],
+    stubs: delegate_stubs.StubScope,
 ) -> EdgeProgramManager | None:
     """Delegate on the quantized ATen program, then ``to_edge`` the rest (``core/lower/early.py``).
 
@@ -354,8 +387,8 @@ def _lower_early(
 
     ``None`` when the early path cannot be exact for this program: the caller lowers classically
     (``why["reason"]`` says which node stopped it, and how).
-    The delegates keep their shape stubs (``core/lower/delegate_stubs.py``) for the CPU lowering;
-    the caller restores them.
+    The delegates keep their shape stubs (``core/lower/delegate_stubs.py``) for the CPU lowering,
+    until the caller's ``stubs`` scope ends.
     """
     from executorch.exir.backend.backend_api import to_backend
     from executorch.exir.tracer import _default_decomposition_table
@@ -382,29 +415,27 @@ def _lower_early(
         # Ops kept whole for the NPU that it did not take are decomposed, as to_edge would.
         early.decompose(delegated, cpu_keep, {k: v for k, v in full.items() if k not in cpu_keep})
     except early.NotExact as exc:
-        if why is not None:
-            why["reason"] = f"the early path cannot be exact: {exc}"
+        why["reason"] = f"the early path cannot be exact: {exc}"
         return None
-    delegate_stubs.stub(delegated)
+    stubs.stub(delegated)
     edge = _to_edge_decomposed(delegated, config)
+    stubs.track(edge.exported_program())
     early.renumber(edge.exported_program().graph_module, handles)
     # The remainder's Edge form must leave the NPU nothing: else the classic path would
     # have delegated more, and it is the reference.
     probe = EtforgePartitioner(target, options, reg)
     probed = probe.partition(clone_program(edge.exported_program()))
     if probed.partition_tags:
-        delegate_stubs.restore(edge.exported_program())
-        if why is not None:
-            taken = [
-                n.name
-                for n in probed.tagged_exported_program.graph_module.graph.nodes
-                if "delegation_tag" in n.meta
-            ]
-            why["reason"] = (
-                f"the NPU takes nodes of the remainder's Edge form ({', '.join(taken[:4])}"
-                + (" …" if len(taken) > 4 else "")
-                + "), which the classic path delegates"
-            )
+        taken = [
+            n.name
+            for n in probed.tagged_exported_program.graph_module.graph.nodes
+            if "delegation_tag" in n.meta
+        ]
+        why["reason"] = (
+            f"the NPU takes nodes of the remainder's Edge form ({', '.join(taken[:4])}"
+            + (" …" if len(taken) > 4 else "")
+            + "), which the classic path delegates"
+        )
         return None
     return edge
 

@@ -12,14 +12,15 @@ from typing import Any
 from torch.export import ExportedProgram
 
 from etforge import __version__
-from etforge.core.lower import boundaries
-from etforge.core.serialize import npu_memory
-from etforge.core.front import signature
-from etforge.core.build.compiler import CompileResult
+from etforge.core.build.pipeline import Partition
+from etforge.core.build.session import CompileResult
 from etforge.core.contracts.cpu_backend import CpuBackend
+from etforge.core.front import signature
 from etforge.core.graph.utils import node_op
-from etforge.core.serialize.memory import memory_stats
+from etforge.core.lower import boundaries
 from etforge.core.registry.manager import Registry
+from etforge.core.serialize import npu_memory
+from etforge.core.serialize.memory import memory_stats
 
 REPORT_VERSION = 1
 
@@ -68,72 +69,14 @@ def npu_compiler_status(result: CompileResult, reg: Registry) -> tuple[str | Non
 
 
 def build_report(result: CompileResult, reg: Registry, model: str) -> dict[str, Any]:
-    decisions = result.decisions
+    """``report.json``: the target, every node's placement and why, the partitions, the CPU
+    ops, memory, timings and the fallbacks taken (``docs/report.md``)."""
     cpu = reg.cpu_backend(result.target)
-    final = _final_ops(result.host_program, cpu)
-    litert_ops: dict[str, list[dict[str, Any]]] = {}
-    for p in result.partitions:
-        for index, names in p.converted.op_nodes.items():
-            for name in names:
-                litert_ops.setdefault(name, []).append(
-                    {"partition": p.name, "index": index, "op": p.converted.operators[index]}
-                )
-    nodes = []
-    for d in decisions:
-        placement = "npu" if d.npu else cpu.placement
-        cpu_op = None if d.npu else final.get(d.handle) if d.handle is not None else None
-        if not d.npu and cpu.kernel_namespaces and not cpu.runs(cpu_op or ""):
-            placement = "portable"  # none of the backend's kernels took it
-        nodes.append(
-            {
-                "node": d.node,
-                "op": d.op,
-                "placement": placement,
-                "converter": d.converter,
-                "plugin": d.plugin,
-                "reason": d.reason or None,
-                "partition": d.partition,
-                "macs": d.macs,
-                "debug_handle": d.handle,
-                "litert_ops": litert_ops.get(d.node, []),
-                "cpu_op": cpu_op,
-                "inputs": list(d.inputs),
-                "shape": list(d.shape) if d.shape is not None else None,
-                "dtype": d.dtype,
-                "bytes": d.bytes,
-            }
-        )
+    nodes = _node_rows(result, cpu)
     total = sum(n["macs"] for n in nodes)
     on_npu = sum(n["macs"] for n in nodes if n["placement"] == "npu")
     compiler_name, available, status = npu_compiler_status(result, reg)
-    partitions = []
-    for p in result.partitions:
-        counts = Counter(p.converted.operators)
-        partitions.append(
-            {
-                "name": p.name,
-                "format": p.payload.format,
-                "host_only": p.host_only,
-                "tflite": f"partitions/{p.name}.tflite",
-                "tflite_bytes": len(p.converted.tflite),
-                "payload_bytes": len(p.processed),
-                "litert_ops": len(p.converted.operators),
-                "operators": dict(sorted(counts.items())),
-                "boundary_transposes": counts.get("TRANSPOSE", 0),
-                "input_dim_orders": [list(d) for d in p.converted.input_dim_orders],
-                "output_dim_orders": [list(d) for d in p.converted.output_dim_orders],
-                "kernel_selection": p.payload.kernel_selection is not None,
-                "ops": [
-                    {
-                        "index": i,
-                        "op": op,
-                        "nodes": p.converted.op_nodes.get(i, []),
-                        "debug_handles": p.converted.debug_map.get(i, []),
-                    }
-                    for i, op in enumerate(p.converted.operators)
-                ],
-            }
-        )
+    partitions = [_partition_row(p) for p in result.partitions]
     cpu_ops = Counter(
         node_op(n)
         for n in result.host_program.graph_module.graph.nodes
@@ -179,6 +122,73 @@ def build_report(result: CompileResult, reg: Registry, model: str) -> dict[str, 
         # second-best paths taken (stage, what, where, why): core.fallbacks; --strict refuses them
         "fallbacks": [f.as_dict() for f in result.fallbacks],
         "io_quant": _io_quant(result.host_program),
+    }
+
+
+def _node_rows(result: CompileResult, cpu: CpuBackend) -> list[dict[str, Any]]:
+    """One row per compute node: where it runs, who decided and why, what it became (the
+    LiteRT ops of its partition, or the CPU op that runs it)."""
+    final = _final_ops(result.host_program, cpu)
+    litert_ops: dict[str, list[dict[str, Any]]] = {}
+    for p in result.partitions:
+        for index, names in p.converted.op_nodes.items():
+            for name in names:
+                litert_ops.setdefault(name, []).append(
+                    {"partition": p.name, "index": index, "op": p.converted.operators[index]}
+                )
+    nodes = []
+    for d in result.decisions:
+        placement = "npu" if d.npu else cpu.placement
+        cpu_op = None if d.npu else final.get(d.handle) if d.handle is not None else None
+        if not d.npu and cpu.kernel_namespaces and not cpu.runs(cpu_op or ""):
+            placement = "portable"  # none of the backend's kernels took it
+        nodes.append(
+            {
+                "node": d.node,
+                "op": d.op,
+                "placement": placement,
+                "converter": d.converter,
+                "plugin": d.plugin,
+                "reason": d.reason or None,
+                "partition": d.partition,
+                "macs": d.macs,
+                "debug_handle": d.handle,
+                "litert_ops": litert_ops.get(d.node, []),
+                "cpu_op": cpu_op,
+                "inputs": list(d.inputs),
+                "shape": list(d.shape) if d.shape is not None else None,
+                "dtype": d.dtype,
+                "bytes": d.bytes,
+            }
+        )
+    return nodes
+
+
+def _partition_row(p: Partition) -> dict[str, Any]:
+    """One NPU partition: its files and sizes, LiteRT operators and boundary dim orders."""
+    counts = Counter(p.converted.operators)
+    return {
+        "name": p.name,
+        "format": p.payload.format,
+        "host_only": p.host_only,
+        "tflite": f"partitions/{p.name}.tflite",
+        "tflite_bytes": len(p.converted.tflite),
+        "payload_bytes": len(p.processed),
+        "litert_ops": len(p.converted.operators),
+        "operators": dict(sorted(counts.items())),
+        "boundary_transposes": counts.get("TRANSPOSE", 0),
+        "input_dim_orders": [list(d) for d in p.converted.input_dim_orders],
+        "output_dim_orders": [list(d) for d in p.converted.output_dim_orders],
+        "kernel_selection": p.payload.kernel_selection is not None,
+        "ops": [
+            {
+                "index": i,
+                "op": op,
+                "nodes": p.converted.op_nodes.get(i, []),
+                "debug_handles": p.converted.debug_map.get(i, []),
+            }
+            for i, op in enumerate(p.converted.operators)
+        ],
     }
 
 

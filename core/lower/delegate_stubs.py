@@ -5,7 +5,8 @@ Every ExecuTorch pass that re-traces a program (the Edge passes, and each pass o
 delegate's whole original program: on a model that is all NPU, that is most of the cost of
 those passes, to learn output shapes the call node already carries. The stub answers with
 those shapes. It keeps the original's graph, which the emitter reads for debug handles, and
-the original goes back when the passes are done (verify runs it on the host).
+the original goes back when the passes are done (verify runs it on the host): stubs are
+installed inside a :func:`scope` block, which restores every program it saw when it ends.
 """
 
 from __future__ import annotations
@@ -67,11 +68,37 @@ def restore(*programs: ExportedProgram) -> None:
                 m._original_exported_program = held.original
 
 
+class StubScope:
+    """The programs whose delegates are stubbed inside one :func:`scope` block."""
+
+    def __init__(self) -> None:
+        self.programs: list[ExportedProgram] = []
+
+    def stub(self, ep: ExportedProgram) -> None:
+        """Stub ``ep``'s delegates until the block ends."""
+        self.track(ep)
+        stub(ep)
+
+    def track(self, *programs: ExportedProgram) -> None:
+        """Restore ``programs`` too when the block ends (copies holding stubbed modules)."""
+        self.programs.extend(p for p in programs if all(p is not q for q in self.programs))
+
+
+@contextlib.contextmanager
+def scope(*also: ExportedProgram) -> Iterator[StubScope]:
+    """Stubs live exactly as long as this block: every program stubbed or tracked in it, and
+    ``also``, has its originals back when it ends, error or not."""
+    stubs = StubScope()
+    stubs.track(*also)
+    try:
+        yield stubs
+    finally:
+        restore(*stubs.programs)
+
+
 @contextlib.contextmanager
 def shape_only(ep: ExportedProgram, *also: ExportedProgram) -> Iterator[None]:
     """Stub ``ep``'s delegates for the block; restore them in ``ep`` and ``also`` after it."""
-    stub(ep)
-    try:
+    with scope(*also) as stubs:
+        stubs.stub(ep)
         yield
-    finally:
-        restore(ep, *also)

@@ -13,15 +13,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 from torch.export import ExportedProgram
 
 from etforge.core.common import fallbacks
 from etforge.core.common.errors import EtforgeError
-
-T = TypeVar("T")
 
 #: What the libraries are called in messages.
 LIBRARY_TITLES: dict[str, str] = {
@@ -196,40 +194,29 @@ def error(
     )
 
 
-def lower_with_kernels(
+def next_decomposition(
+    missing: Sequence[Missing],
     float_program: ExportedProgram,
-    build: Callable[[ExportedProgram], T],
-    lowered: Callable[[T], ExportedProgram],
+    decomposed: Sequence[str],
     libraries: Sequence[str],
     target: str,
-) -> tuple[ExportedProgram, T]:
-    """``build(float_program)`` (quantize + lower), redone with missing ops decomposed until every
-    CPU op has a kernel; returns the float program actually built from and the build. Each
-    decomposition is a recorded fallback (``core.fallbacks``).
+) -> dict[Any, Callable[..., Any]]:
+    """The decompositions the next build round applies to the float program for ``missing``
+    (ops already decomposed are not tried again); each one is a recorded fallback.
 
-    Raises :class:`EtforgeError` when an op has no kernel and no decomposition helps.
-    """
-    decomposed: list[str] = []
-    for _ in range(MAX_ROUNDS):
-        built = build(float_program)
-        missing = missing_kernels(lowered(built), libraries)
-        if not missing:
-            return float_program, built
-        table = {
-            op: fn for op, fn in decompositions(missing, float_program).items() if str(op) not in decomposed
-        }
-        if not table:
-            raise error(missing, libraries, target, decomposed)
-        for op in table:
-            fallbacks.record(
-                "kernels",
-                "decomposed into operators that have kernels",
-                str(op),
-                f"no kernel library of {target} provides it",
-            )
-        decomposed += [str(op) for op in table]
-        float_program = decompose(float_program, table)
-    raise error(missing, libraries, target, decomposed)
+    Raises :class:`EtforgeError` when no decomposition is left to try. The loop that quantizes
+    and lowers again is the compile session's (``core.build.session``)."""
+    table = {op: fn for op, fn in decompositions(missing, float_program).items() if str(op) not in decomposed}
+    if not table:
+        raise error(missing, libraries, target, decomposed)
+    for op in table:
+        fallbacks.record(
+            "kernels",
+            "decomposed into operators that have kernels",
+            str(op),
+            f"no kernel library of {target} provides it",
+        )
+    return table
 
 
 def check_pte(pte: bytes, libraries: Sequence[str], target: str) -> None:

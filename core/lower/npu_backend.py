@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import itertools
 import json
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, final
 
@@ -35,23 +34,20 @@ class Lowered:
 #: Compile-spec key naming the partition (its delegation tag): the report's per-node
 #: ``partition`` and the partition files use the same name by construction.
 PARTITION_KEY = "partition"
-#: Compile-spec key of the lowering a partition belongs to; stripped once lowering is done
-#: (:func:`strip_lowering_specs`), so it never reaches the ``.pte``.
-LOWERING_KEY = "etforge_lowering"
 
 
 @dataclass
 class Lowering:
-    """One lowering's registry and results.
+    """One lowering's registry, options, target and the partitions its backend produced.
 
-    ``preprocess`` is a staticmethod that ExecuTorch calls with the partition and its compile
-    specs only: the pipeline opens a :func:`lowering`, the partitioner puts its token in the
-    compile specs, and ``preprocess`` finds the registry to convert with and the list to
-    return its partitions through (it can return only bytes to ExecuTorch).
+    ExecuTorch calls ``preprocess`` (a staticmethod) with a partition and its compile specs
+    only, and keeps only the bytes it returns. A :func:`lowering` block makes this object the
+    *current* lowering of the context (a :class:`~contextvars.ContextVar`), which is how
+    ``preprocess`` finds the registry to convert with and the list to return its partitions
+    through. Nothing of it rides in the compile specs, so nothing of it reaches the ``.pte``.
     """
 
     registry: Registry
-    token: str
     partitions: list[Lowered] = field(default_factory=list)
     #: Every option of the compile, the build-only ones (a timeout) included: the compile
     #: specs carry only those that determine the output.
@@ -59,10 +55,6 @@ class Lowering:
     #: The target the lowering was given: ``preprocess`` compiles for it, not for the
     #: registry's target of that name (the float check's variant runs no NPU compiler).
     target: TargetSpec | None = None
-
-    @property
-    def spec(self) -> CompileSpec:
-        return CompileSpec(LOWERING_KEY, self.token.encode())
 
     def in_tag_order(self) -> list[Lowered]:
         """The partitions in the partitioner's (graph) order: ExecuTorch may preprocess them
@@ -75,43 +67,32 @@ class Lowering:
         return sorted(self.partitions, key=index)
 
 
-_ACTIVE: dict[str, Lowering] = {}  # open lowerings only; each removed when its block ends
-_TOKENS = itertools.count()
+#: The lowering open in this context (``None``: a script's partitioner, the process registry).
+_CURRENT: ContextVar[Lowering | None] = ContextVar("etforge_lowering", default=None)
 
 
 @contextmanager
 def lowering(
     reg: Registry, options: dict[str, Any] | None = None, target: TargetSpec | None = None
 ) -> Iterator[Lowering]:
-    """A lowering with ``reg``: partitions converted inside the block land in ``.partitions``."""
-    low = Lowering(reg, f"{os.getpid()}.{next(_TOKENS)}", options=dict(options or {}), target=target)
-    _ACTIVE[low.token] = low
+    """A lowering with ``reg``: partitions converted inside the block land in ``.partitions``.
+
+    Blocks nest (the innermost is current) and each ends its own, error or not."""
+    low = Lowering(reg, options=dict(options or {}), target=target)
+    token = _CURRENT.set(low)
     try:
         yield low
     finally:
-        _ACTIVE.pop(low.token, None)
+        _CURRENT.reset(token)
 
 
-def strip_lowering_specs(ep: ExportedProgram) -> None:
-    """Drop the (per-process) lowering token from the lowered modules' compile specs, so the
-    serialized program is the same bytes in every process and for every script."""
-    for module in ep.graph_module.modules():
-        specs = getattr(module, "_compile_specs", None)
-        if isinstance(specs, list) and any(s.key == LOWERING_KEY for s in specs):
-            module._compile_specs = [s for s in specs if s.key != LOWERING_KEY]
+def current_lowering() -> Lowering | None:
+    """The lowering whose block is open here, if any."""
+    return _CURRENT.get()
 
 
 def _specs(compile_specs: list[CompileSpec]) -> dict[str, Any]:
     return {s.key: s.value.decode() if isinstance(s.value, bytes) else s.value for s in compile_specs}
-
-
-def _lowering(specs: dict[str, Any]) -> Lowering | None:
-    token = specs.get(LOWERING_KEY)
-    if token is None:
-        return None  # a partitioner used directly by a script: the process-wide registry
-    if token not in _ACTIVE:
-        raise EtforgeError(f"NPU backend: lowering {token} is not open (its registry is gone)")
-    return _ACTIVE[token]
 
 
 @final
@@ -121,7 +102,7 @@ class EtforgeNpuBackend(BackendDetails):
     @staticmethod
     def preprocess(edge_program: ExportedProgram, compile_specs: list[CompileSpec]) -> PreprocessResult:
         specs = _specs(compile_specs)
-        low = _lowering(specs)
+        low = _CURRENT.get()
         reg = low.registry if low is not None else registry()
         own = low.target if low is not None else None
         target = own if own is not None and own.name == specs["target"] else reg.target(specs["target"])

@@ -160,8 +160,6 @@ class EtforgePartitioner(Partitioner):
                 json.dumps(target.output_options(self.options), sort_keys=True, default=list).encode(),
             ),
         ]
-        if lowering is not None:  # how preprocess finds this lowering's registry and sink
-            spec.append(lowering.spec)
         self.delegation_spec = DelegationSpec(backend_id, spec)
         self.decisions: list[Decision] = []
         self._chosen: dict[Node, Decision] = {}
