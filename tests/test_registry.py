@@ -3,6 +3,7 @@ the report alike; plugins load once per CLI run; ``core/`` names no op and no ch
 
 from __future__ import annotations
 
+import ast
 import io
 import re
 import subprocess
@@ -225,6 +226,61 @@ def test_core_reads_no_npu_spec_name() -> None:
                     if re.search(rf"\b{re.escape(name)}\b", text):
                         found.append(f"{path.name}:{line}: {name} in {text.strip()[:80]}")
     assert not found, "NPU spec names in core/:\n" + "\n".join(found)
+
+
+PLUGIN_CODE = (REPO / "plugins", REPO / "tests" / "plugin_example")
+
+
+def _etforge_imports(path: Path) -> list[tuple[int, str]]:
+    """(line, module) of every ``etforge`` import in a module, at any depth (TYPE_CHECKING too)."""
+    out: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            module = "relative" if node.level else (node.module or "")
+            if module == "etforge":
+                out += [(node.lineno, f"etforge.{a.name}") for a in node.names]
+            else:
+                out.append((node.lineno, module))
+        elif isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names]
+    return [(line, m) for line, m in out if m == "relative" or m.split(".")[0] == "etforge"]
+
+
+def _sdk_bypasses(path: Path) -> list[tuple[int, str]]:
+    """The imports of ``path`` that reach etforge other than through the sdk or a plugin sibling."""
+    return [
+        (line, m)
+        for line, m in _etforge_imports(path)
+        if m != "etforge.sdk" and not m.startswith("etforge.plugins.")
+    ]
+
+
+def test_plugins_import_only_the_sdk() -> None:
+    """A plugin's door into etforge is ``etforge.sdk`` (and its own ``etforge.plugins`` siblings):
+    what core keeps private can change without breaking a plugin."""
+    paths = [p for root in PLUGIN_CODE for p in sorted(root.rglob("*.py"))]
+    assert len(paths) > 20
+    wrong = [f"{p.relative_to(REPO)}:{line}: imports {m}" for p in paths for line, m in _sdk_bypasses(p)]
+    assert not wrong, "plugins reaching past etforge.sdk:\n" + "\n".join(wrong)
+
+
+def test_the_sdk_walk_sees_a_bypass(tmp_path: Path) -> None:
+    mod = tmp_path / "m.py"
+    mod.write_text(
+        "from etforge.sdk import hookimpl\n"
+        "from etforge.plugins.ops.conv import X\n"
+        "from etforge import hookimpl\n"
+        "def f():\n"
+        "    from etforge.core.graph.utils import shape_of\n"
+        "    import etforge.core.litert.convert\n"
+        "    from . import sibling\n"
+    )
+    assert sorted(_sdk_bypasses(mod)) == [
+        (3, "etforge.hookimpl"),
+        (5, "etforge.core.graph.utils"),
+        (6, "etforge.core.litert.convert"),
+        (7, "relative"),
+    ]
 
 
 def test_a_name_defined_twice_is_an_error_naming_both_plugins() -> None:

@@ -178,7 +178,7 @@ class ConversionContext:
                 const = Constant(src.data, src.dtype, self._dq_quant(arg), name=arg.name)
         elif node_op(arg) in CONSTANT_FOLDABLE and self.constant(arg.args[0]) is not None:
             src = self.constant(arg.args[0])
-            perm = _const_perm(arg, src.data.ndim)
+            perm = const_perm(arg, src.data.ndim)
             quant = src.quant
             if quant is not None and quant.per_channel:
                 quant = Quant(quant.scale, quant.zero_point, layout.stored_axis(perm, quant.axis))
@@ -527,7 +527,8 @@ class ConversionContext:
         return names
 
 
-def _const_perm(node: Node, rank: int) -> tuple[int, ...]:
+def const_perm(node: Node, rank: int) -> tuple[int, ...]:
+    """The axis permutation a ``permute`` / ``t`` / ``transpose`` node applies to a rank-``rank`` input."""
     name = node_op(node)
     if name.startswith("aten.permute"):
         return tuple(int(d) % rank for d in node.args[1])

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from etforge.core.contracts.cpu_backend import CpuBackend
-from etforge.core.contracts.hookspecs import hookimpl
+from etforge.sdk import CpuBackend, hookimpl
 
 
 class Portable(CpuBackend):
