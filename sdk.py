@@ -25,7 +25,7 @@ Op helpers (arguments, quantization parameters, bias, padding)
     arg, pair, input_qparams, output_qparams, shares_qparams, has_full_size_operand,
     bias_tensor, same_padding, choose_padding, pad_spatial
 Graph helpers (``torch.fx`` nodes) and the layout algebra
-    node_op, shape_of, tensor_meta, dim_order, is_constant, is_quantize, is_dequantize, layout
+    node_op, shape_of, tensor_meta, tensor_inputs, dim_order, is_constant, is_quantize, is_dequantize, layout
 The loaded plugins, their checks, and the per-op test harness
     registry, converter_problems, target_problems, check_op
 
@@ -65,7 +65,16 @@ if TYPE_CHECKING:
 #: Deferred names and the module each comes from (they import torch, numpy or the schema).
 _DEFERRED: dict[str, str] = {
     **dict.fromkeys(
-        ("dim_order", "is_constant", "is_dequantize", "is_quantize", "node_op", "shape_of", "tensor_meta"),
+        (
+            "dim_order",
+            "is_constant",
+            "is_dequantize",
+            "is_quantize",
+            "node_op",
+            "shape_of",
+            "tensor_inputs",
+            "tensor_meta",
+        ),
         "etforge.core.graph.utils",
     ),
     **dict.fromkeys(("Quant", "enum", "options"), "etforge.core.litert.builder"),
@@ -86,7 +95,7 @@ _DEFERRED: dict[str, str] = {
             "same_padding",
             "shares_qparams",
         ),
-        "etforge.core.litert.ophelpers",
+        "etforge.plugins.ops.helpers",
     ),
     **dict.fromkeys(("converter_problems", "target_problems"), "etforge.core.registry.checks"),
     "registry": "etforge.core.registry.manager",

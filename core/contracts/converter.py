@@ -157,10 +157,13 @@ class Elementwise(OpConverter):
 
     litert: ClassVar[str] = ""
     options: ClassVar[dict[str, Any]] = {}
+    #: The builtin's LiteRT options table (``"AddOptions"``), if it has one: when the table
+    #: has a ``fusedActivationFunction`` field, a following activation fuses into the op.
+    options_table: ClassVar[str | None] = None
     arity: ClassVar[int] = 1
 
     def convert(self, node: Node, ctx: ConversionContext) -> None:
-        ctx.emit_elementwise(node, self.litert, self.arity, self.options)
+        ctx.emit_elementwise(node, self.litert, self.arity, self.options, self.options_table)
 
 
 def elementwise(
@@ -170,6 +173,7 @@ def elementwise(
     arity: int = 1,
     dtypes: tuple[str, ...] = ("int8", "float32"),
     options: dict[str, Any] | None = None,
+    options_table: str | None = None,
     name: str | None = None,
     priority: int = 0,
     targets: tuple[str, ...] | None = None,
@@ -184,6 +188,7 @@ def elementwise(
             "arity": arity,
             "dtypes": dtypes,
             "options": dict(options or {}),
+            "options_table": options_table,
             "priority": priority,
             "targets": targets,
         },

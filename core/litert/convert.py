@@ -386,15 +386,17 @@ class ConversionContext:
         self.op_nodes[index] = [n.name for n in group]
         return index
 
-    def emit_elementwise(self, node: Node, builtin: str, arity: int, opts: dict[str, Any]) -> Value:
-        """Elementwise op with broadcasting: operands take the first runtime input's layout."""
+    def emit_elementwise(
+        self, node: Node, builtin: str, arity: int, opts: dict[str, Any], kind: str | None = None
+    ) -> Value:
+        """Elementwise op with broadcasting: operands take the first runtime input's layout.
+        ``kind`` names the builtin's options table (``"AddOptions"``), if it has one."""
         args = list(node.args[:arity])
         rank = len(shape_of(node))
         runtime = [a for a in args if isinstance(a, Node) and not self.is_constant(a)]
         perm = self._cheapest_layout([self.value(a) for a in runtime], rank)
         int8 = any(self.value(a).dtype == "int8" for a in runtime)
         ins = [self.broadcast_input(a, rank, perm, int8) for a in args]
-        kind = _ELEMENTWISE_OPTIONS.get(builtin)
         fields = dict(opts)
         out_node = node
         if kind is not None and hasattr(options(kind), "fusedActivationFunction"):
@@ -540,15 +542,6 @@ def const_perm(node: Node, rank: int) -> tuple[int, ...]:
             return tuple(p)
         return tuple(reversed(range(rank)))
     raise AssertionError(name)
-
-
-_ELEMENTWISE_OPTIONS = {
-    "ADD": "AddOptions",
-    "SUB": "SubOptions",
-    "MUL": "MulOptions",
-    "MAXIMUM": None,
-    "MINIMUM": None,
-}
 
 
 def _who(conv: OpConverter, reg: Registry | None) -> str:

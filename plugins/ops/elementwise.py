@@ -108,6 +108,7 @@ class AddSub(Elementwise):
 class Add(AddSub):
     ops = ("aten.add.Tensor",)
     litert = "ADD"
+    options_table = "AddOptions"
 
     def is_noop(self, node: Node, target: TargetSpec, constant: object = None) -> bool:
         return neutral_operand(node, constant, 0.0, (0, 1))
@@ -116,6 +117,7 @@ class Add(AddSub):
 class Sub(AddSub):
     ops = ("aten.sub.Tensor",)
     litert = "SUB"
+    options_table = "SubOptions"
 
     def is_noop(self, node: Node, target: TargetSpec, constant: object = None) -> bool:
         return neutral_operand(node, constant, 0.0, (1,))
@@ -124,6 +126,7 @@ class Sub(AddSub):
 class Mul(Elementwise):
     ops = ("aten.mul.Tensor",)
     litert = "MUL"
+    options_table = "MulOptions"
     arity = 2
     constraints = (_FULL,)
 
