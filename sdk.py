@@ -13,7 +13,7 @@ Quantizer rules (``etforge_quantizer_rules``)
 Rewrites (``etforge_rewrites``) and their graph-editing helpers
     Rewrite, calls, call, constant, val
 Targets (``etforge_targets``), CPU backends, NPU compilers, partition checks
-    TargetSpec, NpuSpec, OptionSpec, CpuBackend, LOWERING_NOTES_KEY,
+    TargetSpec, NpuSpec, OptionSpec, CpuBackend, KernelLibrary, LOWERING_NOTES_KEY,
     NpuCompiler, NpuPayload, PartitionIo, PartitionCheck, ProposedPartition
 Errors a plugin raises, and the fallback log a plugin reports a degradation to
     EtforgeError, PluginError, ConversionError, record_fallback
@@ -50,7 +50,7 @@ from etforge.core.contracts.converter import (
     elementwise,
     unsupported,
 )
-from etforge.core.contracts.cpu_backend import LOWERING_NOTES_KEY, CpuBackend
+from etforge.core.contracts.cpu_backend import LOWERING_NOTES_KEY, CpuBackend, KernelLibrary
 from etforge.core.contracts.hookspecs import hookimpl
 from etforge.core.contracts.npu_compiler import NpuCompiler, NpuPayload, PartitionIo
 from etforge.core.contracts.partition_check import PartitionCheck, ProposedPartition
@@ -120,6 +120,7 @@ __all__ = [
     "CpuBackend",
     "Elementwise",
     "EtforgeError",
+    "KernelLibrary",
     "NpuCompiler",
     "NpuPayload",
     "NpuSpec",

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from etforge.sdk import CpuBackend, OptionSpec, TargetSpec, hookimpl
+from etforge.plugins.targets.portable import EXECUTORCH_LIBRARIES
+from etforge.sdk import CpuBackend, KernelLibrary, OptionSpec, TargetSpec, hookimpl
 
 if TYPE_CHECKING:
     from executorch.exir import EdgeCompileConfig
@@ -72,13 +73,17 @@ def target_config(target: TargetSpec, options: dict[str, Any]) -> Any:
         raise EtforgeError(f"option isa={isa_name} on cpu={cpu_name}: {exc}") from None
 
 
+#: CMSIS-NN's kernels as ExecuTorch's Cortex-M backend registers them (``cortex_m::`` ops).
+CMSIS_NN = KernelLibrary("cortex_m", "CMSIS-NN (cortex_m::)", "backends/cortex_m/ops/operators.yaml")
+
+
 class CortexMBackend(CpuBackend):
     name = "cortex_m"
     description = "CMSIS-NN kernels via executorch.backends.cortex_m (cortex_m::* ops)"
     placement = "cortex-m"
     channels_last = True
     #: CMSIS-NN's cortex_m:: kernels first, then ExecuTorch's quantized and portable ones.
-    kernel_libraries = ("cortex_m", "quantized", "portable", "portable_custom", "et_copy")
+    kernel_libraries = (CMSIS_NN, *EXECUTORCH_LIBRARIES)
     kernel_namespaces = ("cortex_m",)
     layout_ops = ("cortex_m.transpose",)
     folds_qdq = True

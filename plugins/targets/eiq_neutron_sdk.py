@@ -156,6 +156,7 @@ def pack_neutron_payload(converted: bytes, channels_last: set[str] | frozenset[s
 class EiqNeutronSdk(NpuCompiler):
     name = "eiq-neutron-sdk"
     family = "neutron-c"
+    memory_note = "the device figure comes from the NPU compiler when the eIQ Neutron SDK is installed"
 
     def available(self) -> tuple[bool, str]:
         if importlib.util.find_spec(SDK_MODULE) is None:
