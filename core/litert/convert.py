@@ -544,9 +544,9 @@ def const_perm(node: Node, rank: int) -> tuple[int, ...]:
     raise AssertionError(name)
 
 
-def _who(conv: OpConverter, reg: Registry | None) -> str:
+def _who(op_converter: OpConverter, reg: Registry | None) -> str:
     """``Converter (plugin 'x' (dist version))`` for messages that must name the plugin."""
-    return f"{conv.name} ({reg.owner_label(conv)})" if reg is not None else conv.name
+    return f"{op_converter.name} ({reg.owner_label(op_converter)})" if reg is not None else op_converter.name
 
 
 def select_converter(
@@ -558,19 +558,19 @@ def select_converter(
     naming the plugin; otherwise the node is refused with the plugin and exception as reason.
     """
     reasons = []
-    for conv in candidates:
+    for op_converter in candidates:
         try:
-            s = conv.is_supported(node, target)
+            s = op_converter.is_supported(node, target)
             if not isinstance(s, Support):
                 raise TypeError(f"returned {type(s).__name__}, expected Support")
         except Exception as exc:
-            why = f"{_who(conv, reg)}: support check raised {type(exc).__name__}: {exc}"
+            why = f"{_who(op_converter, reg)}: support check raised {type(exc).__name__}: {exc}"
             if reg is not None and reg.strict:
                 raise PluginError(f"{why} (node {node.name}, {node_op(node)}; --strict)") from exc
             s = Support(False, why)
         if s.ok:
-            return conv, s
-        reasons.append(f"{conv.name}: {s.reason}" if len(candidates) > 1 else s.reason)
+            return op_converter, s
+        reasons.append(f"{op_converter.name}: {s.reason}" if len(candidates) > 1 else s.reason)
     if not candidates:
         return None, Support(False, "no converter plugin handles this op")
     return None, Support(False, "; ".join(reasons))
@@ -582,9 +582,9 @@ def _decided(node: Node, candidates: Sequence[OpConverter], reg: Registry | None
     if not who:
         return None
     plugin, name = who
-    for conv in candidates:
-        if conv.name == name and (reg is None or reg.owner(conv) == plugin):
-            return conv
+    for op_converter in candidates:
+        if op_converter.name == name and (reg is None or reg.owner(op_converter) == plugin):
+            return op_converter
     return None
 
 
@@ -630,22 +630,24 @@ def convert_program(
             else:
                 op = node_op(node)
                 candidates = converters.get(op, [])
-                conv = _decided(node, candidates, reg)
-                if conv is None:
-                    conv, support = select_converter(node, candidates, target, reg)
-                    if conv is None:
+                op_converter = _decided(node, candidates, reg)
+                if op_converter is None:
+                    op_converter, support = select_converter(node, candidates, target, reg)
+                    if op_converter is None:
                         raise ConversionError(node, op, support.reason)
                 try:
-                    conv.convert(node, ctx)
+                    op_converter.convert(node, ctx)
                 except ConversionError as exc:
-                    exc.args = (f"{exc} (converter {_who(conv, reg)})",)
+                    exc.args = (f"{exc} (converter {_who(op_converter, reg)})",)
                     raise
                 except Exception as exc:
                     raise ConversionError(
-                        node, op, f"{_who(conv, reg)} failed: {type(exc).__name__}: {exc}"
+                        node, op, f"{_who(op_converter, reg)} failed: {type(exc).__name__}: {exc}"
                     ) from exc
                 if node not in ctx.values and not any(u in ctx.values for u in node.users):
-                    raise ConversionError(node, op, f"{_who(conv, reg)}: convert() produced no output value")
+                    raise ConversionError(
+                        node, op, f"{_who(op_converter, reg)}: convert() produced no output value"
+                    )
         else:
             raise ConversionError(node, node.op, "unsupported graph node kind")
     ctx.builder.metadata["etforge_int8_values"] = json.dumps(

@@ -107,7 +107,7 @@ def _producers(node: Node) -> tuple[str, ...]:
 
 def _quantized_as(node: Node, depth: int = 3) -> Node | None:
     """The quantize node storing ``node``'s output, followed through a getitem or a fused
-    activation of the same shape (conv + relu keep one int8 tensor)."""
+    activation of the same shape (op_converter + relu keep one int8 tensor)."""
     users = list(node.users)
     if not users or depth == 0:
         return None
@@ -234,13 +234,18 @@ class EtforgePartitioner(Partitioner):
             elif op in blocked:
                 d = Decision(node.name, op, False, None, None, "listed in operators_not_to_delegate")
             else:
-                conv, support = self._select(node, self._table.get(op, []))
-                owner = self.registry.owner(conv) if conv else None
+                op_converter, support = self._select(node, self._table.get(op, []))
+                owner = self.registry.owner(op_converter) if op_converter else None
                 d = Decision(
-                    node.name, op, conv is not None, conv.name if conv else None, owner, support.reason
+                    node.name,
+                    op,
+                    op_converter is not None,
+                    op_converter.name if op_converter else None,
+                    owner,
+                    support.reason,
                 )
-                if conv is not None:  # decided once: conversion uses this converter as is
-                    node.meta[DECIDED_KEY] = (owner, conv.name)
+                if op_converter is not None:  # decided once: conversion uses this converter as is
+                    node.meta[DECIDED_KEY] = (owner, op_converter.name)
             d.macs = self._macs(node)
             d.handle = node.meta.get("debug_handle")
             d.inputs = _producers(node)
@@ -260,19 +265,19 @@ class EtforgePartitioner(Partitioner):
         cached = node.meta.get(_SUPPORT_KEY)
         if cached is not None and cached[0] == key:
             _, name, reason = cached
-            conv = next((c for c in candidates if c.name == name), None) if name else None
-            if conv is not None or name is None:
-                return conv, Support(conv is not None, reason)
-        conv, support = select_converter(node, candidates, self.target, self.registry)
-        node.meta[_SUPPORT_KEY] = (key, conv.name if conv else None, support.reason)
-        return conv, support
+            op_converter = next((c for c in candidates if c.name == name), None) if name else None
+            if op_converter is not None or name is None:
+                return op_converter, Support(op_converter is not None, reason)
+        op_converter, support = select_converter(node, candidates, self.target, self.registry)
+        node.meta[_SUPPORT_KEY] = (key, op_converter.name if op_converter else None, support.reason)
+        return op_converter, support
 
     def _macs(self, node: Node) -> int:
         """MACs counted by any converter of the op (also for nodes the NPU refuses)."""
-        for conv in self.registry.converters:
-            if node_op(node) in conv.ops:
+        for op_converter in self.registry.converters:
+            if node_op(node) in op_converter.ops:
                 try:
-                    return int(conv.macs(node))
+                    return int(op_converter.macs(node))
                 except Exception as e:  # a plugin's bug: 0 MACs, said (strict: an error)
                     from etforge.core.common import fallbacks
 
@@ -280,7 +285,7 @@ class EtforgePartitioner(Partitioner):
                         "partition",
                         "counted 0 MACs",
                         f"{node.name} ({node_op(node)})",
-                        f"{conv.name}.macs of {self.registry.owner_label(conv)} failed: {type(e).__name__}: {e}",
+                        f"{op_converter.name}.macs of {self.registry.owner_label(op_converter)} failed: {type(e).__name__}: {e}",
                     )
                     return 0
         return 0
@@ -377,8 +382,8 @@ class EtforgePartitioner(Partitioner):
         from etforge.core.litert.convert import _constant_tensor
 
         who = node.meta.get(DECIDED_KEY)
-        conv = next((c for c in self._table.get(node_op(node), []) if who and c.name == who[1]), None)
-        if conv is None:
+        op_converter = next((c for c in self._table.get(node_op(node), []) if who and c.name == who[1]), None)
+        if op_converter is None:
             return False
 
         def constant(n: Node) -> torch.Tensor | None:
@@ -394,12 +399,12 @@ class EtforgePartitioner(Partitioner):
             return value
 
         try:
-            return bool(conv.is_noop(node, self.target, constant))
+            return bool(op_converter.is_noop(node, self.target, constant))
         except Exception as e:  # a plugin bug must not pass for a no-op
             from etforge.core.common.errors import EtforgeError
 
             raise EtforgeError(
-                f"{conv.name}.is_noop failed on node {node.name} ({node_op(node)}): {e}"
+                f"{op_converter.name}.is_noop failed on node {node.name} ({node_op(node)}): {e}"
             ) from e
 
     def _groups(self, ep: ExportedProgram, chosen: dict[Node, Decision]) -> list[Any]:
