@@ -123,8 +123,19 @@ def rule_problems(rule: Any) -> list[str]:
 
 
 def target_problems(target: Any) -> list[str]:
-    """Problems with a :class:`~etforge.core.contracts.target.TargetSpec`."""
+    """Problems with a :class:`~etforge.core.contracts.target.TargetSpec`: names its NPU spec
+    does not declare, options named twice or defaulting outside their own choices."""
     out = _names(target.quant_schemes, "quant_schemes")
+    seen: set[str] = set()
+    for option in target.options:
+        if option.name in seen:
+            out.append(f"option {option.name!r} is declared twice")
+        seen.add(option.name)
+        if option.choices is not None and option.default not in option.choices:
+            out.append(
+                f"option {option.name!r}: default {option.default!r} is not one of its choices "
+                f"({', '.join(map(str, option.choices))})"
+            )
     if target.npu is not None:
         out += _names(target.npu.dtypes, "npu.dtypes")
         out += _names(target.npu.fused_activations, "npu.fused_activations")
