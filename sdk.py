@@ -20,9 +20,9 @@ Errors a plugin raises, and the fallback log a plugin reports a degradation to
 Running fragile vendor code in a child process
     run_isolated
 LiteRT conversion (used inside ``OpConverter.convert``)
-    ConversionContext, Value, Constant, Quant, options, enum, activation, padding, const_perm
-Op helpers (arguments, quantization parameters, bias, padding)
-    arg, pair, input_qparams, output_qparams, shares_qparams, has_full_size_operand,
+    ConversionContext, Value, Constant, Quant, options, enum, activation, padding
+Op helpers (arguments, quantization parameters, bias, padding, permutations)
+    arg, pair, const_perm, input_qparams, output_qparams, shares_qparams, has_full_size_operand,
     bias_tensor, same_padding, choose_padding, pad_spatial
 Graph helpers (``torch.fx`` nodes) and the layout algebra
     node_op, shape_of, tensor_meta, tensor_inputs, dim_order, is_constant, is_quantize, is_dequantize, layout
@@ -79,7 +79,7 @@ _DEFERRED: dict[str, str] = {
     ),
     **dict.fromkeys(("Quant", "enum", "options"), "etforge.core.litert.builder"),
     **dict.fromkeys(
-        ("Constant", "ConversionContext", "Value", "activation", "const_perm", "padding"),
+        ("Constant", "ConversionContext", "Value", "activation", "padding"),
         "etforge.core.litert.convert",
     ),
     **dict.fromkeys(
@@ -87,6 +87,7 @@ _DEFERRED: dict[str, str] = {
             "arg",
             "bias_tensor",
             "choose_padding",
+            "const_perm",
             "has_full_size_operand",
             "input_qparams",
             "output_qparams",

@@ -21,11 +21,10 @@ from torch.export import ExportedProgram
 from torch.fx import Node
 
 from etforge.core.common.errors import ConversionError, PluginError
-from etforge.core.contracts.converter import OpConverter, Support
+from etforge.core.contracts.converter import OpConverter, Support, folding
 from etforge.core.contracts.target import TargetSpec
 from etforge.core.graph import layout
 from etforge.core.graph.utils import (
-    CONSTANT_FOLDABLE,
     dim_order,
     is_dequantize,
     is_quantize,
@@ -131,6 +130,8 @@ class ConversionContext:
         self.target = target
         #: op -> candidate converters (highest priority first): who to ask about a user node.
         self.converters = converters or {}
+        #: op -> the converter that computes it at compile time from a constant input.
+        self._folds = folding(c for cs in self.converters.values() for c in cs)
         self.builder = LiteRTBuilder(description=f"etforge:{name}")
         self.values: dict[Node, Value] = {}
         self.constants: dict[Node, Constant] = {}
@@ -176,15 +177,10 @@ class ConversionContext:
             src = self.constant(arg.args[0])
             if src is not None:
                 const = Constant(src.data, src.dtype, self._dq_quant(arg), name=arg.name)
-        elif node_op(arg) in CONSTANT_FOLDABLE and self.constant(arg.args[0]) is not None:
+        elif (folder := self._folds.get(node_op(arg))) is not None and arg.args:
             src = self.constant(arg.args[0])
-            perm = const_perm(arg, src.data.ndim)
-            quant = src.quant
-            if quant is not None and quant.per_channel:
-                quant = Quant(quant.scale, quant.zero_point, layout.stored_axis(perm, quant.axis))
-            const = Constant(
-                np.ascontiguousarray(np.transpose(src.data, perm)), src.dtype, quant, name=arg.name
-            )
+            if src is not None:
+                const = folder.fold_constant(arg, src)
         elif arg.op == "get_attr":
             t = getattr(self.ep.graph_module, str(arg.target))
             const = Constant(_np(t), _TORCH_DTYPES.get(t.dtype, "float32"), name=arg.name)
@@ -529,21 +525,6 @@ class ConversionContext:
         return names
 
 
-def const_perm(node: Node, rank: int) -> tuple[int, ...]:
-    """The axis permutation a ``permute`` / ``t`` / ``transpose`` node applies to a rank-``rank`` input."""
-    name = node_op(node)
-    if name.startswith("aten.permute"):
-        return tuple(int(d) % rank for d in node.args[1])
-    if name.startswith("aten.t"):
-        if name.startswith("aten.transpose"):
-            a, b = int(node.args[1]) % rank, int(node.args[2]) % rank
-            p = list(range(rank))
-            p[a], p[b] = p[b], p[a]
-            return tuple(p)
-        return tuple(reversed(range(rank)))
-    raise AssertionError(name)
-
-
 def _who(op_converter: OpConverter, reg: Registry | None) -> str:
     """``Converter (plugin 'x' (dist version))`` for messages that must name the plugin."""
     return f"{op_converter.name} ({reg.owner_label(op_converter)})" if reg is not None else op_converter.name
@@ -602,7 +583,7 @@ def convert_program(
     """
     start = time.perf_counter()
     ctx = ConversionContext(ep, target, name, converters)
-    mark_constants(ep)
+    mark_constants(ep, ctx._folds)
     graph = ep.graph_module.graph
     output_names: list[str] = []
     input_names: list[str] = []

@@ -21,7 +21,7 @@ from torch.fx import Node
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
 
-from etforge.core.contracts.converter import OpConverter, Support
+from etforge.core.contracts.converter import OpConverter, Support, folding
 from etforge.core.contracts.target import TargetSpec
 from etforge.core.graph.utils import (
     is_constant,
@@ -169,6 +169,9 @@ class EtforgePartitioner(Partitioner):
         self.preserve = True
         self.seconds = 0.0  # time spent deciding and tagging (for the benchmarks)
         self._table = self.registry.converters_for(target)
+        #: Ops a converter computes at compile time from a constant (of every converter, NPU or
+        #: not: a folded weight is no CPU node's input either).
+        self._folds = frozenset(folding(self.registry.converters))
         #: Real values of the program's parameters and buffers by state-dict key: ExecuTorch
         #: hands ``partition`` a copy whose state dict holds fake tensors (no data), and a
         #: no-op check (x + 0) needs the value (see :meth:`remember_constants`).
@@ -195,7 +198,7 @@ class EtforgePartitioner(Partitioner):
         decomposition); an op with any refused node is decomposed everywhere, and the
         converters of its decomposed form (addmm, permute ...) still take the rest.
         """
-        mark_constants(ep)
+        mark_constants(ep, self._folds)
         self.remember_constants(ep)
         blocked = set(self.options.get("operators_not_to_delegate", ()))
         if self.target.npu is None:
@@ -223,7 +226,7 @@ class EtforgePartitioner(Partitioner):
     def decide(self, ep: ExportedProgram) -> set[Node]:
         """Pick the NPU nodes; record a Decision (with reason) for every compute node."""
         self.decisions = []
-        mark_constants(ep)
+        mark_constants(ep, self._folds)
         blocked = set(self.options.get("operators_not_to_delegate", ()))
         chosen: dict[Node, Decision] = {}
         for node in _compute_nodes(ep):

@@ -62,7 +62,7 @@ def litert_builtins() -> frozenset[str]:
 
 def converter_problems(op_converter: Any) -> list[str]:
     """Problems with an :class:`~etforge.core.contracts.converter.OpConverter`'s declaration."""
-    from etforge.core.contracts.converter import Constraint
+    from etforge.core.contracts.converter import Constraint, OpConverter
 
     name = getattr(op_converter, "name", type(op_converter).__name__)
     out: list[str] = []
@@ -71,6 +71,10 @@ def converter_problems(op_converter: Any) -> list[str]:
     if not out and not ops:
         out.append("ops is empty: the converter handles no op")
     out += _names(getattr(op_converter, "preserve", ()), "preserve", OP_NAME)
+    folds = getattr(op_converter, "folds", ())
+    out += _names(folds, "folds", OP_NAME)
+    if folds and type(op_converter).fold_constant is OpConverter.fold_constant:
+        out.append("folds ops but does not define fold_constant")
     targets = getattr(op_converter, "targets", None)
     if targets is not None:
         out += _names(targets, "targets")

@@ -19,6 +19,21 @@ def arg(node: Node, index: int, name: str, default: object = None) -> object:
     return node.kwargs.get(name, default)
 
 
+def const_perm(node: Node, rank: int) -> tuple[int, ...]:
+    """The axis permutation a ``permute`` / ``t`` / ``transpose`` node applies to a rank-``rank`` input."""
+    name = node_op(node)
+    if name.startswith("aten.permute"):
+        return tuple(int(d) % rank for d in node.args[1])
+    if name.startswith("aten.t"):
+        if name.startswith("aten.transpose"):
+            a, b = int(node.args[1]) % rank, int(node.args[2]) % rank
+            p = list(range(rank))
+            p[a], p[b] = p[b], p[a]
+            return tuple(p)
+        return tuple(reversed(range(rank)))
+    raise AssertionError(name)
+
+
 def pair(value: object, n: int = 2) -> tuple[int, ...]:
     if isinstance(value, (list, tuple)):
         vals = [int(v) for v in value]

@@ -14,7 +14,7 @@ from etforge.sdk import SUPPORTED, Constraint, OpConverter, QuantRule, Support, 
 if TYPE_CHECKING:
     from torch.fx import Node
 
-    from etforge.sdk import ConversionContext, TargetSpec
+    from etforge.sdk import Constant, ConversionContext, TargetSpec
 
 
 def _rank_ok(node: Node, target: TargetSpec) -> bool | str:
@@ -132,6 +132,21 @@ class Permute(OpConverter):
             "input and output share qparams (npu shared_qparams_permute)", _shared("shared_qparams_permute")
         ),
     )
+    #: A permute of a constant is a permuted constant: folded at conversion, never emitted.
+    folds = (*ops, "aten.t.default")
+
+    def fold_constant(self, node: Node, value: Constant) -> Constant:
+        import numpy as np
+
+        from etforge.sdk import Constant, Quant, const_perm, layout
+
+        perm = const_perm(node, value.data.ndim)
+        quant = value.quant
+        if quant is not None and quant.per_channel:
+            quant = Quant(quant.scale, quant.zero_point, layout.stored_axis(perm, quant.axis))
+        return Constant(
+            np.ascontiguousarray(np.transpose(value.data, perm)), value.dtype, quant, name=node.name
+        )
 
     def is_noop(self, node: Node, target: TargetSpec, constant: object = None) -> bool:
         """A permute of a constant (folded at conversion) or one that only moves size-1 dims."""
