@@ -80,7 +80,7 @@ _DEFERRED: dict[str, str] = {
     **dict.fromkeys(("Quant", "enum", "options"), "etforge.core.litert.builder"),
     **dict.fromkeys(
         ("Constant", "ConversionContext", "Value", "activation", "padding"),
-        "etforge.core.litert.convert",
+        "etforge.core.litert.context",
     ),
     **dict.fromkeys(
         (

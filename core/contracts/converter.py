@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from torch.fx import Node
 
     from etforge.core.contracts.target import TargetSpec
-    from etforge.core.litert.convert import Constant, ConversionContext
+    from etforge.core.litert.context import Constant, ConversionContext
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,8 @@ from etforge.core.graph.utils import (
     node_op,
     tensor_inputs,
 )
-from etforge.core.litert.convert import DECIDED_KEY, select_converter
+from etforge.core.litert.context import DECIDED_KEY
+from etforge.core.litert.convert import select_converter
 from etforge.core.lower import npu_backend as _backend  # registers EtforgeNpuBackend
 from etforge.core.registry.manager import Registry, registry
 
@@ -382,7 +383,7 @@ class EtforgePartitioner(Partitioner):
         """Whether the converter that took ``node`` says it computes nothing on the target."""
         from torch._subclasses.fake_tensor import FakeTensor
 
-        from etforge.core.litert.convert import _constant_tensor
+        from etforge.core.litert.context import constant_value
 
         who = node.meta.get(DECIDED_KEY)
         op_converter = next((c for c in self._table.get(node_op(node), []) if who and c.name == who[1]), None)
@@ -392,7 +393,7 @@ class EtforgePartitioner(Partitioner):
         def constant(n: Node) -> torch.Tensor | None:
             if not isinstance(n, Node) or n.op != "placeholder":
                 return None
-            value = _constant_tensor(ep, n)
+            value = constant_value(ep, n)
             if isinstance(value, FakeTensor):  # ExecuTorch's fake copy: the real value, if known
                 key = ep.graph_signature.inputs_to_parameters.get(str(n.target))
                 key = key or ep.graph_signature.inputs_to_buffers.get(str(n.target))
