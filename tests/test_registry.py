@@ -268,6 +268,16 @@ def test_plugins_import_only_the_sdk() -> None:
     assert not wrong, "plugins reaching past etforge.sdk:\n" + "\n".join(wrong)
 
 
+def test_every_sdk_name_resolves_and_is_in_its_index() -> None:
+    """The sdk's docstring is the plugin author's index: each public name is listed and loads."""
+    import etforge.sdk as sdk
+
+    doc = sdk.__doc__ or ""
+    unlisted = [n for n in sdk.__all__ if not re.search(rf"\b{re.escape(n)}\b", doc)]
+    assert not unlisted, f"names missing from the sdk's docstring: {unlisted}"
+    assert [n for n in sdk.__all__ if getattr(sdk, n, None) is None] == []
+
+
 def test_the_sdk_walk_sees_a_bypass(tmp_path: Path) -> None:
     mod = tmp_path / "m.py"
     mod.write_text(
