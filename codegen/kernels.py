@@ -85,21 +85,6 @@ def catalogue() -> dict[str, KernelInfo]:
     return out
 
 
-@lru_cache(maxsize=1)
-def providers() -> dict[str, tuple[str, ...]]:
-    """op -> every library that provides it, in lookup order (``catalogue`` keeps only the first)."""
-    out: dict[str, list[str]] = {}
-    for library, entries in _libraries().items():
-        for entry in entries:
-            name = (entry.get("func") or "").split("(")[0] or entry.get("op")
-            if not name or not any(k.get("kernel_name") for k in entry.get("kernels") or []):
-                continue
-            name = name if "::" in name else f"aten::{name}"
-            if library not in out.setdefault(name, []):
-                out[name].append(library)
-    return {op: tuple(libs) for op, libs in out.items()}
-
-
 def library_sizes() -> dict[str, int]:
     sizes: dict[str, int] = {}
     for k in catalogue().values():

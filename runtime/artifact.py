@@ -14,38 +14,24 @@ checks that what it ran is what the output holds:
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from etforge.core.build import output
+from etforge.core.build.output import FILES_KEY, record_hashes, sha256_file, side_files
 from etforge.core.common.errors import EtforgeError
 
-#: report.json key: relative path -> sha256 of each side file (``model.pte`` is ``pte_sha256``).
-FILES_KEY = "files_sha256"
-
-
-def side_files(out: Path) -> list[str]:
-    """The side files a compile wrote into ``out`` (relative paths, sorted)."""
-    names = [n for n in (output.FLOAT_PROGRAM, output.QUANTIZED_PROGRAM) if (out / n).is_file()]
-    parts = out / output.PARTITIONS
-    if parts.is_dir():
-        names += [f"{output.PARTITIONS}/{p.name}" for p in sorted(parts.iterdir()) if p.is_file()]
-    return sorted(names)
-
-
-def record_hashes(out: Path, report: dict[str, Any]) -> None:
-    """Add the side files' sha256 to ``report`` (call once they are written, before report.json)."""
-    report[FILES_KEY] = {name: _sha256(out / name) for name in side_files(out)}
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+# record_hashes and side_files are the writer's half of the hash chain (core.build.output),
+# re-exported beside the checks that read it.
+__all__ = [
+    "FILES_KEY",
+    "check_hashes",
+    "compare_payloads",
+    "record_hashes",
+    "side_files",
+    "stray_partition_files",
+]
 
 
 def check_hashes(out: Path, report: dict[str, Any]) -> list[str]:
@@ -61,7 +47,7 @@ def check_hashes(out: Path, report: dict[str, Any]) -> list[str]:
         path = out / name
         if not path.is_file():
             raise EtforgeError(f"{path}: missing (report.json records it); recompile {out}")
-        actual = _sha256(path)
+        actual = sha256_file(path)
         if actual != digest:
             raise EtforgeError(
                 f"{path} is not the file its report.json records (sha256 {actual[:12]}… != {digest[:12]}…): "

@@ -14,7 +14,7 @@ from support import REPO
 
 CORE = REPO / "core"
 #: What is built on core: core never imports it, at module level or inside a function.
-ABOVE = ("etforge.plugins", "etforge.cli", "etforge.api", "etforge.sdk")
+ABOVE = ("etforge.plugins", "etforge.cli", "etforge.api", "etforge.sdk", "etforge.runtime", "etforge.codegen")
 
 
 def _imports(path: Path) -> list[tuple[int, str]]:

@@ -330,3 +330,60 @@ def test_raising_macs_is_a_named_fallback_not_a_silent_zero() -> None:
     assert "plugin 'floorplug' (floor-dist 9.9)" in fb.why and "boom in macs" in fb.why
     with recording(strict=True), pytest.raises(StrictFallback, match="boom in macs"):
         _compile(_registry(RaisingMacs()))
+
+
+TOY_TARGET = """
+from etforge.sdk import NpuSpec, OptionSpec, TargetSpec, hookimpl
+
+NPU = NpuSpec(family="toy", limits={{"max_kernel": 3}}, requires=({flag!r},), declares={declares})
+
+@hookimpl
+def etforge_targets():
+    return [TargetSpec(name="toy-npu", description="x", npu=NPU, options=({options}))]
+"""
+DECLARES = {"max_kernel": "largest kernel side", "no_broadcast": "binary ops take equal shapes"}
+
+
+def _load_target(tmp_path: Path, module: str, strict: bool = False, **fields: object) -> PluginInfo:
+    """Load one target plugin module written from :data:`TOY_TARGET` through an entry point."""
+    import importlib.metadata as md
+    import sys
+
+    values = {"flag": "no_broadcast", "declares": DECLARES, "options": "", **fields}
+    (tmp_path / f"{module}.py").write_text(TOY_TARGET.format(**values))
+    sys.path.insert(0, str(tmp_path))
+    try:
+        reg = load_plugins([md.EntryPoint(name=module, value=module, group="etforge")], strict=strict)
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop(module, None)
+    (info,) = reg.plugins
+    return info
+
+
+def test_a_misspelt_requires_flag_fails_naming_target_flag_and_declared(tmp_path: Path) -> None:
+    """A flag the spec does not declare would switch a hardware rule off without a word."""
+    ok = _load_target(tmp_path, "toy_ok")
+    assert ok.error is None and ok.provides["targets"][0].npu.requirement("no_broadcast")
+    info = _load_target(tmp_path, "toy_typo", flag="no_brodcast")
+    assert info.error is not None and not info.provides
+    assert "target 'toy-npu'" in info.error and "'no_brodcast' is not declared" in info.error
+    assert "did you mean 'no_broadcast'?" in info.error and "declared: max_kernel, no_broadcast" in info.error
+    with pytest.raises(PluginError, match="'no_brodcast' is not declared"):
+        _load_target(tmp_path, "toy_typo_strict", strict=True, flag="no_brodcast")
+
+
+def test_a_spec_that_declares_nothing_cannot_name_flags(tmp_path: Path) -> None:
+    """Without ``declares`` nothing tells a misspelt flag from a real one: refused."""
+    info = _load_target(tmp_path, "toy_bare", declares={})
+    assert info.error is not None and "target 'toy-npu'" in info.error
+    assert "'no_broadcast' is not declared: the toy spec declares no names" in info.error
+
+
+def test_option_names_are_checked_against_the_target(tmp_path: Path) -> None:
+    twice = 'OptionSpec("min_partition_ops", 1, "a"), OptionSpec("min_partition_ops", 2, "b")'
+    info = _load_target(tmp_path, "toy_twice", options=twice)
+    assert info.error is not None and "option 'min_partition_ops' is declared twice" in info.error
+    outside = 'OptionSpec("mode", "fast", "how", choices=("small", "exact")),'
+    info = _load_target(tmp_path, "toy_choice", options=outside)
+    assert info.error is not None and "option 'mode': default 'fast' is not one of its choices" in info.error

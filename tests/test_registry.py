@@ -3,6 +3,7 @@ the report alike; plugins load once per CLI run; ``core/`` names no op and no ch
 
 from __future__ import annotations
 
+import ast
 import io
 import re
 import subprocess
@@ -163,18 +164,6 @@ FORBIDDEN = re.compile(
     r"|cortex|cmsis|neutron|imxrt|rt700|\bm33\b|\bm55\b|\bmve\b|eiq|nxp|plugins\.(?:ops|targets)",
     re.IGNORECASE,
 )
-#: Generic words the pattern would otherwise catch, each for a documented reason:
-#: ``conv`` is the usual loop variable for an OpConverter (and ``convs`` a list of them).
-ALLOWED = {"conv", "convs"}
-#: Known debt, listed so it stays visible: chip names in core modules written in parallel
-#: with this test (round 3). Each belongs in its plugin (CpuBackend / NPU compiler plugin);
-#: remove the entry when it moves.
-PENDING = {
-    ("kernel_check.py", "cortex"),  # LIBRARY_TITLES: the title belongs to the CPU backend
-    ("kernel_check.py", "CMSIS"),
-    ("npu_memory.py", "eIQ"),  # SOURCE: the NPU compiler plugin should word it
-    ("npu_memory.py", "Neutron"),
-}
 
 
 def _code_tokens(path: Path) -> list[tuple[int, str]]:
@@ -199,14 +188,30 @@ def _code_tokens(path: Path) -> list[tuple[int, str]]:
     return out
 
 
+def _op_or_chip_names(path: Path) -> list[str]:
+    return [
+        f"{line}: {text.strip()[:80]}" for line, text in _code_tokens(path) for _ in FORBIDDEN.finditer(text)
+    ]
+
+
 def test_core_names_no_op_and_no_chip() -> None:
-    found = []
-    for path in sorted((REPO / "core").rglob("*.py")):
-        for line, text in _code_tokens(path):
-            for m in FORBIDDEN.finditer(text):
-                if m.group(0).lower() not in ALLOWED and (path.name, m.group(0)) not in PENDING:
-                    found.append(f"{path.name}:{line}: {text.strip()[:80]}")
+    """Every module of every core subpackage, no exemption: op and chip knowledge is plugins'."""
+    paths = sorted((REPO / "core").rglob("*.py"))
+    assert {p.parent.name for p in paths} >= {"contracts", "litert", "lower", "serialize", "build"}
+    found = [f"{p.relative_to(REPO)}:{hit}" for p in paths for hit in _op_or_chip_names(p)]
     assert not found, "op or chip names in core/:\n" + "\n".join(found)
+
+
+def test_the_name_guard_sees_code_not_docstrings(tmp_path: Path) -> None:
+    mod = tmp_path / "m.py"
+    mod.write_text(
+        '"""A docstring may say Conv2d and CMSIS-NN."""\n'
+        "# so may a comment: neutron\n"
+        "def f(conv):\n"
+        '    """Nor here: relu."""\n'
+        '    return conv.name, "cortex_m::x"\n'
+    )
+    assert [hit.split(":")[0] for hit in _op_or_chip_names(mod)] == ["3", "5", "5"]
 
 
 def test_core_reads_no_npu_spec_name() -> None:
@@ -226,6 +231,71 @@ def test_core_reads_no_npu_spec_name() -> None:
                     if re.search(rf"\b{re.escape(name)}\b", text):
                         found.append(f"{path.name}:{line}: {name} in {text.strip()[:80]}")
     assert not found, "NPU spec names in core/:\n" + "\n".join(found)
+
+
+PLUGIN_CODE = (REPO / "plugins", REPO / "tests" / "plugin_example")
+
+
+def _etforge_imports(path: Path) -> list[tuple[int, str]]:
+    """(line, module) of every ``etforge`` import in a module, at any depth (TYPE_CHECKING too)."""
+    out: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            module = "relative" if node.level else (node.module or "")
+            if module == "etforge":
+                out += [(node.lineno, f"etforge.{a.name}") for a in node.names]
+            else:
+                out.append((node.lineno, module))
+        elif isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names]
+    return [(line, m) for line, m in out if m == "relative" or m.split(".")[0] == "etforge"]
+
+
+def _sdk_bypasses(path: Path) -> list[tuple[int, str]]:
+    """The imports of ``path`` that reach etforge other than through the sdk or a plugin sibling."""
+    return [
+        (line, m)
+        for line, m in _etforge_imports(path)
+        if m != "etforge.sdk" and not m.startswith("etforge.plugins.")
+    ]
+
+
+def test_plugins_import_only_the_sdk() -> None:
+    """A plugin's door into etforge is ``etforge.sdk`` (and its own ``etforge.plugins`` siblings):
+    what core keeps private can change without breaking a plugin."""
+    paths = [p for root in PLUGIN_CODE for p in sorted(root.rglob("*.py"))]
+    assert len(paths) > 20
+    wrong = [f"{p.relative_to(REPO)}:{line}: imports {m}" for p in paths for line, m in _sdk_bypasses(p)]
+    assert not wrong, "plugins reaching past etforge.sdk:\n" + "\n".join(wrong)
+
+
+def test_every_sdk_name_resolves_and_is_in_its_index() -> None:
+    """The sdk's docstring is the plugin author's index: each public name is listed and loads."""
+    import etforge.sdk as sdk
+
+    doc = sdk.__doc__ or ""
+    unlisted = [n for n in sdk.__all__ if not re.search(rf"\b{re.escape(n)}\b", doc)]
+    assert not unlisted, f"names missing from the sdk's docstring: {unlisted}"
+    assert [n for n in sdk.__all__ if getattr(sdk, n, None) is None] == []
+
+
+def test_the_sdk_walk_sees_a_bypass(tmp_path: Path) -> None:
+    mod = tmp_path / "m.py"
+    mod.write_text(
+        "from etforge.sdk import hookimpl\n"
+        "from etforge.plugins.ops.conv import X\n"
+        "from etforge import hookimpl\n"
+        "def f():\n"
+        "    from etforge.core.graph.utils import shape_of\n"
+        "    import etforge.core.litert.convert\n"
+        "    from . import sibling\n"
+    )
+    assert sorted(_sdk_bypasses(mod)) == [
+        (3, "etforge.hookimpl"),
+        (5, "etforge.core.graph.utils"),
+        (6, "etforge.core.litert.convert"),
+        (7, "relative"),
+    ]
 
 
 def test_a_name_defined_twice_is_an_error_naming_both_plugins() -> None:

@@ -41,6 +41,8 @@ PARTITIONS = "partitions"
 CODEGEN = "codegen"
 #: What a compile writes into OUT; anything else there means OUT is not ours to replace.
 OWNED = frozenset({PTE, REPORT, FLOAT_PROGRAM, QUANTIZED_PROGRAM, ETRECORD, PARTITIONS, CODEGEN})
+#: report.json key: relative path -> sha256 of each side file (``model.pte`` is ``pte_sha256``).
+FILES_KEY = "files_sha256"
 #: Test-only: ``ETFORGE_TEST_KILL_AT=<point>`` makes the process ``os._exit(137)`` at that
 #: point of writing the output, as a SIGKILL would (tests/test_output_integrity.py).
 KILL_ENV = "ETFORGE_TEST_KILL_AT"
@@ -293,12 +295,35 @@ def write_outputs(out: Path, result: CompileResult, report: dict[str, Any], prog
             from etforge.core.serialize.program_writer import save_program
 
             save_program(program, out / name)
-    from etforge.runtime.artifact import record_hashes
-
     record_hashes(out, report)  # the hash chain verify checks: report.json -> each side file
     (out / REPORT).write_text(json.dumps(report, indent=2, sort_keys=False) + "\n")
     (out / PTE).write_bytes(result.pte)
     kill_point("pte")
+
+
+def side_files(out: Path) -> list[str]:
+    """The side files a compile wrote into ``out`` (relative paths, sorted)."""
+    names = [n for n in (FLOAT_PROGRAM, QUANTIZED_PROGRAM) if (out / n).is_file()]
+    parts = out / PARTITIONS
+    if parts.is_dir():
+        names += [f"{PARTITIONS}/{p.name}" for p in sorted(parts.iterdir()) if p.is_file()]
+    return sorted(names)
+
+
+def record_hashes(out: Path, report: dict[str, Any]) -> None:
+    """Add the side files' sha256 to ``report`` (call once they are written, before report.json):
+    the hash chain ``verify`` checks (``runtime.artifact``)."""
+    report[FILES_KEY] = {name: sha256_file(out / name) for name in side_files(out)}
+
+
+def sha256_file(path: Path) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def write_etrecord(out: Path, result: CompileResult) -> None:

@@ -95,11 +95,11 @@ def _build(report: dict[str, Any], out: str | None, width: int, most: int) -> li
     if parts:
         ops = sum(p.get("litert_ops", 0) for p in parts)
         transposes = sum(p.get("boundary_transposes", 0) for p in parts)
-        conv = len(report.get("cpu_layout_conversions", []))
+        cpu_conversions = len(report.get("cpu_layout_conversions", []))
         lines.append(
             _one(
                 f"  NPU: {len(parts)} partition(s), {ops} LiteRT ops, {transposes} boundary transposes"
-                + (f" (+{conv} on the CPU)" if conv else ""),
+                + (f" (+{cpu_conversions} on the CPU)" if cpu_conversions else ""),
                 width,
             )
         )

@@ -6,7 +6,7 @@ listing them never imports torch; ``is_supported`` and ``convert`` receive torch
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from torch.fx import Node
 
     from etforge.core.contracts.target import TargetSpec
-    from etforge.core.litert.convert import ConversionContext
+    from etforge.core.litert.context import Constant, ConversionContext
 
 
 @dataclass(frozen=True)
@@ -79,10 +79,18 @@ class OpConverter:
     constraints: ClassVar[tuple[Constraint | str, ...]] = ()
     #: LiteRT builtins ``convert`` emits (besides ``litert``): checked against the schema at load.
     litert_ops: ClassVar[tuple[str, ...]] = ()
+    #: Edge ops whose value this converter computes at compile time when their input is a
+    #: constant (a permute of a weight is a permuted weight): the core counts such a node as
+    #: a constant (``is_constant``) and asks :meth:`fold_constant` for its value.
+    folds: ClassVar[tuple[str, ...]] = ()
 
     @property
     def name(self) -> str:
         return type(self).__name__
+
+    def fold_constant(self, node: Node, value: Constant) -> Constant:
+        """The value of ``node`` (an op in :attr:`folds`) whose input has the value ``value``."""
+        raise NotImplementedError(f"{self.name} lists {node.target} in folds but has no fold_constant")
 
     def applies_to(self, target: TargetSpec) -> bool:
         if target.npu is None:
@@ -157,10 +165,22 @@ class Elementwise(OpConverter):
 
     litert: ClassVar[str] = ""
     options: ClassVar[dict[str, Any]] = {}
+    #: The builtin's LiteRT options table (``"AddOptions"``), if it has one: when the table
+    #: has a ``fusedActivationFunction`` field, a following activation fuses into the op.
+    options_table: ClassVar[str | None] = None
     arity: ClassVar[int] = 1
 
     def convert(self, node: Node, ctx: ConversionContext) -> None:
-        ctx.emit_elementwise(node, self.litert, self.arity, self.options)
+        ctx.emit_elementwise(node, self.litert, self.arity, self.options, self.options_table)
+
+
+def folding(converters: Iterable[OpConverter]) -> dict[str, OpConverter]:
+    """Edge op -> the first of ``converters`` that folds it (:attr:`OpConverter.folds`)."""
+    out: dict[str, OpConverter] = {}
+    for op_converter in converters:
+        for op in op_converter.folds:
+            out.setdefault(op, op_converter)
+    return out
 
 
 def elementwise(
@@ -170,6 +190,7 @@ def elementwise(
     arity: int = 1,
     dtypes: tuple[str, ...] = ("int8", "float32"),
     options: dict[str, Any] | None = None,
+    options_table: str | None = None,
     name: str | None = None,
     priority: int = 0,
     targets: tuple[str, ...] | None = None,
@@ -184,6 +205,7 @@ def elementwise(
             "arity": arity,
             "dtypes": dtypes,
             "options": dict(options or {}),
+            "options_table": options_table,
             "priority": priority,
             "targets": targets,
         },

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -16,8 +17,22 @@ if TYPE_CHECKING:
 LOWERING_NOTES_KEY = "etforge_lowering_notes"
 
 
+@dataclass(frozen=True)
+class KernelLibrary:
+    """A kernel library a CPU backend's firmware links; the core checks every CPU op against
+    the operators its yaml lists (``core.lower.kernel_check``) before anything is written."""
+
+    #: Short name (the firmware build's and ``etforge codegen --libraries``' name for it).
+    name: str
+    #: What messages call it ("ExecuTorch portable").
+    title: str
+    #: Its operator list: an ExecuTorch ``functions.yaml``-style file, relative to the
+    #: installed ``executorch`` package.
+    yaml: str
+
+
 class CpuBackend:
-    """Base class: portable kernels need nothing beyond ExecuTorch's defaults."""
+    """Base class: a CPU backend runs what the NPU does not take, on the kernels it links."""
 
     name: str = ""
     description: str = ""
@@ -26,6 +41,9 @@ class CpuBackend:
     #: Kernels that work in NHWC (CMSIS-NN): the program keeps 4-D tensors channels-last, so
     #: NPU partitions and these kernels hand buffers over without a layout conversion.
     channels_last: bool = False
+    #: The kernel libraries the firmware links, in lookup order; every backend declares them
+    #: (a backend without any has no kernel for any op).
+    kernel_libraries: tuple[KernelLibrary, ...] = ()
     #: Op namespaces of this backend's own kernels (its custom-op library): a CPU op in one
     #: of them runs on these kernels; any other fell back to ExecuTorch's portable kernels.
     kernel_namespaces: tuple[str, ...] = ()

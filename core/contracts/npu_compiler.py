@@ -37,6 +37,9 @@ class NpuCompiler:
 
     name: str = ""
     family: str = ""
+    #: What the device's figure for a partition's working memory is, where etforge's host
+    #: estimate is shown (report, CLI, model header); "" when the compiler says nothing.
+    memory_note: str = ""
 
     def available(self) -> tuple[bool, str]:
         """Whether the toolchain can run here, and if not, why (shown to the user)."""

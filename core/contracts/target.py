@@ -85,8 +85,8 @@ class NpuSpec:
     #: builds every partition for it and ``probe`` reads its figures.
     device: str | None = None
     #: The names this NPU family understands -- ``requires`` flags, ``limits`` and ``choices``
-    #: keys -- each with what it means. When non-empty, a spec naming anything else is refused
-    #: at load (a misspelt flag would otherwise silently switch a hardware rule off).
+    #: keys -- each with what it means. A spec naming anything not declared here is refused at
+    #: load (a misspelt flag would otherwise silently switch a hardware rule off).
     declares: dict[str, str] = field(default_factory=dict)
 
     def limit(self, key: str, default: int) -> int:
@@ -107,23 +107,34 @@ class NpuSpec:
         return dataclasses.replace(self, **changes)
 
     def undeclared(self) -> list[str]:
-        """Names in ``requires`` / ``limits`` / ``choices`` that ``declares`` does not list,
-        each with a spelling hint ([] when ``declares`` is empty)."""
+        """Names in ``requires`` / ``limits`` / ``choices`` that ``declares`` does not list, each
+        with a spelling hint and what is declared: a name nobody reads would switch a hardware
+        rule off without a word. A spec that names any must declare them."""
         import difflib
 
-        if not self.declares:
-            return []
-        out = []
-        for what, names in (
+        named = (
             ("requires", self.requires),
             ("limits", tuple(self.limits)),
             ("choices", tuple(self.choices)),
-        ):
+        )
+        if not self.declares:
+            return [
+                f"npu.{what}: {name!r} is not declared: the {self.family} spec declares no names "
+                "(NpuSpec.declares lists every flag and key the spec's readers understand)"
+                for what, names in named
+                for name in names
+            ]
+        declared = ", ".join(sorted(self.declares))
+        out = []
+        for what, names in named:
             for name in names:
                 if name not in self.declares:
                     close = difflib.get_close_matches(name, sorted(self.declares), n=1)
                     hint = f" (did you mean {close[0]!r}?)" if close else ""
-                    out.append(f"npu.{what}: {name!r} is not declared by the {self.family} spec{hint}")
+                    out.append(
+                        f"npu.{what}: {name!r} is not declared by the {self.family} spec{hint}; "
+                        f"declared: {declared}"
+                    )
         return out
 
     def vendor_figures(self) -> dict[str, Any]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from collections.abc import Collection
 from typing import Any
 
 import torch
@@ -99,8 +100,10 @@ def node_dtype(node: Node) -> str:
 CONSTANT_KEY = "etforge_constant"
 
 
-def mark_constants(ep: object) -> None:
-    """Flag lifted parameters/buffers/constants so support checks can tell them from inputs."""
+def mark_constants(ep: object, folds: Collection[str] = ()) -> None:
+    """Flag lifted parameters/buffers/constants so support checks can tell them from inputs,
+    and (in graph order) the ``folds`` ops -- those a converter computes at compile time -- of
+    a constant (``OpConverter.folds``)."""
     sig = ep.graph_signature  # type: ignore[attr-defined]
     names = (
         set(sig.inputs_to_parameters)
@@ -110,26 +113,21 @@ def mark_constants(ep: object) -> None:
     for node in ep.graph_module.graph.nodes:  # type: ignore[attr-defined]
         if node.op == "placeholder" and node.target in names:
             node.meta[CONSTANT_KEY] = True
-
-
-CONSTANT_FOLDABLE = frozenset(
-    {
-        "aten.permute_copy.default",
-        "aten.t_copy.default",
-        "aten.transpose_copy.int",
-        "aten.permute.default",
-        "aten.t.default",
-    }
-)
+        elif (
+            folds
+            and node.op == "call_function"
+            and node_op(node) in folds
+            and node.args
+            and is_constant(node.args[0])
+        ):
+            node.meta[CONSTANT_KEY] = True
 
 
 def is_constant(arg: object) -> bool:
-    """A compile-time tensor: a lifted constant, or a dequantize / permute of one."""
-    if is_dequantize(arg) or (
-        isinstance(arg, Node) and arg.op == "call_function" and node_op(arg) in CONSTANT_FOLDABLE
-    ):
-        arg = arg.args[0]  # type: ignore[union-attr]
-        return is_constant(arg)
+    """A compile-time tensor: a lifted constant, a dequantize of one, or an op a converter folds
+    (marked by :func:`mark_constants`)."""
+    if is_dequantize(arg):
+        return is_constant(arg.args[0])  # type: ignore[union-attr]
     return isinstance(arg, Node) and (arg.op == "get_attr" or bool(arg.meta.get(CONSTANT_KEY)))
 
 

@@ -1,9 +1,9 @@
 """Convert one Edge partition (an ExportedProgram) to a LiteRT flatbuffer.
 
 The core owns what is structural — Q/DQ folding into int8 tensors, constants, layouts,
-graph inputs and outputs — and asks op converters (plugins) for everything else. Each
-emitted LiteRT operator records the Edge nodes it came from as it is emitted, so the
-debug-handle map exists by construction.
+graph inputs and outputs — and asks op converters (plugins) for everything else, through the
+:class:`~etforge.core.litert.context.ConversionContext`. Each emitted LiteRT operator records
+the Edge nodes it came from as it is emitted, so the debug-handle map exists by construction.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 from torch.export import ExportedProgram
 from torch.fx import Node
 
@@ -25,58 +24,23 @@ from etforge.core.contracts.converter import OpConverter, Support
 from etforge.core.contracts.target import TargetSpec
 from etforge.core.graph import layout
 from etforge.core.graph.utils import (
-    CONSTANT_FOLDABLE,
     dim_order,
     is_dequantize,
     is_quantize,
     mark_constants,
     node_op,
-    shape_of,
     tensor_meta,
 )
-from etforge.core.litert.builder import LiteRTBuilder, Quant, enum, options
+from etforge.core.litert.builder import Quant, options
+from etforge.core.litert.context import (
+    TORCH_DTYPES,
+    ConversionContext,
+    Value,
+    decided_converter,
+)
 
 if TYPE_CHECKING:
     from etforge.core.registry.manager import Registry
-
-#: Node meta key where the partitioner records the converter that accepted the node,
-#: as ``(plugin, converter name)``: conversion uses it instead of asking again.
-DECIDED_KEY = "etforge_converter"
-
-_TORCH_DTYPES = {torch.float32: "float32", torch.int8: "int8", torch.int32: "int32", torch.uint8: "uint8"}
-
-
-@dataclass
-class Value:
-    """A runtime tensor of the LiteRT graph; ``perm`` maps the logical (Edge) layout to storage."""
-
-    tensor: int
-    shape: tuple[int, ...]
-    perm: tuple[int, ...]
-    dtype: str
-    quant: Quant | None
-    #: For a flattened channels-last tensor kept in stored order (no TRANSPOSE): the
-    #: logical column each stored column holds. Only fully-connected consumers accept it.
-    columns: tuple[int, ...] | None = None
-
-    @property
-    def stored_shape(self) -> tuple[int, ...]:
-        return layout.apply(self.shape, self.perm)
-
-    @property
-    def rank(self) -> int:
-        return len(self.shape)
-
-
-@dataclass
-class Constant:
-    """A compile-time tensor in logical layout (int8 with ``quant`` for quantized weights)."""
-
-    data: np.ndarray
-    dtype: str
-    quant: Quant | None = None
-    name: str = "const"
-    _tensors: dict[tuple[int, ...], int] = field(default_factory=dict)
 
 
 @dataclass
@@ -96,463 +60,95 @@ class Converted:
     seconds: float = 0.0
 
 
-def _constant_tensor(ep: ExportedProgram, node: Node) -> torch.Tensor | None:
-    sig = ep.graph_signature
-    name = node.target
-    for table, source in (
-        (sig.inputs_to_parameters, ep.state_dict),
-        (sig.inputs_to_buffers, ep.state_dict),
-        (sig.inputs_to_lifted_tensor_constants, ep.constants),
-    ):
-        if name in table:
-            key = table[name]
-            value = source.get(key)
-            if value is None and key in ep.constants:
-                value = ep.constants[key]
-            return value.detach() if isinstance(value, torch.Tensor) else None
-    return None
+# -- the nodes the core converts itself ------------------------------------------------------
+def add_graph_input(ctx: ConversionContext, node: Node) -> None:
+    """A graph input: a LiteRT input tensor stored in the node's dim order."""
+    val = tensor_meta(node)
+    if val is None:
+        raise ConversionError(node, "placeholder", "graph input is not a tensor")
+    dtype = TORCH_DTYPES.get(val.dtype)
+    if dtype is None:
+        raise ConversionError(node, "placeholder", f"graph input dtype {val.dtype} is not supported")
+    quant = None
+    if dtype == "int8":
+        dqs = [u for u in node.users if is_dequantize(u)]
+        if not dqs:
+            raise ConversionError(node, "placeholder", "int8 graph input without quantization parameters")
+        quant = ctx.qdq_quant(dqs[0])
+    shape = tuple(int(d) for d in val.shape)
+    perm = dim_order(node)
+    index = ctx.builder.add_tensor(layout.apply(shape, perm), dtype, node.name, quant=quant)
+    ctx.builder.inputs.append(index)
+    ctx.values[node] = Value(index, shape, perm, dtype, quant)
+    ctx.input_dim_orders.append(perm)
 
 
-def _np(t: torch.Tensor) -> np.ndarray:
-    return t.detach().cpu().contiguous().numpy()
+def convert_dequantize(ctx: ConversionContext, node: Node) -> None:
+    """A dequantize: int8 consumers read the int8 tensor itself (weights are constants)."""
+    if ctx.is_constant(node):
+        return  # weights: consumed through ctx.constant()
+    src = ctx.value(node.args[0])
+    ctx.values[node] = src  # the int8 tensor *is* the dequantized value for int8 consumers
 
 
-class ConversionContext:
-    """What a converter sees: inputs as LiteRT tensors in a layout it asks for, and ``emit``."""
+def convert_quantize(ctx: ConversionContext, node: Node) -> None:
+    """A quantize its producer did not adopt: QUANTIZE, or a MUL by 1.0 to requantize int8."""
+    if node in ctx.values:
+        return  # adopted by its producer
+    src_node = node.args[0]
+    src = ctx.value(src_node)
+    quant = ctx.qdq_quant(node)
+    if src.dtype == "int8" and src.quant == quant:
+        ctx.values[node] = src
+        return
+    ctx.current = node
+    out = ctx.builder.add_tensor(src.stored_shape, "int8", node.name, quant=quant)
+    if src.dtype == "int8" and src.quant is not None and quant is not None:
+        # int8 -> int8 requantization as MUL by an exact 1.0: LiteRT's default (XNNPACK)
+        # QUANTIZE rescales with a coarse fixed-point multiplier and lands one step off on
+        # ~3% of values; MUL rescales in float, as the PT2E reference does.
+        one = ctx.add_constant(np.asarray([127], np.int8), "int8", "one", Quant.per_tensor(1 / 127, 0))
+        ctx.emit("MUL", [src, one], [out], options("MulOptions"))
+    else:
+        ctx.emit("QUANTIZE", [src], [out])
+    ctx.values[node] = Value(out, src.shape, src.perm, "int8", quant)
+    ctx.int8_values[node.name] = ctx.values[node]
 
-    def __init__(
-        self,
-        ep: ExportedProgram,
-        target: TargetSpec,
-        name: str = "partition",
-        converters: dict[str, list[OpConverter]] | None = None,
-    ) -> None:
-        self.ep = ep
-        self.target = target
-        #: op -> candidate converters (highest priority first): who to ask about a user node.
-        self.converters = converters or {}
-        self.builder = LiteRTBuilder(description=f"etforge:{name}")
-        self.values: dict[Node, Value] = {}
-        self.constants: dict[Node, Constant] = {}
-        self.absorbed: set[Node] = set()
-        self.current: Node | None = None
-        self.debug_map: dict[int, list[int]] = {}
-        self.op_nodes: dict[int, list[str]] = {}
-        self._transposes: dict[tuple[int, tuple[int, ...]], int] = {}
-        self._group: list[Node] = []
-        self._accepts_columns = False
-        self.input_dim_orders: list[tuple[int, ...]] = []
-        self.output_dim_orders: list[tuple[int, ...]] = []
-        #: Edge quantize node -> (LiteRT tensor, layout) holding its int8 value: lets a host
-        #: check compare every op with the reference op fed the same inputs.
-        self.int8_values: dict[str, Value] = {}
-        #: float values an op produced (float partitions): verify's float check reads them
-        self.float_values: dict[str, Value] = {}
 
-    def input_columns(self, arg: object) -> Value:
-        """Like ``input`` in identity layout, but may return a column-reordered flatten."""
-        self._accepts_columns = True
-        try:
-            v = self.value(arg)
-            return v if v.columns is not None else self.input(arg, layout.identity(v.rank))
-        finally:
-            self._accepts_columns = False
-
-    # -- constants ---------------------------------------------------------------------------
-    def constant(self, arg: object) -> Constant | None:
-        """The compile-time value of ``arg`` (a parameter, buffer, or DQ of one), else None."""
+def add_graph_outputs(ctx: ConversionContext, outputs: Sequence[object]) -> list[str]:
+    """The graph outputs, each a distinct computed tensor in its node's dim order."""
+    names = []
+    for arg in outputs:
         if not isinstance(arg, Node):
-            return None
-        if arg in self.constants:
-            return self.constants[arg]
-        const: Constant | None = None
-        if arg.op == "placeholder":
-            t = _constant_tensor(self.ep, arg)
-            if t is not None:
-                const = Constant(
-                    _np(t), _TORCH_DTYPES.get(t.dtype, str(t.dtype).removeprefix("torch.")), name=arg.name
-                )
-        elif is_dequantize(arg):
-            src = self.constant(arg.args[0])
-            if src is not None:
-                const = Constant(src.data, src.dtype, self._dq_quant(arg), name=arg.name)
-        elif node_op(arg) in CONSTANT_FOLDABLE and self.constant(arg.args[0]) is not None:
-            src = self.constant(arg.args[0])
-            perm = _const_perm(arg, src.data.ndim)
-            quant = src.quant
-            if quant is not None and quant.per_channel:
-                quant = Quant(quant.scale, quant.zero_point, layout.stored_axis(perm, quant.axis))
-            const = Constant(
-                np.ascontiguousarray(np.transpose(src.data, perm)), src.dtype, quant, name=arg.name
-            )
-        elif arg.op == "get_attr":
-            t = getattr(self.ep.graph_module, str(arg.target))
-            const = Constant(_np(t), _TORCH_DTYPES.get(t.dtype, "float32"), name=arg.name)
-        if const is not None:
-            self.constants[arg] = const
-        return const
-
-    def is_constant(self, arg: object) -> bool:
-        return self.constant(arg) is not None
-
-    def _dq_quant(self, dq: Node) -> Quant:
-        """Quantization parameters carried by a quantize/dequantize node's arguments."""
-        args = dq.args
-        if "per_channel" in node_op(dq):
-            scales, zps = self.constant(args[1]), self.constant(args[2])
-            if scales is None or zps is None:
-                raise ConversionError(dq, node_op(dq), "per-channel scales/zero points are not constant")
-            return Quant(
-                tuple(float(s) for s in scales.data.reshape(-1)),
-                tuple(int(z) for z in zps.data.reshape(-1)),
-                int(args[3]),
-            )
-        scale, zp = args[1], args[2]
-        if isinstance(scale, Node) or isinstance(zp, Node):
-            s, z = self.constant(scale), self.constant(zp)
-            if s is None or z is None:
-                raise ConversionError(dq, node_op(dq), "dynamic quantization parameters are not supported")
-            return Quant.per_tensor(float(s.data.reshape(-1)[0]), int(z.data.reshape(-1)[0]))
-        return Quant.per_tensor(float(scale), int(zp))
-
-    def constant_tensor(
-        self, const: Constant, perm: Sequence[int] | None = None, dtype: str | None = None
-    ) -> int:
-        """Materialize a constant as a LiteRT tensor, permuted at conversion time."""
-        perm = tuple(perm) if perm is not None else layout.identity(const.data.ndim)
-        if perm in const._tensors and dtype is None:
-            return const._tensors[perm]
-        data = np.transpose(const.data, perm) if const.data.ndim else const.data
-        quant = const.quant
-        if quant is not None and quant.per_channel:
-            quant = Quant(quant.scale, quant.zero_point, layout.stored_axis(perm, quant.axis))
-        index = self.builder.add_tensor(data.shape, dtype or const.dtype, const.name, data=data, quant=quant)
-        if dtype is None:
-            const._tensors[perm] = index
-        return index
-
-    def add_constant(self, data: np.ndarray, dtype: str, name: str, quant: Quant | None = None) -> int:
-        return self.builder.add_tensor(data.shape, dtype, name, data=np.asarray(data), quant=quant)
-
-    # -- runtime values ----------------------------------------------------------------------
-    def value(self, arg: object) -> Value:
-        """The runtime value of ``arg`` as stored (no layout change)."""
-        if isinstance(arg, Node) and arg in self.values:
-            return self.values[arg]
-        const = self.constant(arg)
-        if const is not None:
-            index = self.constant_tensor(const)
-            return Value(
-                index, tuple(const.data.shape), layout.identity(const.data.ndim), const.dtype, const.quant
-            )
-        raise ConversionError(
-            self.current, node_op(self.current) if self.current else "?", f"input {arg} has no value yet"
-        )
-
-    def input(self, arg: object, perm: Sequence[int] | None = None) -> Value:
-        """``arg`` as a LiteRT tensor stored in layout ``perm`` (None: as it is)."""
-        const = self.constant(arg)
-        if const is not None and not (isinstance(arg, Node) and arg in self.values):
-            p = tuple(perm) if perm is not None else layout.identity(const.data.ndim)
-            return Value(self.constant_tensor(const, p), tuple(const.data.shape), p, const.dtype, const.quant)
-        v = self.value(arg)
-        if v.columns is not None and not self._accepts_columns:
-            raise ConversionError(
-                self.current, node_op(self.current), "input is a reordered flatten; only FC may consume it"
-            )
-        if perm is None or tuple(perm) == v.perm:
-            return v
-        return self.relayout(v, tuple(perm))
-
-    def relayout(self, v: Value, perm: tuple[int, ...]) -> Value:
-        """Insert (once per tensor and layout) a TRANSPOSE or a free RESHAPE."""
-        key = (v.tensor, perm)
-        if key in self._transposes:
-            return Value(self._transposes[key], v.shape, perm, v.dtype, v.quant)
-        shape = layout.apply(v.shape, perm)
-        out = self.builder.add_tensor(
-            shape, v.dtype, f"{self.builder.tensors[v.tensor].name}/{''.join(map(str, perm))}", quant=v.quant
-        )
-        if layout.is_trivial(v.stored_shape, layout.transpose_between(v.perm, perm)):
-            shape_t = self.add_constant(np.asarray(shape, np.int32), "int32", "shape")
-            self.emit("RESHAPE", [v.tensor, shape_t], [out], options("ReshapeOptions", newShape=list(shape)))
-        else:
-            perm_t = self.add_constant(
-                np.asarray(layout.transpose_between(v.perm, perm), np.int32), "int32", "perm"
-            )
-            self.emit("TRANSPOSE", [v.tensor, perm_t], [out], options("TransposeOptions"))
-        self._transposes[key] = out
-        return Value(out, v.shape, perm, v.dtype, v.quant)
-
-    def fuse_activation(self, node: Node) -> tuple[str, Node]:
-        """Absorb a single-user activation after ``node`` if the target can fuse it.
-
-        Returns the LiteRT fused-activation name ("NONE" if none) and the node whose value
-        the fused op produces.
-        """
-        users = list(node.users)
-        if len(users) != 1 or users[0].op != "call_function":
-            return "NONE", node
-        user = users[0]
-        candidates = self.converters.get(node_op(user), [])
-        decided = _decided(user, candidates, None)  # the converter the partitioner chose
-        act = next(
-            (a for c in ([decided] if decided else candidates) if (a := c.fused_activation(user))),
-            None,
-        )
-        npu = self.target.npu
-        if act is None or npu is None or act not in npu.fused_activations:
-            return "NONE", node
-        self.absorbed.add(user)
-        self._group.append(user)
-        return act, user
-
-    def output(
-        self, node: Node, perm: Sequence[int] | None = None, shape: Sequence[int] | None = None
-    ) -> Value:
-        """Create the LiteRT tensor that ``node`` produces, stored in layout ``perm``.
-
-        Quantized when the node feeds a quantize node (whose qparams it adopts); that
-        quantize node and its dequantize users become aliases of this value.
-        """
-        logical = tuple(shape) if shape is not None else shape_of(node)
-        perm = tuple(perm) if perm is not None else layout.identity(len(logical))
-        q_users = [u for u in node.users if is_quantize(u)]
-        if q_users:
-            quant, dtype = self._dq_quant(q_users[0]), "int8"
-        else:
-            val = tensor_meta(node)
-            quant, dtype = None, _TORCH_DTYPES.get(val.dtype, "float32") if val is not None else "float32"
-        index = self.builder.add_tensor(layout.apply(logical, perm), dtype, node.name, quant=quant)
-        v = Value(index, logical, perm, dtype, quant)
-        self.values[node] = v
-        if q_users:
-            self.values[q_users[0]] = v
-            self.int8_values[q_users[0].name] = v
-        elif dtype == "float32":
-            self.float_values[node.name] = v
-        return v
-
-    def alias(self, node: Node, v: Value) -> None:
-        """``node`` is ``v`` relabelled (no data moves): e.g. a permute, a clone."""
-        self.values[node] = v
-        q_users = [u for u in node.users if is_quantize(u)]
-        if q_users and self._dq_quant(q_users[0]) == v.quant:
-            self.values[q_users[0]] = v
-
-    def output_quant(self, node: Node) -> Quant | None:
-        """The qparams ``node``'s value gets (from its quantize user), None if float."""
-        q = [u for u in node.users if is_quantize(u)]
-        return self._dq_quant(q[0]) if q else None
-
-    def temp(self, shape: Sequence[int], dtype: str, name: str, quant: Quant | None = None) -> int:
-        """An intermediate LiteRT tensor (stored shape) that no Edge node owns."""
-        return self.builder.add_tensor(tuple(shape), dtype, f"{self.current.name}/{name}", quant=quant)
-
-    def reshape(self, src: Value | int, dst: Value | int, stored_shape: Sequence[int]) -> None:
-        shape_t = self.add_constant(np.asarray(stored_shape, np.int32), "int32", "shape")
-        self.emit(
-            "RESHAPE",
-            [src, shape_t],
-            [dst],
-            options("ReshapeOptions", newShape=[int(d) for d in stored_shape]),
-        )
-
-    def emit(
-        self,
-        builtin: str,
-        inputs: Sequence[int | Value],
-        outputs: Sequence[int | Value],
-        opts: Any = None,
-        custom: str = "",
-        custom_options: bytes | None = None,
-    ) -> int:
-        """Append a LiteRT operator attributed to the node being converted (and its fused nodes)."""
-        ins = [i.tensor if isinstance(i, Value) else int(i) for i in inputs]
-        outs = [o.tensor if isinstance(o, Value) else int(o) for o in outputs]
-        group = [n for n in [self.current, *self._group] if n is not None]
-        index = self.builder.add_operator(
-            builtin,
-            ins,
-            outs,
-            opts,
-            name=group[0].name if group else "",
-            custom=custom,
-            custom_options=custom_options,
-        )
-        self.debug_map[index] = sorted(
-            {int(h) for n in group if (h := n.meta.get("debug_handle")) is not None}
-        )
-        self.op_nodes[index] = [n.name for n in group]
-        return index
-
-    def emit_elementwise(self, node: Node, builtin: str, arity: int, opts: dict[str, Any]) -> Value:
-        """Elementwise op with broadcasting: operands take the first runtime input's layout."""
-        args = list(node.args[:arity])
-        rank = len(shape_of(node))
-        runtime = [a for a in args if isinstance(a, Node) and not self.is_constant(a)]
-        perm = self._cheapest_layout([self.value(a) for a in runtime], rank)
-        int8 = any(self.value(a).dtype == "int8" for a in runtime)
-        ins = [self.broadcast_input(a, rank, perm, int8) for a in args]
-        kind = _ELEMENTWISE_OPTIONS.get(builtin)
-        fields = dict(opts)
-        out_node = node
-        if kind is not None and hasattr(options(kind), "fusedActivationFunction"):
-            act, out_node = self.fuse_activation(node)
-            fields["fusedActivationFunction"] = activation(act)
-        out = self.output(out_node, perm)
-        self.emit(builtin, ins, [out], options(kind, **fields) if kind else None)
-        return out
-
-    def _cheapest_layout(self, values: list[Value], rank: int) -> tuple[int, ...]:
-        """The operands' layout needing the fewest new TRANSPOSEs (ties: channels-last)."""
-        candidates = {v.perm for v in values if v.rank == rank} or {layout.identity(rank)}
-
-        def cost(perm: tuple[int, ...]) -> tuple[int, bool]:
-            new = sum(
-                1
-                for v in values
-                if v.rank == rank and v.perm != perm and (v.tensor, perm) not in self._transposes
-            )
-            return new, perm != layout.channels_last(rank)
-
-        return min(sorted(candidates), key=cost)
-
-    def broadcast_input(self, arg: object, rank: int, perm: tuple[int, ...], int8: bool = False) -> Value:
-        """An elementwise operand raised to ``rank`` (leading 1s), stored in ``perm``.
-
-        A float constant meeting int8 operands is quantized here, symmetric, with its own scale.
-        """
-        if not isinstance(arg, Node):
-            raise ConversionError(
-                self.current, node_op(self.current), f"scalar operand {arg!r} should be a tensor"
-            )
-        const = self.constant(arg)
-        if const is not None:
-            data = const.data.reshape((1,) * (rank - const.data.ndim) + const.data.shape)
-            quant, dtype = const.quant, const.dtype
-            if quant is not None and quant.per_channel:
-                quant = Quant(quant.scale, quant.zero_point, quant.axis + rank - const.data.ndim)
-            if int8 and quant is None:
-                scale = float(np.abs(data).max()) / 127.0 or 1.0
-                data = np.clip(np.round(data / scale), -127, 127).astype(np.int8)
-                quant, dtype = Quant.per_tensor(scale, 0), "int8"
-            c = Constant(data, dtype, quant, const.name)
-            return Value(self.constant_tensor(c, perm), data.shape, perm, c.dtype, c.quant)
-        v = self.value(arg)
-        if v.rank != rank:
-            v = self.input(arg, layout.identity(v.rank))
-            shape = (1,) * (rank - v.rank) + v.shape
-            out = self.builder.add_tensor(shape, v.dtype, f"{arg.name}/rank{rank}", quant=v.quant)
-            self.reshape(v, out, shape)
-            v = Value(out, shape, layout.identity(rank), v.dtype, v.quant)
-        return self.relayout(v, perm) if v.perm != perm else v
-
-    # -- structural nodes ----------------------------------------------------------------------
-    def add_graph_input(self, node: Node) -> None:
-        val = tensor_meta(node)
-        if val is None:
-            raise ConversionError(node, "placeholder", "graph input is not a tensor")
-        dtype = _TORCH_DTYPES.get(val.dtype)
-        if dtype is None:
-            raise ConversionError(node, "placeholder", f"graph input dtype {val.dtype} is not supported")
-        quant = None
-        if dtype == "int8":
-            dqs = [u for u in node.users if is_dequantize(u)]
-            if not dqs:
-                raise ConversionError(node, "placeholder", "int8 graph input without quantization parameters")
-            quant = self._dq_quant(dqs[0])
-        shape = tuple(int(d) for d in val.shape)
-        perm = dim_order(node)
-        index = self.builder.add_tensor(layout.apply(shape, perm), dtype, node.name, quant=quant)
-        self.builder.inputs.append(index)
-        self.values[node] = Value(index, shape, perm, dtype, quant)
-        self.input_dim_orders.append(perm)
-
-    def convert_dequantize(self, node: Node) -> None:
-        if self.is_constant(node):
-            return  # weights: consumed through ctx.constant()
-        src = self.value(node.args[0])
-        self.values[node] = src  # the int8 tensor *is* the dequantized value for int8 consumers
-
-    def convert_quantize(self, node: Node) -> None:
-        if node in self.values:
-            return  # adopted by its producer
-        src_node = node.args[0]
-        src = self.value(src_node)
-        quant = self._dq_quant(node)
-        if src.dtype == "int8" and src.quant == quant:
-            self.values[node] = src
-            return
-        self.current = node
-        out = self.builder.add_tensor(src.stored_shape, "int8", node.name, quant=quant)
-        if src.dtype == "int8" and src.quant is not None and quant is not None:
-            # int8 -> int8 requantization as MUL by an exact 1.0: LiteRT's default (XNNPACK)
-            # QUANTIZE rescales with a coarse fixed-point multiplier and lands one step off on
-            # ~3% of values; MUL rescales in float, as the PT2E reference does.
-            one = self.add_constant(np.asarray([127], np.int8), "int8", "one", Quant.per_tensor(1 / 127, 0))
-            self.emit("MUL", [src, one], [out], options("MulOptions"))
-        else:
-            self.emit("QUANTIZE", [src], [out])
-        self.values[node] = Value(out, src.shape, src.perm, "int8", quant)
-        self.int8_values[node.name] = self.values[node]
-
-    def add_graph_outputs(self, outputs: Sequence[object]) -> list[str]:
-        names = []
-        for arg in outputs:
-            if not isinstance(arg, Node):
-                raise ConversionError(arg, "output", "non-tensor graph output")
-            v = self.value(arg)
-            self.current = arg
-            wanted = dim_order(arg)
-            v = self.input(arg, wanted) if v.perm != wanted or v.columns is not None else v
-            if is_dequantize(arg) and v.dtype == "int8":
-                out = self.builder.add_tensor(v.stored_shape, "float32", f"{arg.name}/dequantized")
-                self.emit("DEQUANTIZE", [v], [out])
-                v = Value(out, v.shape, v.perm, "float32", None)
-            if (
-                v.tensor in self.builder.inputs
-                or v.tensor in self.builder.outputs
-                or self.builder.tensors[v.tensor].buffer
-            ):
-                # LiteRT needs a distinct, computed tensor per output: copy through RESHAPE.
-                stored = list(v.stored_shape)
-                out = self.builder.add_tensor(stored, v.dtype, f"{arg.name}/out", quant=v.quant)
-                shape_t = self.add_constant(np.asarray(stored, np.int32), "int32", "shape")
-                self.emit("RESHAPE", [v.tensor, shape_t], [out], options("ReshapeOptions", newShape=stored))
-                v = Value(out, v.shape, v.perm, v.dtype, v.quant)
-            self.builder.outputs.append(v.tensor)
-            self.output_dim_orders.append(wanted)
-            names.append(arg.name)
-        return names
+            raise ConversionError(arg, "output", "non-tensor graph output")
+        v = ctx.value(arg)
+        ctx.current = arg
+        wanted = dim_order(arg)
+        v = ctx.input(arg, wanted) if v.perm != wanted or v.columns is not None else v
+        if is_dequantize(arg) and v.dtype == "int8":
+            out = ctx.builder.add_tensor(v.stored_shape, "float32", f"{arg.name}/dequantized")
+            ctx.emit("DEQUANTIZE", [v], [out])
+            v = Value(out, v.shape, v.perm, "float32", None)
+        if (
+            v.tensor in ctx.builder.inputs
+            or v.tensor in ctx.builder.outputs
+            or ctx.builder.tensors[v.tensor].buffer
+        ):
+            # LiteRT needs a distinct, computed tensor per output: copy through RESHAPE.
+            stored = list(v.stored_shape)
+            out = ctx.builder.add_tensor(stored, v.dtype, f"{arg.name}/out", quant=v.quant)
+            shape_t = ctx.add_constant(np.asarray(stored, np.int32), "int32", "shape")
+            ctx.emit("RESHAPE", [v.tensor, shape_t], [out], options("ReshapeOptions", newShape=stored))
+            v = Value(out, v.shape, v.perm, v.dtype, v.quant)
+        ctx.builder.outputs.append(v.tensor)
+        ctx.output_dim_orders.append(wanted)
+        names.append(arg.name)
+    return names
 
 
-def _const_perm(node: Node, rank: int) -> tuple[int, ...]:
-    name = node_op(node)
-    if name.startswith("aten.permute"):
-        return tuple(int(d) % rank for d in node.args[1])
-    if name.startswith("aten.t"):
-        if name.startswith("aten.transpose"):
-            a, b = int(node.args[1]) % rank, int(node.args[2]) % rank
-            p = list(range(rank))
-            p[a], p[b] = p[b], p[a]
-            return tuple(p)
-        return tuple(reversed(range(rank)))
-    raise AssertionError(name)
-
-
-_ELEMENTWISE_OPTIONS = {
-    "ADD": "AddOptions",
-    "SUB": "SubOptions",
-    "MUL": "MulOptions",
-    "MAXIMUM": None,
-    "MINIMUM": None,
-}
-
-
-def _who(conv: OpConverter, reg: Registry | None) -> str:
+def _who(op_converter: OpConverter, reg: Registry | None) -> str:
     """``Converter (plugin 'x' (dist version))`` for messages that must name the plugin."""
-    return f"{conv.name} ({reg.owner_label(conv)})" if reg is not None else conv.name
+    return f"{op_converter.name} ({reg.owner_label(op_converter)})" if reg is not None else op_converter.name
 
 
 def select_converter(
@@ -564,34 +160,22 @@ def select_converter(
     naming the plugin; otherwise the node is refused with the plugin and exception as reason.
     """
     reasons = []
-    for conv in candidates:
+    for op_converter in candidates:
         try:
-            s = conv.is_supported(node, target)
+            s = op_converter.is_supported(node, target)
             if not isinstance(s, Support):
                 raise TypeError(f"returned {type(s).__name__}, expected Support")
         except Exception as exc:
-            why = f"{_who(conv, reg)}: support check raised {type(exc).__name__}: {exc}"
+            why = f"{_who(op_converter, reg)}: support check raised {type(exc).__name__}: {exc}"
             if reg is not None and reg.strict:
                 raise PluginError(f"{why} (node {node.name}, {node_op(node)}; --strict)") from exc
             s = Support(False, why)
         if s.ok:
-            return conv, s
-        reasons.append(f"{conv.name}: {s.reason}" if len(candidates) > 1 else s.reason)
+            return op_converter, s
+        reasons.append(f"{op_converter.name}: {s.reason}" if len(candidates) > 1 else s.reason)
     if not candidates:
         return None, Support(False, "no converter plugin handles this op")
     return None, Support(False, "; ".join(reasons))
-
-
-def _decided(node: Node, candidates: Sequence[OpConverter], reg: Registry | None) -> OpConverter | None:
-    """The converter the partitioner chose for ``node`` (recorded in its meta), if any."""
-    who = node.meta.get(DECIDED_KEY)
-    if not who:
-        return None
-    plugin, name = who
-    for conv in candidates:
-        if conv.name == name and (reg is None or reg.owner(conv) == plugin):
-            return conv
-    return None
 
 
 def convert_program(
@@ -608,7 +192,7 @@ def convert_program(
     """
     start = time.perf_counter()
     ctx = ConversionContext(ep, target, name, converters)
-    mark_constants(ep)
+    mark_constants(ep, ctx._folds)
     graph = ep.graph_module.graph
     output_names: list[str] = []
     input_names: list[str] = []
@@ -616,19 +200,19 @@ def convert_program(
         ctx.current, ctx._group = node, []
         if node.op == "placeholder":
             if not ctx.is_constant(node):
-                ctx.add_graph_input(node)
+                add_graph_input(ctx, node)
                 input_names.append(node.name)
         elif node.op == "output":
-            output_names = ctx.add_graph_outputs(list(node.args[0]))
+            output_names = add_graph_outputs(ctx, list(node.args[0]))
         elif node.op == "get_attr":
             continue
         elif node.op == "call_function":
             if node in ctx.absorbed or node in ctx.values or ctx.is_constant(node):
                 continue
             if is_dequantize(node):
-                ctx.convert_dequantize(node)
+                convert_dequantize(ctx, node)
             elif is_quantize(node):
-                ctx.convert_quantize(node)
+                convert_quantize(ctx, node)
             elif node.target is operator.getitem:
                 raise ConversionError(
                     node, "getitem", f"output {node.args[1]} of {node.args[0]} was not produced"
@@ -636,22 +220,24 @@ def convert_program(
             else:
                 op = node_op(node)
                 candidates = converters.get(op, [])
-                conv = _decided(node, candidates, reg)
-                if conv is None:
-                    conv, support = select_converter(node, candidates, target, reg)
-                    if conv is None:
+                op_converter = decided_converter(node, candidates, reg)
+                if op_converter is None:
+                    op_converter, support = select_converter(node, candidates, target, reg)
+                    if op_converter is None:
                         raise ConversionError(node, op, support.reason)
                 try:
-                    conv.convert(node, ctx)
+                    op_converter.convert(node, ctx)
                 except ConversionError as exc:
-                    exc.args = (f"{exc} (converter {_who(conv, reg)})",)
+                    exc.args = (f"{exc} (converter {_who(op_converter, reg)})",)
                     raise
                 except Exception as exc:
                     raise ConversionError(
-                        node, op, f"{_who(conv, reg)} failed: {type(exc).__name__}: {exc}"
+                        node, op, f"{_who(op_converter, reg)} failed: {type(exc).__name__}: {exc}"
                     ) from exc
                 if node not in ctx.values and not any(u in ctx.values for u in node.users):
-                    raise ConversionError(node, op, f"{_who(conv, reg)}: convert() produced no output value")
+                    raise ConversionError(
+                        node, op, f"{_who(op_converter, reg)}: convert() produced no output value"
+                    )
         else:
             raise ConversionError(node, node.op, "unsupported graph node kind")
     ctx.builder.metadata["etforge_int8_values"] = json.dumps(
@@ -684,21 +270,4 @@ def _schema_ops() -> Any:
     return schema.BuiltinOperator
 
 
-def padding(name: str) -> int:
-    return enum("Padding", name)
-
-
-def activation(name: str) -> int:
-    return enum("ActivationFunctionType", name)
-
-
-__all__ = [
-    "ConversionContext",
-    "Constant",
-    "Converted",
-    "Value",
-    "activation",
-    "convert_program",
-    "padding",
-    "select_converter",
-]
+__all__ = ["Converted", "convert_program", "select_converter"]

@@ -1,9 +1,8 @@
 """Every op left on the CPU needs a kernel the firmware can link — checked before anything is written.
 
 A ``.pte`` names its CPU operators; the device registers kernels for them from the libraries
-the target links (CMSIS-NN's ``cortex_m::`` ops, then ExecuTorch's quantized and portable
-libraries — ``codegen.kernels`` reads which library provides which operator from the yaml
-files ExecuTorch ships, and this check uses that same catalogue). An operator no library
+the target's CPU backend declares it links (``CpuBackend.kernel_libraries``: each names the
+yaml file ExecuTorch ships that lists its operators, which this check reads). An operator no library
 provides would load on the device and fail there, so ``compile`` refuses it — after first
 trying to decompose the op (torch's decomposition table, applied to the float program before
 quantization, so the parts are quantized like any other op) into operators that are provided.
@@ -13,25 +12,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
 import torch
 from torch.export import ExportedProgram
 
 from etforge.core.common import fallbacks
-from etforge.core.common.errors import EtforgeError
-
-#: What the libraries are called in messages.
-LIBRARY_TITLES: dict[str, str] = {
-    "cortex_m": "CMSIS-NN (cortex_m::)",
-    "quantized": "ExecuTorch quantized",
-    "portable": "ExecuTorch portable",
-    "portable_custom": "ExecuTorch portable custom",
-    "et_copy": "ExecuTorch copy/dim-order",
-}
-
-#: Libraries a CPU backend links when it does not say (``CpuBackend.kernel_libraries``).
-DEFAULT_LIBRARIES: tuple[str, ...] = ("quantized", "portable", "portable_custom", "et_copy")
+from etforge.core.common.errors import EtforgeError, PluginError
+from etforge.core.contracts.cpu_backend import CpuBackend, KernelLibrary
 
 #: Operators the ExecuTorch runtime executes itself (prim ops), without a kernel library.
 RUNTIME_NAMESPACES: tuple[str, ...] = ("executorch_prim",)
@@ -60,18 +49,45 @@ class Missing:
     source: str | None = None
 
 
-def libraries_for(cpu_backend: object) -> tuple[str, ...]:
-    """The kernel libraries, in lookup order, a CPU backend's firmware links."""
-    libs = getattr(cpu_backend, "kernel_libraries", None)
-    return tuple(libs) if libs else DEFAULT_LIBRARIES
+def libraries_for(cpu_backend: CpuBackend) -> tuple[KernelLibrary, ...]:
+    """The kernel libraries, in lookup order, a CPU backend's firmware links (it declares them)."""
+    if not cpu_backend.kernel_libraries:
+        raise PluginError(
+            f"CPU backend {cpu_backend.name!r} declares no kernel_libraries: no CPU op would have a kernel"
+        )
+    return tuple(cpu_backend.kernel_libraries)
 
 
-def provided(libraries: Sequence[str]) -> set[str]:
+@cache
+def library_operators(yaml_path: str) -> frozenset[str]:
+    """Operators (``ns::name.overload``) with a kernel in one ExecuTorch kernel yaml (a path
+    relative to the installed ``executorch`` package; libyaml when PyYAML has it)."""
+    import importlib.util
+    from pathlib import Path
+
+    import yaml
+
+    spec = importlib.util.find_spec("executorch")
+    assert spec is not None and spec.submodule_search_locations
+    path = Path(list(spec.submodule_search_locations)[0]) / yaml_path
+    if not path.is_file():
+        return frozenset()
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    ops: set[str] = set()
+    for entry in yaml.load(path.read_text(), Loader=loader) or []:  # noqa: S506 (a safe loader)
+        name = (entry.get("func") or "").split("(")[0] or entry.get("op")
+        if name and any(k.get("kernel_name") for k in entry.get("kernels") or []):
+            ops.add(name if "::" in name else f"aten::{name}")
+    return frozenset(ops)
+
+
+def provided(libraries: Sequence[KernelLibrary]) -> set[str]:
     """Operators (``ns::name.overload``) the libraries provide."""
-    from etforge.codegen.kernels import providers
+    return set().union(*(library_operators(lib.yaml) for lib in libraries))
 
-    wanted = set(libraries)
-    return {op for op, libs in providers().items() if wanted.intersection(libs)}
+
+def _titles(libraries: Sequence[KernelLibrary]) -> str:
+    return ", ".join(lib.title for lib in libraries)
 
 
 def _overload(target: Any) -> torch._ops.OpOverload | None:
@@ -105,7 +121,7 @@ def _is_runtime_op(name: str) -> bool:
     return name in RUNTIME_OPS or name.split("::")[0] in RUNTIME_NAMESPACES
 
 
-def missing_kernels(program: ExportedProgram, libraries: Sequence[str]) -> list[Missing]:
+def missing_kernels(program: ExportedProgram, libraries: Sequence[KernelLibrary]) -> list[Missing]:
     """CPU nodes of a lowered Edge program whose operator no library in ``libraries`` provides.
 
     Delegate calls, getitems and memory-planning nodes are not operators and are skipped.
@@ -131,7 +147,7 @@ def missing_kernels(program: ExportedProgram, libraries: Sequence[str]) -> list[
     return out
 
 
-def missing_in_pte(pte: bytes, libraries: Sequence[str]) -> list[str]:
+def missing_in_pte(pte: bytes, libraries: Sequence[KernelLibrary]) -> list[str]:
     """Operators of a serialized program that no library provides (after ``to_executorch``)."""
     from executorch.exir._serialize._program import deserialize_pte_binary
 
@@ -175,10 +191,10 @@ def decompose(program: ExportedProgram, table: dict[Any, Callable[..., Any]]) ->
 
 
 def error(
-    missing: Sequence[Missing], libraries: Sequence[str], target: str, decomposed: Sequence[str]
+    missing: Sequence[Missing], libraries: Sequence[KernelLibrary], target: str, decomposed: Sequence[str]
 ) -> EtforgeError:
     """One line naming each node, its op, the libraries tried and why decomposition did not help."""
-    tried = ", ".join(LIBRARY_TITLES.get(lib, lib) for lib in libraries)
+    tried = _titles(libraries)
     by_op: dict[str, list[str]] = {}
     for m in missing:
         by_op.setdefault(m.op if m.has_out_variant else f"{m.op} (no out variant)", []).append(m.node)
@@ -198,7 +214,7 @@ def next_decomposition(
     missing: Sequence[Missing],
     float_program: ExportedProgram,
     decomposed: Sequence[str],
-    libraries: Sequence[str],
+    libraries: Sequence[KernelLibrary],
     target: str,
 ) -> dict[Any, Callable[..., Any]]:
     """The decompositions the next build round applies to the float program for ``missing``
@@ -219,11 +235,11 @@ def next_decomposition(
     return table
 
 
-def check_pte(pte: bytes, libraries: Sequence[str], target: str) -> None:
+def check_pte(pte: bytes, libraries: Sequence[KernelLibrary], target: str) -> None:
     """The serialized program's operator table against the libraries (what the device registers)."""
     missing = missing_in_pte(pte, libraries)
     if missing:
-        tried = ", ".join(LIBRARY_TITLES.get(lib, lib) for lib in libraries)
+        tried = _titles(libraries)
         raise EtforgeError(
             f"{target}: the serialized program uses {', '.join(missing)}, which no kernel library "
             f"tried ({tried}) provides; nothing written"

@@ -21,7 +21,7 @@ from torch.fx import Node
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
 
-from etforge.core.contracts.converter import OpConverter, Support
+from etforge.core.contracts.converter import OpConverter, Support, folding
 from etforge.core.contracts.target import TargetSpec
 from etforge.core.graph.utils import (
     is_constant,
@@ -32,7 +32,8 @@ from etforge.core.graph.utils import (
     node_op,
     tensor_inputs,
 )
-from etforge.core.litert.convert import DECIDED_KEY, select_converter
+from etforge.core.litert.context import DECIDED_KEY
+from etforge.core.litert.convert import select_converter
 from etforge.core.lower import npu_backend as _backend  # registers EtforgeNpuBackend
 from etforge.core.registry.manager import Registry, registry
 
@@ -107,7 +108,7 @@ def _producers(node: Node) -> tuple[str, ...]:
 
 def _quantized_as(node: Node, depth: int = 3) -> Node | None:
     """The quantize node storing ``node``'s output, followed through a getitem or a fused
-    activation of the same shape (conv + relu keep one int8 tensor)."""
+    activation of the same shape (op_converter + relu keep one int8 tensor)."""
     users = list(node.users)
     if not users or depth == 0:
         return None
@@ -167,6 +168,9 @@ class EtforgePartitioner(Partitioner):
         self.preserve = True
         self.seconds = 0.0  # time spent deciding and tagging (for the benchmarks)
         self._table = self.registry.converters_for(target)
+        #: Ops a converter computes at compile time from a constant (of every converter, NPU or
+        #: not: a folded weight is no CPU node's input either).
+        self._folds = frozenset(folding(self.registry.converters))
         #: Real values of the program's parameters and buffers by state-dict key: ExecuTorch
         #: hands ``partition`` a copy whose state dict holds fake tensors (no data), and a
         #: no-op check (x + 0) needs the value (see :meth:`remember_constants`).
@@ -193,7 +197,7 @@ class EtforgePartitioner(Partitioner):
         decomposition); an op with any refused node is decomposed everywhere, and the
         converters of its decomposed form (addmm, permute ...) still take the rest.
         """
-        mark_constants(ep)
+        mark_constants(ep, self._folds)
         self.remember_constants(ep)
         blocked = set(self.options.get("operators_not_to_delegate", ()))
         if self.target.npu is None:
@@ -221,7 +225,7 @@ class EtforgePartitioner(Partitioner):
     def decide(self, ep: ExportedProgram) -> set[Node]:
         """Pick the NPU nodes; record a Decision (with reason) for every compute node."""
         self.decisions = []
-        mark_constants(ep)
+        mark_constants(ep, self._folds)
         blocked = set(self.options.get("operators_not_to_delegate", ()))
         chosen: dict[Node, Decision] = {}
         for node in _compute_nodes(ep):
@@ -232,13 +236,18 @@ class EtforgePartitioner(Partitioner):
             elif op in blocked:
                 d = Decision(node.name, op, False, None, None, "listed in operators_not_to_delegate")
             else:
-                conv, support = self._select(node, self._table.get(op, []))
-                owner = self.registry.owner(conv) if conv else None
+                op_converter, support = self._select(node, self._table.get(op, []))
+                owner = self.registry.owner(op_converter) if op_converter else None
                 d = Decision(
-                    node.name, op, conv is not None, conv.name if conv else None, owner, support.reason
+                    node.name,
+                    op,
+                    op_converter is not None,
+                    op_converter.name if op_converter else None,
+                    owner,
+                    support.reason,
                 )
-                if conv is not None:  # decided once: conversion uses this converter as is
-                    node.meta[DECIDED_KEY] = (owner, conv.name)
+                if op_converter is not None:  # decided once: conversion uses this converter as is
+                    node.meta[DECIDED_KEY] = (owner, op_converter.name)
             d.macs = self._macs(node)
             d.handle = node.meta.get("debug_handle")
             d.inputs = _producers(node)
@@ -258,19 +267,19 @@ class EtforgePartitioner(Partitioner):
         cached = node.meta.get(_SUPPORT_KEY)
         if cached is not None and cached[0] == key:
             _, name, reason = cached
-            conv = next((c for c in candidates if c.name == name), None) if name else None
-            if conv is not None or name is None:
-                return conv, Support(conv is not None, reason)
-        conv, support = select_converter(node, candidates, self.target, self.registry)
-        node.meta[_SUPPORT_KEY] = (key, conv.name if conv else None, support.reason)
-        return conv, support
+            op_converter = next((c for c in candidates if c.name == name), None) if name else None
+            if op_converter is not None or name is None:
+                return op_converter, Support(op_converter is not None, reason)
+        op_converter, support = select_converter(node, candidates, self.target, self.registry)
+        node.meta[_SUPPORT_KEY] = (key, op_converter.name if op_converter else None, support.reason)
+        return op_converter, support
 
     def _macs(self, node: Node) -> int:
         """MACs counted by any converter of the op (also for nodes the NPU refuses)."""
-        for conv in self.registry.converters:
-            if node_op(node) in conv.ops:
+        for op_converter in self.registry.converters:
+            if node_op(node) in op_converter.ops:
                 try:
-                    return int(conv.macs(node))
+                    return int(op_converter.macs(node))
                 except Exception as e:  # a plugin's bug: 0 MACs, said (strict: an error)
                     from etforge.core.common import fallbacks
 
@@ -278,7 +287,7 @@ class EtforgePartitioner(Partitioner):
                         "partition",
                         "counted 0 MACs",
                         f"{node.name} ({node_op(node)})",
-                        f"{conv.name}.macs of {self.registry.owner_label(conv)} failed: {type(e).__name__}: {e}",
+                        f"{op_converter.name}.macs of {self.registry.owner_label(op_converter)} failed: {type(e).__name__}: {e}",
                     )
                     return 0
         return 0
@@ -372,17 +381,17 @@ class EtforgePartitioner(Partitioner):
         """Whether the converter that took ``node`` says it computes nothing on the target."""
         from torch._subclasses.fake_tensor import FakeTensor
 
-        from etforge.core.litert.convert import _constant_tensor
+        from etforge.core.litert.context import constant_value
 
         who = node.meta.get(DECIDED_KEY)
-        conv = next((c for c in self._table.get(node_op(node), []) if who and c.name == who[1]), None)
-        if conv is None:
+        op_converter = next((c for c in self._table.get(node_op(node), []) if who and c.name == who[1]), None)
+        if op_converter is None:
             return False
 
         def constant(n: Node) -> torch.Tensor | None:
             if not isinstance(n, Node) or n.op != "placeholder":
                 return None
-            value = _constant_tensor(ep, n)
+            value = constant_value(ep, n)
             if isinstance(value, FakeTensor):  # ExecuTorch's fake copy: the real value, if known
                 key = ep.graph_signature.inputs_to_parameters.get(str(n.target))
                 key = key or ep.graph_signature.inputs_to_buffers.get(str(n.target))
@@ -392,12 +401,12 @@ class EtforgePartitioner(Partitioner):
             return value
 
         try:
-            return bool(conv.is_noop(node, self.target, constant))
+            return bool(op_converter.is_noop(node, self.target, constant))
         except Exception as e:  # a plugin bug must not pass for a no-op
             from etforge.core.common.errors import EtforgeError
 
             raise EtforgeError(
-                f"{conv.name}.is_noop failed on node {node.name} ({node_op(node)}): {e}"
+                f"{op_converter.name}.is_noop failed on node {node.name} ({node_op(node)}): {e}"
             ) from e
 
     def _groups(self, ep: ExportedProgram, chosen: dict[Node, Decision]) -> list[Any]:

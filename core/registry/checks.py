@@ -60,40 +60,44 @@ def litert_builtins() -> frozenset[str]:
     return frozenset(k for k in vars(schema.BuiltinOperator) if k.isupper())
 
 
-def converter_problems(conv: Any) -> list[str]:
+def converter_problems(op_converter: Any) -> list[str]:
     """Problems with an :class:`~etforge.core.contracts.converter.OpConverter`'s declaration."""
-    from etforge.core.contracts.converter import Constraint
+    from etforge.core.contracts.converter import Constraint, OpConverter
 
-    name = getattr(conv, "name", type(conv).__name__)
+    name = getattr(op_converter, "name", type(op_converter).__name__)
     out: list[str] = []
-    ops = getattr(conv, "ops", ())
+    ops = getattr(op_converter, "ops", ())
     out += _names(ops, "ops", OP_NAME)
     if not out and not ops:
         out.append("ops is empty: the converter handles no op")
-    out += _names(getattr(conv, "preserve", ()), "preserve", OP_NAME)
-    targets = getattr(conv, "targets", None)
+    out += _names(getattr(op_converter, "preserve", ()), "preserve", OP_NAME)
+    folds = getattr(op_converter, "folds", ())
+    out += _names(folds, "folds", OP_NAME)
+    if folds and type(op_converter).fold_constant is OpConverter.fold_constant:
+        out.append("folds ops but does not define fold_constant")
+    targets = getattr(op_converter, "targets", None)
     if targets is not None:
         out += _names(targets, "targets")
-    dtypes = getattr(conv, "dtypes", ())
+    dtypes = getattr(op_converter, "dtypes", ())
     problems = _names(dtypes, "dtypes")
     if not problems and set(dtypes) - DTYPES:
         problems.append(f"dtypes: {sorted(set(dtypes) - DTYPES)} not in {sorted(DTYPES)}")
     out += problems
-    priority = getattr(conv, "priority", 0)
+    priority = getattr(op_converter, "priority", 0)
     if not isinstance(priority, int) or isinstance(priority, bool):
         out.append(f"priority must be an int, got {priority!r}")
-    constraints = getattr(conv, "constraints", ())
+    constraints = getattr(op_converter, "constraints", ())
     if isinstance(constraints, (str, Constraint)) or not _is_seq(constraints):
         out.append(f"constraints must be a tuple, got {type(constraints).__name__}")
     else:
         for c in constraints:
             if not isinstance(c, (str, Constraint)):
                 out.append(f"constraints hold a {type(c).__name__}, expected Constraint or str")
-    builtins = list(getattr(conv, "litert_ops", ()) or ())
-    if isinstance(getattr(conv, "litert_ops", ()), str):
+    builtins = list(getattr(op_converter, "litert_ops", ()) or ())
+    if isinstance(getattr(op_converter, "litert_ops", ()), str):
         out.append("litert_ops must be a tuple of LiteRT builtin names, got a string")
         builtins = []
-    single = getattr(conv, "litert", None)
+    single = getattr(op_converter, "litert", None)
     if isinstance(single, str) and single:
         builtins.append(single)
     if builtins:
@@ -123,8 +127,19 @@ def rule_problems(rule: Any) -> list[str]:
 
 
 def target_problems(target: Any) -> list[str]:
-    """Problems with a :class:`~etforge.core.contracts.target.TargetSpec`."""
+    """Problems with a :class:`~etforge.core.contracts.target.TargetSpec`: names its NPU spec
+    does not declare, options named twice or defaulting outside their own choices."""
     out = _names(target.quant_schemes, "quant_schemes")
+    seen: set[str] = set()
+    for option in target.options:
+        if option.name in seen:
+            out.append(f"option {option.name!r} is declared twice")
+        seen.add(option.name)
+        if option.choices is not None and option.default not in option.choices:
+            out.append(
+                f"option {option.name!r}: default {option.default!r} is not one of its choices "
+                f"({', '.join(map(str, option.choices))})"
+            )
     if target.npu is not None:
         out += _names(target.npu.dtypes, "npu.dtypes")
         out += _names(target.npu.fused_activations, "npu.fused_activations")

@@ -213,16 +213,19 @@ class Registry:
         out: list[str] = []
         ruled = {op for r in self.quantizer_rules for op in (*r.ops, *r.fuse)}
         handled = {op for c in self.converters for op in (*c.ops, *c.preserve)}
-        for conv in self.converters:
-            if "int8" in conv.dtypes and not (set(conv.ops) | set(conv.preserve)) & ruled:
+        for op_converter in self.converters:
+            if (
+                "int8" in op_converter.dtypes
+                and not (set(op_converter.ops) | set(op_converter.preserve)) & ruled
+            ):
                 out.append(
-                    f"converter {conv.name} ({self.owner_label(conv)}) takes int8 but no quantizer "
-                    f"rule names {', '.join(conv.ops)}: on int8 targets nothing quantizes these ops"
+                    f"converter {op_converter.name} ({self.owner_label(op_converter)}) takes int8 but no quantizer "
+                    f"rule names {', '.join(op_converter.ops)}: on int8 targets nothing quantizes these ops"
                 )
-            texts = [c for c in conv.constraints if isinstance(c, str)]
+            texts = [c for c in op_converter.constraints if isinstance(c, str)]
             if texts:
                 out.append(
-                    f"converter {conv.name} ({self.owner_label(conv)}) advertises free-text "
+                    f"converter {op_converter.name} ({self.owner_label(op_converter)}) advertises free-text "
                     f"constraints that no check is tied to: {'; '.join(texts)}"
                 )
         for rule in self.quantizer_rules:
@@ -237,10 +240,10 @@ class Registry:
     def converters_for(self, target: TargetSpec) -> dict[str, list[OpConverter]]:
         """op name -> candidate converters, highest priority first (ties: plugin name)."""
         table: dict[str, list[OpConverter]] = {}
-        for conv in self.converters:
-            if conv.applies_to(target):
-                for op in conv.ops:
-                    table.setdefault(op, []).append(conv)
+        for op_converter in self.converters:
+            if op_converter.applies_to(target):
+                for op in op_converter.ops:
+                    table.setdefault(op, []).append(op_converter)
         for cands in table.values():
             cands.sort(key=lambda c: (-c.priority, self.owner(c), c.name))
         return table

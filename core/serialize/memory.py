@@ -1,7 +1,7 @@
 """What memory planning gave: arena bytes per memory id, the lower bound, scratch buffers.
 
 The lower bound is the peak, over the execution schedule, of the bytes of activations
-(CMSIS-NN scratch included) alive at once: no plan can use less arena than that.
+(kernels' scratch buffers included) alive at once: no plan can use less arena than that.
 """
 
 from __future__ import annotations
@@ -135,10 +135,8 @@ def check_budget(stats: MemoryStats, budget: int | None, npu: Sequence[Any] = ()
         )
     for part in sorted(npu, key=lambda p: (-p.working_bytes, p.name)):
         if arena + part.working_bytes > budget:
-            from etforge.core.serialize.npu_memory import SOURCE
-
             raise EtforgeError(
                 f"NPU partition {part.name}: working memory {part.working_bytes:,} B beside the planned "
                 f"arena {arena:,} B ({arena + part.working_bytes:,} B) does not fit the memory budget "
-                f"{budget:,} B ({SOURCE})"
+                f"{budget:,} B ({part.source})"
             )

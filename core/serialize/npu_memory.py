@@ -6,26 +6,28 @@ non-constant tensor of the partition's LiteRT graph at an offset in one buffer w
 best-fit placement as the CPU arena (``core.memory_plan``): a tensor lives from the op that
 produces it to its last consumer, graph inputs and outputs for the whole partition.
 
-It is etforge's host estimate from the LiteRT graph: the Neutron compiler fuses and tiles ops,
-so the figure on the device is the one the NPU compiler reports, when the eIQ Neutron SDK is
-installed. Constant tensors (weights) are in flash with the payload, not counted here.
+It is etforge's host estimate from the LiteRT graph: an NPU compiler may fuse and tile ops, so
+the figure on the device is the one it reports; the compiler plugin says so in its
+``memory_note``. Constant tensors (weights) are in flash with the payload, not counted here.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from etforge.core.contracts.target import TargetSpec
+    from etforge.core.registry.manager import Registry
 
 #: Offsets are aligned like the LiteRT constant buffers and the ExecuTorch arena (16 bytes).
 ALIGNMENT = 16
 
-#: What the figure is, said wherever it is shown (report, CLI, header).
-SOURCE = (
-    "etforge's host estimate from the LiteRT graph (offset planning over its tensors' lifetimes); "
-    "the device figure comes from the NPU compiler when the eIQ Neutron SDK is installed"
-)
+#: What the figure is, said wherever it is shown (report, CLI, header), before the NPU
+#: compiler's ``memory_note`` (see :func:`source`).
+ESTIMATE = "etforge's host estimate from the LiteRT graph (offset planning over its tensors' lifetimes)"
 
 
 @dataclass(eq=False)
@@ -47,6 +49,8 @@ class PartitionMemory:
     lower_bound: int  # peak of bytes alive at once: no plan can use less
     peak_op: int  # the op index at that peak
     tensors: list[PlannedTensor] = field(default_factory=list)
+    #: What the figure is (:func:`source`).
+    source: str = ESTIMATE
 
     def as_dict(self) -> dict[str, Any]:
         peak = sorted(
@@ -111,7 +115,17 @@ def lifetimes(model_bytes: bytes) -> list[PlannedTensor]:
     return out
 
 
-def plan_partition(name: str, model_bytes: bytes) -> PartitionMemory:
+def source(target: TargetSpec, reg: Registry | None = None) -> str:
+    """What a partition's figure is on ``target``: the estimate, and the NPU compiler's note."""
+    from etforge.core.registry.manager import registry
+
+    name = target.npu.compiler if target.npu is not None else None
+    compiler = (reg or registry()).npu_compilers.get(name) if name else None
+    note = compiler.memory_note if compiler is not None else ""
+    return f"{ESTIMATE}; {note}" if note else ESTIMATE
+
+
+def plan_partition(name: str, model_bytes: bytes, source: str = ESTIMATE) -> PartitionMemory:
     """Place the partition's tensors (best-fit, a few orders, the smallest plan wins)."""
     from etforge.core.serialize.memory_plan import _ORDERS, _align, _place
 
@@ -130,17 +144,18 @@ def plan_partition(name: str, model_bytes: bytes) -> PartitionMemory:
         live = sum(t.allocated_memory for t in tensors if t.lifetime[0] <= step <= t.lifetime[1])
         if live > peak:
             peak, peak_op = live, step
-    return PartitionMemory(name, _align(max(best_size, 0), ALIGNMENT), peak, peak_op, tensors)
+    return PartitionMemory(name, _align(max(best_size, 0), ALIGNMENT), peak, peak_op, tensors, source)
 
 
-def plan_partitions(partitions: list[tuple[str, bytes]]) -> list[PartitionMemory]:
+def plan_partitions(partitions: list[tuple[str, bytes]], source: str = ESTIMATE) -> list[PartitionMemory]:
     """One plan per (partition name, LiteRT flatbuffer)."""
-    return [plan_partition(name, tflite) for name, tflite in partitions]
+    return [plan_partition(name, tflite, source) for name, tflite in partitions]
 
 
 def plan_result(result: Any) -> list[PartitionMemory]:
     """The plans of a compile's NPU partitions (``CompileResult.partitions``), in order."""
-    return plan_partitions([(p.name, p.converted.tflite) for p in result.partitions])
+    parts = [(p.name, p.converted.tflite) for p in result.partitions]
+    return plan_partitions(parts, source(result.target)) if parts else []
 
 
 def report_section(plans: list[PartitionMemory]) -> dict[str, Any]:
@@ -148,5 +163,5 @@ def report_section(plans: list[PartitionMemory]) -> dict[str, Any]:
     return {
         "npu_partitions": [p.as_dict() for p in plans],
         "npu_working_bytes_max": max((p.working_bytes for p in plans), default=0),
-        "npu_source": SOURCE,
+        "npu_source": plans[0].source if plans else ESTIMATE,
     }

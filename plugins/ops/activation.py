@@ -5,15 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, ClassVar
 
-from etforge.core.contracts.converter import Constraint, OpConverter
-from etforge.core.contracts.hookspecs import hookimpl
-from etforge.core.contracts.quant_rule import QuantRule
+from etforge.sdk import Constraint, OpConverter, QuantRule, hookimpl
 
 if TYPE_CHECKING:
     from torch.fx import Node
 
-    from etforge.core.contracts.target import TargetSpec
-    from etforge.core.litert.convert import ConversionContext
+    from etforge.sdk import ConversionContext, TargetSpec
 
 #: LiteRT builtins for clamp ranges it has a dedicated op for.
 _RANGES = {(0.0, 6.0): "RELU6", (-1.0, 1.0): "RELU_N1_TO_1", (0.0, None): "RELU"}
@@ -31,7 +28,7 @@ FUSABLE_ACTIVATIONS = (
 
 def activation_kind(node: Node) -> str | None:
     """The LiteRT fused activation an activation node is (RELU, RELU6, RELU_N1_TO_1), else None."""
-    from etforge.core.graph.utils import node_op
+    from etforge.sdk import node_op
 
     name = node_op(node)
     if name in {"aten.relu.default", "aten.relu_.default"}:
@@ -48,7 +45,7 @@ def activation_kind(node: Node) -> str | None:
 
 
 def _bounds(node: Node) -> tuple[float | None, float | None]:
-    from etforge.core.litert.ophelpers import arg
+    from etforge.sdk import arg
 
     if "hardtanh" in str(node.target):
         return float(arg(node, 1, "min_val", -1.0)), float(arg(node, 2, "max_val", 1.0))
@@ -64,7 +61,7 @@ def collapsed_by_quantization(node: Node, lo: float | None, hi: float | None) ->
     """Whether the int8 input's range leaves nothing of clamp(lo, hi): for a ReLU-family range,
     no bound quantizes strictly inside the range (the hinge is gone); for any other range, both
     bounds lie outside the representable values. False when the input is not per-tensor int8."""
-    from etforge.core.litert.ophelpers import input_qparams
+    from etforge.sdk import input_qparams
 
     got = input_qparams(node, 0)
     if got is None:
@@ -87,7 +84,7 @@ def collapsed_by_quantization(node: Node, lo: float | None, hi: float | None) ->
 
 
 def _scalar_bounds(node: Node, target: TargetSpec) -> bool:
-    from etforge.core.litert.ophelpers import arg
+    from etforge.sdk import arg
 
     return not any(hasattr(v, "op") for v in (arg(node, 1, "min"), arg(node, 2, "max")))
 
@@ -110,7 +107,7 @@ def _clamp_bounded(node: Node, target: TargetSpec) -> bool | str:
 
 def _clamp_qparams(node: Node, target: TargetSpec) -> bool | str:
     """A ReLU-family range converts to one op; any other range (MIN/MAX) needs equal in/out qparams."""
-    from etforge.core.litert.ophelpers import input_qparams, output_qparams, shares_qparams
+    from etforge.sdk import input_qparams, output_qparams, shares_qparams
 
     npu = target.npu
     if npu is None or not npu.requirement("clamp_shared_qparams_unless_relu"):
@@ -171,7 +168,7 @@ class Clamp(OpConverter):
                 else:
                     ctx.emit(op, [cur, c], [out])
                 return
-            from etforge.core.litert.convert import Value
+            from etforge.sdk import Value
 
             tmp = ctx.temp(cur.stored_shape, cur.dtype, op.lower(), q)
             ctx.emit(op, [cur, c], [tmp])
@@ -182,8 +179,7 @@ class LeakyRelu(OpConverter):
     ops = ("aten.leaky_relu.default",)
 
     def convert(self, node: Node, ctx: ConversionContext) -> None:
-        from etforge.core.litert.builder import options
-        from etforge.core.litert.ophelpers import arg
+        from etforge.sdk import arg, options
 
         x = ctx.input(node.args[0])
         alpha = float(arg(node, 1, "negative_slope", 0.01))
@@ -191,13 +187,13 @@ class LeakyRelu(OpConverter):
 
 
 def _constant_slope(node: Node, target: TargetSpec) -> bool:
-    from etforge.core.graph.utils import is_constant
+    from etforge.sdk import is_constant
 
     return is_constant(node.args[1])
 
 
 def _full_size_operand(node: Node, target: TargetSpec) -> bool | str:
-    from etforge.core.litert.ophelpers import has_full_size_operand
+    from etforge.sdk import has_full_size_operand
 
     if target.npu is None or not target.npu.requirement("binary_full_size_operand"):
         return True
@@ -215,7 +211,7 @@ class Prelu(OpConverter):
     )
 
     def convert(self, node: Node, ctx: ConversionContext) -> None:
-        from etforge.core.litert.convert import Constant
+        from etforge.sdk import Constant
 
         x = ctx.input(node.args[0])
         slope = ctx.constant(node.args[1])
@@ -227,7 +223,7 @@ class Prelu(OpConverter):
         data = slope.data.reshape(shape)
         quant = slope.quant
         if quant is not None and quant.per_channel:
-            from etforge.core.litert.builder import Quant
+            from etforge.sdk import Quant
 
             quant = Quant(quant.scale, quant.zero_point, 1)
         c = Constant(data, slope.dtype, quant, slope.name)
@@ -239,7 +235,7 @@ def _fixed_output(scale: float, zero_point: int) -> Callable[[Node, TargetSpec],
     """LiteRT's int8 kernel produces this output quantization (the quantizer rule fixes it)."""
 
     def test(node: Node, target: TargetSpec) -> bool | str:
-        from etforge.core.litert.ophelpers import output_qparams
+        from etforge.sdk import output_qparams
 
         q = output_qparams(node)
         if q is None or (abs(float(q[0]) - scale) <= 1e-9 and int(q[1]) == zero_point):
@@ -252,7 +248,7 @@ def _fixed_output(scale: float, zero_point: int) -> Callable[[Node, TargetSpec],
 def _one_domain(node: Node, target: TargetSpec) -> bool | str:
     """LiteRT's LOGISTIC, TANH and HARD_SWISH take and give one type: an int8 input with a float
     output (a composite op quantized whole, then decomposed: SiLU's sigmoid) does not load."""
-    from etforge.core.litert.ophelpers import input_qparams, output_qparams
+    from etforge.sdk import input_qparams, output_qparams
 
     quantized_in, quantized_out = input_qparams(node, 0) is not None, output_qparams(node) is not None
     if quantized_in == quantized_out:

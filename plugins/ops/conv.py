@@ -5,16 +5,13 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from etforge.core.contracts.converter import Constraint, OpConverter
-from etforge.core.contracts.hookspecs import hookimpl
-from etforge.core.contracts.quant_rule import QuantRule
 from etforge.plugins.ops.activation import FUSABLE_ACTIVATIONS
+from etforge.sdk import Constraint, OpConverter, QuantRule, hookimpl
 
 if TYPE_CHECKING:
     from torch.fx import Node
 
-    from etforge.core.contracts.target import TargetSpec
-    from etforge.core.litert.convert import Constant, ConversionContext, Value
+    from etforge.sdk import Constant, ConversionContext, TargetSpec, Value
 
 NHWC = (0, 2, 3, 1)
 
@@ -31,14 +28,14 @@ def _round_up(value: int, multiple: int) -> int:
 
 
 def _rank_1d_2d(node: Node, target: TargetSpec) -> bool | str:
-    from etforge.core.graph.utils import shape_of
+    from etforge.sdk import shape_of
 
     rank = len(shape_of(node.args[0]))
     return rank in (3, 4) or f"{rank - 2}-D"
 
 
 def _constant_weights(node: Node, target: TargetSpec) -> bool:
-    from etforge.core.graph.utils import is_constant
+    from etforge.sdk import is_constant
 
     b = node.args[2]
     return is_constant(node.args[1]) and (b is None or is_constant(b))
@@ -46,7 +43,7 @@ def _constant_weights(node: Node, target: TargetSpec) -> bool:
 
 def _window(node: Node, target: TargetSpec) -> bool | str:
     """Kernel <= max_kernel; regular convs also stride <= max_stride, dilation <= max_dilation."""
-    from etforge.core.graph.utils import shape_of
+    from etforge.sdk import shape_of
 
     npu = target.npu
     assert npu is not None
@@ -66,7 +63,7 @@ def _weight_rows(node: Node, target: TargetSpec) -> bool | str:
 
     C_in is the input's whole channel count, depthwise included, as upstream counts it.
     """
-    from etforge.core.graph.utils import shape_of
+    from etforge.sdk import shape_of
 
     npu = target.npu
     assert npu is not None
@@ -84,7 +81,7 @@ def _plain_or_depthwise(node: Node, target: TargetSpec) -> bool | str:
     (C_in == C_out == groups) runs as such; 2..max_split_groups groups are split into
     single-group convs by the grouped_conv rewrite, so one left whole is refused; more groups
     run as one grouped CONV_2D (upstream's choice)."""
-    from etforge.core.graph.utils import shape_of
+    from etforge.sdk import shape_of
 
     npu = target.npu
     assert npu is not None
@@ -104,7 +101,7 @@ def _plain_or_depthwise(node: Node, target: TargetSpec) -> bool | str:
 
 
 def _transposed_limits(node: Node, target: TargetSpec) -> bool | str:
-    from etforge.core.graph.utils import shape_of
+    from etforge.sdk import shape_of
 
     npu = target.npu
     assert npu is not None
@@ -153,7 +150,7 @@ class Convolution(OpConverter):
     )
 
     def macs(self, node: Node) -> int:
-        from etforge.core.graph.utils import shape_of
+        from etforge.sdk import shape_of
 
         w = shape_of(node.args[1])
         transposed = bool(node.args[6])
@@ -161,8 +158,7 @@ class Convolution(OpConverter):
         return spatial * w[1] * math.prod(w[2:])
 
     def convert(self, node: Node, ctx: ConversionContext) -> None:
-        from etforge.core.graph.utils import shape_of
-        from etforge.core.litert.convert import Constant, Value
+        from etforge.sdk import Constant, Value, shape_of
 
         stride, padding, dilation, transposed, out_pad, groups = _params(node)
         is_1d = len(shape_of(node.args[0])) == 3
@@ -210,10 +206,8 @@ def _conv(
     y: Value,
     act: str,
 ) -> None:
-    from etforge.core.litert.builder import options
-    from etforge.core.litert.convert import activation
-    from etforge.core.litert.convert import padding as pad_enum
-    from etforge.core.litert.ophelpers import bias_tensor, choose_padding, pad_spatial
+    from etforge.sdk import activation, bias_tensor, choose_padding, options, pad_spatial
+    from etforge.sdk import padding as pad_enum
 
     c_out, c_in_g, kh, kw = w.data.shape
     c_in = x.shape[1]
@@ -259,10 +253,8 @@ def _transpose_conv(
     reaches hold the bias alone, as in PyTorch."""
     import numpy as np
 
-    from etforge.core.litert.builder import options
-    from etforge.core.litert.convert import activation
-    from etforge.core.litert.convert import padding as pad_enum
-    from etforge.core.litert.ophelpers import bias_tensor
+    from etforge.sdk import activation, bias_tensor, options
+    from etforge.sdk import padding as pad_enum
 
     _, c_out, kh, kw = w.data.shape
     n, _, h, wd = x.shape

@@ -8,15 +8,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from etforge.core.contracts.converter import Constraint, Elementwise, OpConverter, elementwise
-from etforge.core.contracts.hookspecs import hookimpl
-from etforge.core.contracts.quant_rule import QuantRule
+from etforge.sdk import Constraint, Elementwise, OpConverter, QuantRule, elementwise, hookimpl
 
 if TYPE_CHECKING:
     from torch.fx import Node
 
-    from etforge.core.contracts.target import TargetSpec
-    from etforge.core.litert.convert import ConversionContext
+    from etforge.sdk import ConversionContext, TargetSpec
 
 
 def _unit_alpha(node: Node, target: TargetSpec) -> bool | str:
@@ -25,7 +22,7 @@ def _unit_alpha(node: Node, target: TargetSpec) -> bool | str:
 
 
 def _full_size_operand(node: Node, target: TargetSpec) -> bool | str:
-    from etforge.core.litert.ophelpers import has_full_size_operand
+    from etforge.sdk import has_full_size_operand
 
     if target.npu is None or not target.npu.requirement("binary_full_size_operand"):
         return True
@@ -33,7 +30,7 @@ def _full_size_operand(node: Node, target: TargetSpec) -> bool | str:
 
 
 def _minmax_shared(node: Node, target: TargetSpec) -> bool | str:
-    from etforge.core.litert.ophelpers import input_qparams, output_qparams, shares_qparams
+    from etforge.sdk import input_qparams, output_qparams, shares_qparams
 
     if target.npu is None or not target.npu.requirement("shared_qparams_minmax"):
         return True
@@ -43,7 +40,7 @@ def _minmax_shared(node: Node, target: TargetSpec) -> bool | str:
 
 
 def _per_tensor_input(node: Node, target: TargetSpec) -> bool | str:
-    from etforge.core.litert.ophelpers import input_qparams
+    from etforge.sdk import input_qparams
 
     if target.npu is None or not target.npu.requirement("neg_per_tensor"):
         return True
@@ -57,7 +54,7 @@ def neutral_operand(node: Node, constant: object, neutral: float, positions: tup
     output is that operand."""
     from torch.fx import Node as FxNode
 
-    from etforge.core.graph.utils import shape_of, tensor_meta
+    from etforge.sdk import shape_of, tensor_meta
 
     for i in positions:
         other = node.args[1 - i]
@@ -80,7 +77,7 @@ def value_of(a: object, constant: object) -> float | None:
     (through its quantize / dequantize), None if it is not a constant of one value."""
     from torch.fx import Node as FxNode
 
-    from etforge.core.graph.utils import is_dequantize, is_quantize
+    from etforge.sdk import is_dequantize, is_quantize
 
     steps = []
     while isinstance(a, FxNode) and (is_dequantize(a) or is_quantize(a)):
@@ -111,6 +108,7 @@ class AddSub(Elementwise):
 class Add(AddSub):
     ops = ("aten.add.Tensor",)
     litert = "ADD"
+    options_table = "AddOptions"
 
     def is_noop(self, node: Node, target: TargetSpec, constant: object = None) -> bool:
         return neutral_operand(node, constant, 0.0, (0, 1))
@@ -119,6 +117,7 @@ class Add(AddSub):
 class Sub(AddSub):
     ops = ("aten.sub.Tensor",)
     litert = "SUB"
+    options_table = "SubOptions"
 
     def is_noop(self, node: Node, target: TargetSpec, constant: object = None) -> bool:
         return neutral_operand(node, constant, 0.0, (1,))
@@ -127,6 +126,7 @@ class Sub(AddSub):
 class Mul(Elementwise):
     ops = ("aten.mul.Tensor",)
     litert = "MUL"
+    options_table = "MulOptions"
     arity = 2
     constraints = (_FULL,)
 
@@ -163,7 +163,7 @@ class Neg(Elementwise):
     def convert(self, node: Node, ctx: ConversionContext) -> None:
         import numpy as np
 
-        from etforge.core.litert.builder import Quant, options
+        from etforge.sdk import Quant, options
 
         if ctx.value(node.args[0]).dtype != "int8":
             ctx.emit_elementwise(node, self.litert, self.arity, self.options)

@@ -5,23 +5,18 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from etforge.core.contracts.converter import Constraint, OpConverter
-from etforge.core.contracts.hookspecs import hookimpl
-from etforge.core.contracts.quant_rule import QuantRule
 from etforge.plugins.ops.activation import FUSABLE_ACTIVATIONS
+from etforge.sdk import Constraint, OpConverter, QuantRule, hookimpl
 
 if TYPE_CHECKING:
     from torch.fx import Node
 
-    from etforge.core.contracts.target import TargetSpec
-    from etforge.core.litert.convert import Constant, ConversionContext
+    from etforge.sdk import Constant, ConversionContext, TargetSpec
 
 
 def _fully_connected(ctx: ConversionContext, node: Node, x_arg: object, w: Constant, bias: object) -> None:
     """y = x @ w.T + b over the last dim; ``w`` is (out_features, in_features)."""
-    from etforge.core.litert.builder import options
-    from etforge.core.litert.convert import Constant, activation
-    from etforge.core.litert.ophelpers import bias_tensor
+    from etforge.sdk import Constant, activation, bias_tensor, options
 
     act, out_node = ctx.fuse_activation(node)
     x = ctx.input_columns(x_arg)
@@ -35,7 +30,7 @@ def _fully_connected(ctx: ConversionContext, node: Node, x_arg: object, w: Const
 
 
 def _linear_constant(node: Node, target: TargetSpec) -> bool:
-    from etforge.core.graph.utils import is_constant
+    from etforge.sdk import is_constant
 
     bias = node.args[2] if len(node.args) > 2 else None
     return is_constant(node.args[1]) and (bias is None or is_constant(bias))
@@ -51,7 +46,7 @@ class Linear(OpConverter):
     def macs(self, node: Node) -> int:
         from math import prod
 
-        from etforge.core.graph.utils import shape_of
+        from etforge.sdk import shape_of
 
         return prod(shape_of(node)) * shape_of(node.args[1])[1]
 
@@ -74,13 +69,13 @@ def _unit_alpha_beta(node: Node, target: TargetSpec) -> bool | str:
 
 
 def _runtime_left(node: Node, target: TargetSpec) -> bool:
-    from etforge.core.graph.utils import is_constant
+    from etforge.sdk import is_constant
 
     return not is_constant(_operands(node)[0])
 
 
 def _addmm_constants(node: Node, target: TargetSpec) -> bool:
-    from etforge.core.graph.utils import is_constant
+    from etforge.sdk import is_constant
 
     _, b, bias = _operands(node)
     return bias is None or (is_constant(b) and is_constant(bias))
@@ -88,7 +83,7 @@ def _addmm_constants(node: Node, target: TargetSpec) -> bool:
 
 def _addmm_bias_row(node: Node, target: TargetSpec) -> bool | str:
     """addmm's bias is [P] or [1, P] (not a full [N, P] matrix or a broadcast scalar)."""
-    from etforge.core.graph.utils import shape_of
+    from etforge.sdk import shape_of
 
     _, _, bias = _operands(node)
     if bias is None or target.npu is None or not target.npu.requirement("addmm_bias_row"):
@@ -99,7 +94,7 @@ def _addmm_bias_row(node: Node, target: TargetSpec) -> bool | str:
 
 
 def _mm_constant_rhs(node: Node, target: TargetSpec) -> bool:
-    from etforge.core.graph.utils import is_constant
+    from etforge.sdk import is_constant
 
     if "aten.mm." not in str(node.target) or target.npu is None:
         return True
@@ -107,7 +102,7 @@ def _mm_constant_rhs(node: Node, target: TargetSpec) -> bool:
 
 
 def _bmm_zero_points(node: Node, target: TargetSpec) -> bool | str:
-    from etforge.core.litert.ophelpers import input_qparams
+    from etforge.sdk import input_qparams
 
     allowed = target.npu.choices.get("batch_matmul_zero_points") if target.npu else None
     if "bmm" not in str(node.target) or allowed is None:
@@ -135,22 +130,20 @@ class MatMul(OpConverter):
     def macs(self, node: Node) -> int:
         from math import prod
 
-        from etforge.core.graph.utils import shape_of
+        from etforge.sdk import shape_of
 
         a, _, _ = self._operands(node)
         return prod(shape_of(node)) * shape_of(a)[-1]
 
     def convert(self, node: Node, ctx: ConversionContext) -> None:
-        from etforge.core.graph import layout
-        from etforge.core.litert.builder import options
-        from etforge.core.litert.convert import Constant
+        from etforge.sdk import Constant, layout, options
 
         a, b, bias = self._operands(node)
         bconst = ctx.constant(b)
         if bconst is not None and bconst.data.ndim == 2:
             q = bconst.quant
             if q is not None and q.per_channel:
-                from etforge.core.litert.builder import Quant
+                from etforge.sdk import Quant
 
                 q = Quant(q.scale, q.zero_point, 1 - q.axis)
             w = Constant(bconst.data.T.copy(), bconst.dtype, q, bconst.name)
@@ -179,7 +172,7 @@ def _symmetric_inputs(node: Node, specs: Any) -> bool:
     from torchao.quantization.pt2e.observer import MinMaxObserver, MovingAverageMinMaxObserver
     from torchao.quantization.pt2e.quantizer import QuantizationAnnotation, QuantizationSpec
 
-    from etforge.core.graph.utils import shape_of, tensor_meta
+    from etforge.sdk import shape_of, tensor_meta
 
     inputs = [a for a in node.args[:2] if isinstance(a, FxNode) and tensor_meta(a) is not None]
     if len(inputs) != 2 or any(not tensor_meta(a).dtype.is_floating_point for a in inputs):

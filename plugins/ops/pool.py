@@ -4,21 +4,18 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from etforge.core.contracts.converter import Constraint, OpConverter
-from etforge.core.contracts.hookspecs import hookimpl
-from etforge.core.contracts.quant_rule import QuantRule
+from etforge.sdk import Constraint, OpConverter, QuantRule, hookimpl
 
 if TYPE_CHECKING:
     from torch.fx import Node
 
-    from etforge.core.contracts.target import TargetSpec
-    from etforge.core.litert.convert import ConversionContext, Value
+    from etforge.sdk import ConversionContext, TargetSpec, Value
 
 NHWC = (0, 2, 3, 1)
 
 
 def _window(node: Node) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], bool]:
-    from etforge.core.litert.ophelpers import arg, pair
+    from etforge.sdk import arg, pair
 
     kernel = pair(arg(node, 1, "kernel_size"))
     stride_raw = arg(node, 2, "stride", None)
@@ -52,8 +49,8 @@ def _pool(
     stride: tuple[int, ...],
     mode: str = "VALID",
 ) -> None:
-    from etforge.core.litert.builder import options
-    from etforge.core.litert.convert import padding as pad_enum
+    from etforge.sdk import options
+    from etforge.sdk import padding as pad_enum
 
     opts = options(
         "Pool2DOptions",
@@ -80,7 +77,7 @@ def _limits(
 
 def _shared_qparams(node: Node, target: TargetSpec) -> bool | str:
     """Input and output quantized alike, when the NPU requires it of pooling (LiteRT does too)."""
-    from etforge.core.litert.ophelpers import shares_qparams
+    from etforge.sdk import shares_qparams
 
     if target.npu is None or not target.npu.requirement("shared_qparams_pool"):
         return True
@@ -92,7 +89,7 @@ def _max_pool_output(node: Node) -> Node:
 
 
 def _max_pool_shape(node: Node, target: TargetSpec) -> bool | str:
-    from etforge.core.graph.utils import shape_of
+    from etforge.sdk import shape_of
 
     if "with_indices" in str(node.target):
         users = list(node.users)
@@ -105,7 +102,7 @@ def _max_pool_shape(node: Node, target: TargetSpec) -> bool | str:
 
 
 def _max_pool_window(node: Node, target: TargetSpec) -> bool | str:
-    from etforge.core.litert.ophelpers import arg, pair
+    from etforge.sdk import arg, pair
 
     if any(d != 1 for d in pair(arg(node, 4, "dilation", 1))):
         return "dilated"
@@ -116,8 +113,7 @@ def _max_pool_window(node: Node, target: TargetSpec) -> bool | str:
 
 
 def _avg_pool_window(node: Node, target: TargetSpec) -> bool | str:
-    from etforge.core.graph.utils import shape_of
-    from etforge.core.litert.ophelpers import arg, choose_padding
+    from etforge.sdk import arg, choose_padding, shape_of
 
     if arg(node, 6, "divisor_override") is not None:
         return "divisor_override"
@@ -139,7 +135,7 @@ def _avg_pool_window(node: Node, target: TargetSpec) -> bool | str:
 
 
 def _adaptive_window(node: Node, target: TargetSpec) -> bool | str:
-    from etforge.core.graph.utils import shape_of
+    from etforge.sdk import shape_of
 
     ins, outs = shape_of(node.args[0]), shape_of(node)
     if len(ins) != 4:
@@ -162,7 +158,7 @@ class MaxPool2d(OpConverter):
     )
 
     def convert(self, node: Node, ctx: ConversionContext) -> None:
-        from etforge.core.graph.utils import shape_of
+        from etforge.sdk import shape_of
 
         out_node = next(iter(node.users)) if "with_indices" in str(node.target) else node
         kernel, stride, padding, _ = _window(node)
@@ -178,7 +174,7 @@ class MaxPool2d(OpConverter):
 
 
 def _pad(ctx: ConversionContext, x: Value, pads: list[tuple[int, int]], value: float | None) -> Value:
-    from etforge.core.litert.ophelpers import pad_spatial
+    from etforge.sdk import pad_spatial
 
     return pad_spatial(ctx, x, pads, value)
 
@@ -198,7 +194,7 @@ class AvgPool2d(OpConverter):
     )
 
     def convert(self, node: Node, ctx: ConversionContext) -> None:
-        from etforge.core.litert.ophelpers import arg
+        from etforge.sdk import arg
 
         kernel, stride, padding, _ = _window(node)
         x = ctx.input(node.args[0], NHWC)
@@ -226,8 +222,7 @@ class AdaptiveAvgPool2d(OpConverter):
     def convert(self, node: Node, ctx: ConversionContext) -> None:
         import numpy as np
 
-        from etforge.core.graph.utils import shape_of
-        from etforge.core.litert.builder import options
+        from etforge.sdk import options, shape_of
 
         x = ctx.input(node.args[0], NHWC)
         outs = shape_of(node)

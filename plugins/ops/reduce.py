@@ -4,19 +4,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar
 
-from etforge.core.contracts.converter import Constraint, OpConverter
-from etforge.core.contracts.hookspecs import hookimpl
-from etforge.core.contracts.quant_rule import QuantRule
+from etforge.sdk import Constraint, OpConverter, QuantRule, hookimpl
 
 if TYPE_CHECKING:
     from torch.fx import Node
 
-    from etforge.core.contracts.target import TargetSpec
-    from etforge.core.litert.convert import ConversionContext
+    from etforge.sdk import ConversionContext, TargetSpec
 
 
 def _explicit_dims(node: Node, target: TargetSpec) -> bool | str:
-    from etforge.core.litert.ophelpers import arg
+    from etforge.sdk import arg
 
     if not arg(node, 1, "dim"):
         return "reduction over all dims without explicit dims"
@@ -24,7 +21,7 @@ def _explicit_dims(node: Node, target: TargetSpec) -> bool | str:
 
 
 def _shared(node: Node, target: TargetSpec) -> bool | str:
-    from etforge.core.litert.ophelpers import shares_qparams
+    from etforge.sdk import shares_qparams
 
     if target.npu is None or not target.npu.requirement("shared_qparams_reduce"):
         return True
@@ -40,8 +37,7 @@ class Reduce(OpConverter):
 
     def is_noop(self, node: Node, target: TargetSpec, constant: object = None) -> bool:
         """keepdim over size-1 dims only: the output is the input."""
-        from etforge.core.graph.utils import shape_of
-        from etforge.core.litert.ophelpers import arg
+        from etforge.sdk import arg, shape_of
 
         shape = shape_of(node.args[0])
         dims = arg(node, 1, "dim") or ()
@@ -50,8 +46,7 @@ class Reduce(OpConverter):
     def convert(self, node: Node, ctx: ConversionContext) -> None:
         import numpy as np
 
-        from etforge.core.litert.builder import options
-        from etforge.core.litert.ophelpers import arg
+        from etforge.sdk import arg, options
 
         v = ctx.value(node.args[0])
         dims = sorted({int(d) % v.rank for d in arg(node, 1, "dim")})
@@ -70,7 +65,7 @@ class Reduce(OpConverter):
             # MEAN quantized at scale s/count holds exactly the bytes of the SUM at scale s.
             from math import prod
 
-            from etforge.core.litert.builder import Quant
+            from etforge.sdk import Quant
 
             count = prod(v.shape[d] for d in dims)
             mean_q = Quant.per_tensor(y.quant.scale[0] / count, y.quant.zero_point[0])

@@ -4,19 +4,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar
 
-from etforge.core.contracts.converter import Constraint, OpConverter
-from etforge.core.contracts.hookspecs import hookimpl
-from etforge.core.contracts.quant_rule import QuantRule
+from etforge.sdk import Constraint, OpConverter, QuantRule, hookimpl
 
 if TYPE_CHECKING:
     from torch.fx import Node
 
-    from etforge.core.contracts.target import TargetSpec
-    from etforge.core.litert.convert import ConversionContext
+    from etforge.sdk import ConversionContext, TargetSpec
 
 
 def _four_d(node: Node, target: TargetSpec) -> bool | str:
-    from etforge.core.graph.utils import shape_of
+    from etforge.sdk import shape_of
 
     return len(shape_of(node)) == 4 or "non-4-D input"
 
@@ -27,7 +24,7 @@ def _align_corners(node: Node) -> bool:
 
 def _scales(node: Node, target: TargetSpec) -> bool | str:
     """H and W scale factors in the NPU's set (align_corners: (out - 1) / (in - 1))."""
-    from etforge.core.graph.utils import shape_of
+    from etforge.sdk import shape_of
 
     allowed = target.npu.choices.get("resize_scales") if target.npu else None
     if allowed is None:
@@ -57,15 +54,14 @@ class Resize(OpConverter):
 
     def is_noop(self, node: Node, target: TargetSpec, constant: object = None) -> bool:
         """Scale 1 in H and W: the output is the input."""
-        from etforge.core.graph.utils import shape_of
+        from etforge.sdk import shape_of
 
         return shape_of(node.args[0]) == shape_of(node)
 
     def convert(self, node: Node, ctx: ConversionContext) -> None:
         import numpy as np
 
-        from etforge.core.graph.utils import shape_of
-        from etforge.core.litert.builder import options
+        from etforge.sdk import options, shape_of
 
         x = ctx.input(node.args[0], (0, 2, 3, 1))
         size = ctx.add_constant(np.asarray(shape_of(node)[2:], np.int32), "int32", "size")

@@ -9,19 +9,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from etforge.core.contracts.converter import SUPPORTED, Constraint, OpConverter, Support, unsupported
-from etforge.core.contracts.hookspecs import hookimpl
-from etforge.core.contracts.quant_rule import QuantRule
+from etforge.sdk import SUPPORTED, Constraint, OpConverter, QuantRule, Support, hookimpl, unsupported
 
 if TYPE_CHECKING:
     from torch.fx import Node
 
-    from etforge.core.contracts.target import TargetSpec
-    from etforge.core.litert.convert import ConversionContext
+    from etforge.sdk import Constant, ConversionContext, TargetSpec
 
 
 def _rank_ok(node: Node, target: TargetSpec) -> bool | str:
-    from etforge.core.graph.utils import shape_of
+    from etforge.sdk import shape_of
 
     max_rank = target.npu.limit("max_rank", 6) if target.npu else 6
     ranks = [len(shape_of(node))] + [
@@ -32,7 +29,7 @@ def _rank_ok(node: Node, target: TargetSpec) -> bool | str:
 
 def _view_rank(node: Node, target: TargetSpec) -> bool | str:
     """Output rank within the NPU's reshape limit (``max_view_rank``), else the generic ``max_rank``."""
-    from etforge.core.graph.utils import shape_of
+    from etforge.sdk import shape_of
 
     npu = target.npu
     if npu is None or "max_view_rank" not in npu.limits:
@@ -48,8 +45,7 @@ def _shared(flag: str, every_input: bool = False) -> Callable[[Node, TargetSpec]
     """
 
     def test(node: Node, target: TargetSpec) -> bool | str:
-        from etforge.core.graph.utils import is_constant
-        from etforge.core.litert.ophelpers import shares_qparams
+        from etforge.sdk import is_constant, shares_qparams
 
         if target.npu is None or not target.npu.requirement(flag):
             return True
@@ -80,8 +76,7 @@ class Reshape(OpConverter):
         return True  # same bytes, another shape
 
     def convert(self, node: Node, ctx: ConversionContext) -> None:
-        from etforge.core.graph import layout
-        from etforge.core.graph.utils import shape_of
+        from etforge.sdk import layout, shape_of
 
         v = ctx.value(node.args[0])
         out_shape = shape_of(node)
@@ -105,7 +100,7 @@ def _flatten_into_fc(
     node: Node, in_shape: tuple[int, ...], out_shape: tuple[int, ...], perm: tuple[int, ...]
 ) -> bool:
     """A (N, ...) -> (N, K) flatten whose every consumer (through Q/DQ) is an FC with constant weights."""
-    from etforge.core.graph.utils import is_constant, is_dequantize, is_quantize, node_op
+    from etforge.sdk import is_constant, is_dequantize, is_quantize, node_op
 
     if len(out_shape) != 2 or perm[0] != 0 or out_shape[0] != in_shape[0]:
         return False
@@ -137,25 +132,37 @@ class Permute(OpConverter):
             "input and output share qparams (npu shared_qparams_permute)", _shared("shared_qparams_permute")
         ),
     )
+    #: A permute of a constant is a permuted constant: folded at conversion, never emitted.
+    folds = (*ops, "aten.t.default")
+
+    def fold_constant(self, node: Node, value: Constant) -> Constant:
+        import numpy as np
+
+        from etforge.sdk import Constant, Quant, const_perm, layout
+
+        perm = const_perm(node, value.data.ndim)
+        quant = value.quant
+        if quant is not None and quant.per_channel:
+            quant = Quant(quant.scale, quant.zero_point, layout.stored_axis(perm, quant.axis))
+        return Constant(
+            np.ascontiguousarray(np.transpose(value.data, perm)), value.dtype, quant, name=node.name
+        )
 
     def is_noop(self, node: Node, target: TargetSpec, constant: object = None) -> bool:
         """A permute of a constant (folded at conversion) or one that only moves size-1 dims."""
-        from etforge.core.graph.utils import is_constant, shape_of
-        from etforge.core.litert.convert import _const_perm
+        from etforge.sdk import const_perm, is_constant, shape_of
 
         if is_constant(node.args[0]):
             return True
         shape = shape_of(node.args[0])
-        moved = [d for d in _const_perm(node, len(shape)) if shape[d] != 1]
+        moved = [d for d in const_perm(node, len(shape)) if shape[d] != 1]
         return moved == sorted(moved)
 
     def convert(self, node: Node, ctx: ConversionContext) -> None:
-        from etforge.core.graph import layout
-        from etforge.core.graph.utils import shape_of
-        from etforge.core.litert.convert import Value, _const_perm
+        from etforge.sdk import Value, const_perm, layout, shape_of
 
         v = ctx.value(node.args[0])
-        q = _const_perm(node, v.rank)
+        q = const_perm(node, v.rank)
         inv_q = layout.inverse(q)
         out_perm = tuple(inv_q[p] for p in v.perm)
         out = Value(v.tensor, shape_of(node), out_perm, v.dtype, v.quant)
@@ -183,7 +190,7 @@ class Identity(OpConverter):
         return True  # check() refuses dtype changes: the output is the input
 
     def check(self, node: Node, target: TargetSpec) -> Support:
-        from etforge.core.graph.utils import tensor_meta
+        from etforge.sdk import tensor_meta
 
         src, dst = tensor_meta(node.args[0]), tensor_meta(node)
         if src is None or dst is None or src.dtype != dst.dtype:
@@ -213,14 +220,12 @@ class Cat(OpConverter):
 
     def is_noop(self, node: Node, target: TargetSpec, constant: object = None) -> bool:
         """A concatenation of one (non-empty) tensor is that tensor."""
-        from etforge.core.graph.utils import shape_of
+        from etforge.sdk import shape_of
 
         return len([a for a in node.args[0] if 0 not in shape_of(a)]) == 1
 
     def convert(self, node: Node, ctx: ConversionContext) -> None:
-        from etforge.core.graph import layout
-        from etforge.core.graph.utils import shape_of
-        from etforge.core.litert.builder import options
+        from etforge.sdk import layout, options, shape_of
 
         rank = len(shape_of(node))
         dim = int(node.args[1]) % rank if len(node.args) > 1 else 0
@@ -236,8 +241,7 @@ class Cat(OpConverter):
 
 
 def _slice_limits(node: Node, target: TargetSpec) -> bool | str:
-    from etforge.core.graph.utils import shape_of
-    from etforge.core.litert.ophelpers import arg
+    from etforge.sdk import arg, shape_of
 
     npu = target.npu
     if npu is None:
@@ -268,8 +272,7 @@ class Slice(OpConverter):
     def convert(self, node: Node, ctx: ConversionContext) -> None:
         import numpy as np
 
-        from etforge.core.litert.builder import options
-        from etforge.core.litert.ophelpers import arg
+        from etforge.sdk import arg, options
 
         v = ctx.value(node.args[0])
         dim = int(arg(node, 1, "dim", 0)) % v.rank
@@ -358,7 +361,7 @@ class ReflectPad(OpConverter):
     def convert(self, node: Node, ctx: ConversionContext) -> None:
         import numpy as np
 
-        from etforge.core.litert.builder import options
+        from etforge.sdk import options
 
         v = ctx.value(node.args[0])
         pads = [int(p) for p in node.args[1]]

@@ -4,22 +4,19 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from etforge.core.contracts.converter import Constraint, OpConverter
-from etforge.core.contracts.hookspecs import hookimpl
-from etforge.core.contracts.quant_rule import QuantRule
+from etforge.sdk import Constraint, OpConverter, QuantRule, hookimpl
 
 if TYPE_CHECKING:
     from torch.fx import Node
 
-    from etforge.core.contracts.target import TargetSpec
-    from etforge.core.litert.convert import ConversionContext
+    from etforge.sdk import ConversionContext, TargetSpec
 
 
 def _sizes(node: Node, target: TargetSpec) -> bool | str:
     """Channels (the softmax dim), spatial (every other dim, batch included) and their product."""
     from math import prod
 
-    from etforge.core.graph.utils import shape_of
+    from etforge.sdk import shape_of
 
     npu = target.npu
     assert npu is not None
@@ -47,7 +44,7 @@ class Softmax(OpConverter):
     )
 
     def convert(self, node: Node, ctx: ConversionContext) -> None:
-        from etforge.core.litert.builder import options
+        from etforge.sdk import options
 
         v = ctx.value(node.args[0])
         dim = int(node.args[1]) % v.rank

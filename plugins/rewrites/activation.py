@@ -14,13 +14,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from etforge.core.contracts.hookspecs import hookimpl
-from etforge.core.contracts.rewrite import Rewrite
+from etforge.sdk import Rewrite, hookimpl
 
 if TYPE_CHECKING:
     from torch.fx import GraphModule
 
-    from etforge.core.contracts.target import TargetSpec
+    from etforge.sdk import TargetSpec
 
 
 class Hardsigmoid(Rewrite):
@@ -29,7 +28,7 @@ class Hardsigmoid(Rewrite):
     def apply(self, gm: GraphModule, target: TargetSpec) -> bool:
         import torch
 
-        from etforge.core.contracts.rewrite import call, calls, constant, val
+        from etforge.sdk import call, calls, constant, val
 
         aten = torch.ops.aten
         changed = False
@@ -70,7 +69,7 @@ class Silu(Rewrite):
     def apply(self, gm: GraphModule, target: TargetSpec) -> bool:
         import torch
 
-        from etforge.core.contracts.rewrite import call, calls, val
+        from etforge.sdk import call, calls, val
 
         aten = torch.ops.aten
         changed = False

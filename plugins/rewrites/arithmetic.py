@@ -13,13 +13,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from etforge.core.contracts.hookspecs import hookimpl
-from etforge.core.contracts.rewrite import Rewrite
+from etforge.sdk import Rewrite, hookimpl
 
 if TYPE_CHECKING:
     from torch.fx import GraphModule
 
-    from etforge.core.contracts.target import TargetSpec
+    from etforge.sdk import TargetSpec
 
 
 class DivByConstant(Rewrite):
@@ -28,7 +27,7 @@ class DivByConstant(Rewrite):
     def apply(self, gm: GraphModule, target: TargetSpec) -> bool:
         import torch
 
-        from etforge.core.contracts.rewrite import call, calls, constant, val
+        from etforge.sdk import call, calls, constant, val
 
         aten = torch.ops.aten
         changed = False
@@ -62,7 +61,7 @@ class IntScalarAsFloat(Rewrite):
     def apply(self, gm: GraphModule, target: TargetSpec) -> bool:
         import torch
 
-        from etforge.core.contracts.rewrite import calls, val
+        from etforge.sdk import calls, val
 
         aten = torch.ops.aten
         ops = (aten.add.Tensor, aten.sub.Tensor, aten.mul.Tensor, aten.rsub.Scalar)

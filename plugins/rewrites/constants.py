@@ -14,13 +14,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from etforge.core.contracts.hookspecs import hookimpl
-from etforge.core.contracts.rewrite import Rewrite
+from etforge.sdk import Rewrite, hookimpl
 
 if TYPE_CHECKING:
     from torch.fx import GraphModule, Node
 
-    from etforge.core.contracts.target import TargetSpec
+    from etforge.sdk import TargetSpec
 
 
 def _value_ops() -> tuple[frozenset[object], frozenset[object]]:
@@ -70,7 +69,7 @@ class ValueOpsAsConstants(Rewrite):
     )
 
     def applies_to(self, target: TargetSpec) -> bool:
-        from etforge.core.registry.manager import registry
+        from etforge.sdk import registry
 
         # A target whose CPU backend is not loaded fails here, naming it (as its compile would).
         return bool(getattr(registry().cpu_backend(target), "folds_qdq", False))
@@ -78,7 +77,7 @@ class ValueOpsAsConstants(Rewrite):
     def apply(self, gm: GraphModule, target: TargetSpec) -> bool:
         import torch
 
-        from etforge.core.contracts.rewrite import constant, val
+        from etforge.sdk import constant, val
 
         like, free = _value_ops()
         changed = False

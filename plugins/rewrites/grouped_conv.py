@@ -15,14 +15,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from etforge.core.contracts.hookspecs import hookimpl
-from etforge.core.contracts.rewrite import Rewrite
+from etforge.sdk import Rewrite, hookimpl
 
 if TYPE_CHECKING:
     import torch
     from torch.fx import GraphModule, Node
 
-    from etforge.core.contracts.target import TargetSpec
+    from etforge.sdk import TargetSpec
 
 #: ``aten.conv2d`` / ``aten.conv1d`` argument defaults after the weight.
 _DEFAULTS = (None, 1, 0, 1, 1)
@@ -75,7 +74,7 @@ class SplitGroupedConv(Rewrite):
     def apply(self, gm: GraphModule, target: TargetSpec) -> bool:
         import torch
 
-        from etforge.core.contracts.rewrite import call, calls, constant, val
+        from etforge.sdk import call, calls, constant, val
 
         npu = target.npu
         if (

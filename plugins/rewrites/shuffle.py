@@ -10,13 +10,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from etforge.core.contracts.hookspecs import hookimpl
-from etforge.core.contracts.rewrite import Rewrite
+from etforge.sdk import Rewrite, hookimpl
 
 if TYPE_CHECKING:
     from torch.fx import GraphModule, Node
 
-    from etforge.core.contracts.target import TargetSpec
+    from etforge.sdk import TargetSpec
 
 
 def _is(node: object, *ops: Any) -> bool:
@@ -43,7 +42,7 @@ class ChannelShuffle(Rewrite):
         """(x, groups) when ``last`` closes a channel shuffle of the 4-D ``x``."""
         import torch
 
-        from etforge.core.contracts.rewrite import val
+        from etforge.sdk import val
 
         aten = torch.ops.aten
         t = last.args[0]
@@ -74,7 +73,7 @@ class ChannelShuffle(Rewrite):
     def _replace(self, gm: GraphModule, last: Node, x: Node, groups: int) -> None:
         import torch
 
-        from etforge.core.contracts.rewrite import call, val
+        from etforge.sdk import call, val
 
         aten = torch.ops.aten
         vx = val(x)

@@ -10,13 +10,12 @@ from __future__ import annotations
 import operator
 from typing import TYPE_CHECKING
 
-from etforge.core.contracts.hookspecs import hookimpl
-from etforge.core.contracts.rewrite import Rewrite
+from etforge.sdk import Rewrite, hookimpl
 
 if TYPE_CHECKING:
     from torch.fx import GraphModule
 
-    from etforge.core.contracts.target import TargetSpec
+    from etforge.sdk import TargetSpec
 
 
 class SplitToSlices(Rewrite):
@@ -25,7 +24,7 @@ class SplitToSlices(Rewrite):
     def apply(self, gm: GraphModule, target: TargetSpec) -> bool:
         import torch
 
-        from etforge.core.contracts.rewrite import call, calls, val
+        from etforge.sdk import call, calls, val
 
         aten = torch.ops.aten
         changed = False

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from etforge.core.contracts.cpu_backend import CpuBackend
-from etforge.core.contracts.hookspecs import hookimpl
-from etforge.core.contracts.target import OptionSpec, TargetSpec
+from etforge.plugins.targets.portable import EXECUTORCH_LIBRARIES
+from etforge.sdk import CpuBackend, KernelLibrary, OptionSpec, TargetSpec, hookimpl
 
 if TYPE_CHECKING:
     from executorch.exir import EdgeCompileConfig
@@ -59,7 +58,7 @@ def target_config(target: TargetSpec, options: dict[str, Any]) -> Any:
     from executorch.backends.cortex_m.library import cmsis_nn
     from executorch.backends.cortex_m.target_config import CortexM, CortexMTargetConfig
 
-    from etforge.core.common.errors import EtforgeError
+    from etforge.sdk import EtforgeError
 
     cpu_name = str(options.get("cpu") or target.cpu)
     try:
@@ -74,13 +73,17 @@ def target_config(target: TargetSpec, options: dict[str, Any]) -> Any:
         raise EtforgeError(f"option isa={isa_name} on cpu={cpu_name}: {exc}") from None
 
 
+#: CMSIS-NN's kernels as ExecuTorch's Cortex-M backend registers them (``cortex_m::`` ops).
+CMSIS_NN = KernelLibrary("cortex_m", "CMSIS-NN (cortex_m::)", "backends/cortex_m/ops/operators.yaml")
+
+
 class CortexMBackend(CpuBackend):
     name = "cortex_m"
     description = "CMSIS-NN kernels via executorch.backends.cortex_m (cortex_m::* ops)"
     placement = "cortex-m"
     channels_last = True
     #: CMSIS-NN's cortex_m:: kernels first, then ExecuTorch's quantized and portable ones.
-    kernel_libraries = ("cortex_m", "quantized", "portable", "portable_custom", "et_copy")
+    kernel_libraries = (CMSIS_NN, *EXECUTORCH_LIBRARIES)
     kernel_namespaces = ("cortex_m",)
     layout_ops = ("cortex_m.transpose",)
     folds_qdq = True
@@ -118,9 +121,9 @@ class CortexMBackend(CpuBackend):
         # gives every consumer its int8 producer; the usual passes then run as before.
         from executorch.backends.cortex_m.passes.aten_to_cortex_m_pass import AtenToCortexMPass
 
-        from etforge.core.common import fallbacks
+        from etforge.sdk import record_fallback
 
-        fallbacks.record(
+        record_fallback(
             "cpu_lowering",
             "re-ran ExecuTorch's Cortex-M passes with the CMSIS-NN substitution right after the q/dq folding",
             "CortexMPassManager",
@@ -141,8 +144,8 @@ def _aligned(ep: ExportedProgram) -> ExportedProgram:
     """Every portable and CMSIS-NN kernel call given the dim orders its C++ kernel accepts
     (``plugins/targets/dim_orders.py``): the pass manager leaves channels-last tensors where ExecuTorch's
     portable kernels refuse or miscompute them."""
-    from etforge.core.contracts.cpu_backend import LOWERING_NOTES_KEY
     from etforge.plugins.targets.dim_orders import align, summary
+    from etforge.sdk import LOWERING_NOTES_KEY
 
     ep.graph_module.meta[LOWERING_NOTES_KEY] = summary(align(ep))
     return ep
@@ -162,7 +165,7 @@ def copy_program(ep: ExportedProgram) -> ExportedProgram:
 
 def lowering_error(exc: BaseException, ep: ExportedProgram, target: TargetSpec) -> Exception:
     """ExecuTorch's Cortex-M pass manager failed: one line naming the pass, node and op."""
-    from etforge.core.common.errors import EtforgeError
+    from etforge.sdk import EtforgeError
 
     return EtforgeError(
         f"{target.name}: ExecuTorch's Cortex-M lowering{pass_failure(exc, ep)}; this graph pattern has no "
@@ -177,7 +180,7 @@ def pass_failure(exc: BaseException, ep: ExportedProgram) -> str:
     """
     import re
 
-    from etforge.core.graph.utils import node_op
+    from etforge.sdk import node_op
 
     chain, cause = [], exc
     while cause is not None and len(chain) < 8:

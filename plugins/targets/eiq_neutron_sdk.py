@@ -13,9 +13,7 @@ from __future__ import annotations
 import importlib.util
 from typing import Any
 
-from etforge.core.contracts.hookspecs import hookimpl
-from etforge.core.contracts.npu_compiler import NpuCompiler, NpuPayload, PartitionIo
-from etforge.core.contracts.target import TargetSpec
+from etforge.sdk import NpuCompiler, NpuPayload, PartitionIo, TargetSpec, hookimpl
 
 SDK_MODULE = "eiq_neutron_sdk"
 FORMAT_NEUTRON = "neutron-c-v1"
@@ -158,6 +156,7 @@ def pack_neutron_payload(converted: bytes, channels_last: set[str] | frozenset[s
 class EiqNeutronSdk(NpuCompiler):
     name = "eiq-neutron-sdk"
     family = "neutron-c"
+    memory_note = "the device figure comes from the NPU compiler when the eIQ Neutron SDK is installed"
 
     def available(self) -> tuple[bool, str]:
         if importlib.util.find_spec(SDK_MODULE) is None:
@@ -175,9 +174,8 @@ class EiqNeutronSdk(NpuCompiler):
     def compile_io(
         self, tflite: bytes, target: TargetSpec, options: dict[str, Any], partition: str, io: PartitionIo
     ) -> NpuPayload:
-        from etforge.core.common.errors import EtforgeError
-        from etforge.core.common.isolated import run_isolated
         from etforge.plugins.targets.neutron_spec_sdk import device_problem
+        from etforge.sdk import EtforgeError, run_isolated
 
         npu = target.npu
         if npu is None or not npu.device:

@@ -5,8 +5,7 @@ Useful for checking converters and for running the LiteRT side of a model on a P
 
 from __future__ import annotations
 
-from etforge.core.contracts.hookspecs import hookimpl
-from etforge.core.contracts.target import NpuSpec, OptionSpec, TargetSpec
+from etforge.sdk import NpuSpec, OptionSpec, TargetSpec, hookimpl
 
 LITERT = TargetSpec(
     name="litert",

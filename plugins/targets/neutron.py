@@ -10,10 +10,8 @@ installed, read from it instead (``probe``).
 
 from __future__ import annotations
 
-from etforge.core.contracts.hookspecs import hookimpl
-from etforge.core.contracts.partition_check import PartitionCheck
-from etforge.core.contracts.target import NpuSpec, OptionSpec, TargetSpec
 from etforge.plugins.targets.cortex_m import CPU_OPTIONS, DIM_ORDER_OPTION
+from etforge.sdk import NpuSpec, OptionSpec, PartitionCheck, TargetSpec, hookimpl
 
 _UPSTREAM = "executorch/backends/nxp/backend/ir/converter/node_converters/ops_converters/"
 _NODE_CONVERTER = "executorch/backends/nxp/backend/ir/converter/node_converter.py"

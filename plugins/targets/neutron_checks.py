@@ -16,12 +16,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from etforge.core.contracts.partition_check import PartitionCheck, ProposedPartition
+from etforge.sdk import PartitionCheck, ProposedPartition
 
 if TYPE_CHECKING:
     from torch.fx import Node
 
-    from etforge.core.contracts.target import TargetSpec
+    from etforge.sdk import TargetSpec
 
 #: Clone-like ops whose partition-boundary tensors the NPU runtime must see in a plain layout.
 _CLONES = {"aten.clone.default", "dim_order_ops._clone_dim_order.default"}
@@ -31,7 +31,7 @@ class NeedsCompute(PartitionCheck):
     description = "no partition of no-op ops only (npu partition_needs_compute)"
 
     def refuse(self, partitions: list[ProposedPartition], target: TargetSpec) -> dict[Node, str]:
-        from etforge.core.graph.utils import is_constant, node_op
+        from etforge.sdk import is_constant, node_op
 
         npu = target.npu
         if npu is None or not npu.requirement("partition_needs_compute"):
@@ -53,7 +53,7 @@ class CloneBoundaryDimOrder(PartitionCheck):
     description = "a clone at a partition boundary sees a contiguous or channels-last tensor"
 
     def refuse(self, partitions: list[ProposedPartition], target: TargetSpec) -> dict[Node, str]:
-        from etforge.core.graph.utils import dim_order, is_dequantize, is_quantize, node_op
+        from etforge.sdk import dim_order, is_dequantize, is_quantize, node_op
 
         if target.npu is None or not target.npu.requirement("clone_boundary_dim_orders"):
             return {}

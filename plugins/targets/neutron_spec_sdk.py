@@ -43,14 +43,14 @@ def read_figures(device: str | None) -> dict[str, Any]:
     """The SDK's figures for ``device``; {} when the SDK is not installed (no child is started)."""
     if not device or importlib.util.find_spec(SDK_MODULE) is None:
         return {}
-    from etforge.core.common.isolated import run_isolated
+    from etforge.sdk import run_isolated
 
     raw, _, _ = run_isolated(
         f"{__name__}:query_in_child", b"", f"eIQ Neutron SDK query of target {device}", 120, device=device
     )
     figures = json.loads(raw.decode())
     if "num_macs" in figures and figures["num_macs"] <= 0:
-        from etforge.core.common.errors import EtforgeError
+        from etforge.sdk import EtforgeError
 
         raise EtforgeError(f"eIQ Neutron SDK reports {figures['num_macs']} MACs for {device}")
     return figures

@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
-from etforge.core.contracts.cpu_backend import CpuBackend
-from etforge.core.contracts.hookspecs import hookimpl
+from etforge.sdk import CpuBackend, KernelLibrary, hookimpl
+
+#: ExecuTorch's own kernel libraries, in lookup order (every CPU backend here links them).
+EXECUTORCH_LIBRARIES: tuple[KernelLibrary, ...] = (
+    KernelLibrary("quantized", "ExecuTorch quantized", "kernels/quantized/quantized.yaml"),
+    KernelLibrary("portable", "ExecuTorch portable", "kernels/portable/functions.yaml"),
+    KernelLibrary("portable_custom", "ExecuTorch portable custom", "kernels/portable/custom_ops.yaml"),
+    KernelLibrary("et_copy", "ExecuTorch copy/dim-order", "kernels/portable/et_copy_ops.yaml"),
+)
 
 
 class Portable(CpuBackend):
     name = "portable"
     description = "ExecuTorch portable kernels (aten::*.out, quantized_decomposed::*.out)"
     placement = "portable"
-    #: ExecuTorch's kernel libraries the firmware links (``core.kernel_check``).
-    kernel_libraries = ("quantized", "portable", "portable_custom", "et_copy")
+    kernel_libraries = EXECUTORCH_LIBRARIES
 
 
 @hookimpl

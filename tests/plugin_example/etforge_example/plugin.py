@@ -1,9 +1,6 @@
 """An etforge plugin in one file: an extra op converter, its quantizer rule, and a toy target."""
 
-from etforge import hookimpl
-from etforge.core.contracts.converter import OpConverter, elementwise
-from etforge.core.contracts.quant_rule import QuantRule
-from etforge.core.contracts.target import NpuSpec, TargetSpec
+from etforge.sdk import NpuSpec, OpConverter, QuantRule, TargetSpec, elementwise, hookimpl
 
 
 @hookimpl

@@ -4,8 +4,7 @@ No LiteRT converter takes ``pow``; every NPU takes ``mul``. The rewrite runs on 
 ATen program before quantization, so the quantizer and the converters see the ``mul``.
 """
 
-from etforge import hookimpl
-from etforge.core.contracts.rewrite import Rewrite, call, calls
+from etforge.sdk import Rewrite, call, calls, hookimpl
 
 
 class SquareAsMul(Rewrite):

@@ -2,7 +2,7 @@
 
 import torch
 
-from etforge.testing import check_op
+from etforge.sdk import check_op
 
 
 class Square(torch.nn.Module):

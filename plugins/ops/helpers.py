@@ -1,4 +1,6 @@
-"""Helpers for op converters: bias quantization, padding choice, arg access. Plugins may use them."""
+"""Helpers for op converters: argument access, quantization parameters seen by support checks,
+bias quantization, padding choice. Op knowledge, so a plugin module; third-party op plugins
+get them through ``etforge.sdk``."""
 
 from __future__ import annotations
 
@@ -7,10 +9,7 @@ from collections.abc import Sequence
 import numpy as np
 from torch.fx import Node
 
-from etforge.core.common.errors import ConversionError
-from etforge.core.graph.utils import node_op
-from etforge.core.litert.builder import Quant
-from etforge.core.litert.convert import ConversionContext, Value
+from etforge.sdk import ConversionContext, ConversionError, Quant, Value, node_op
 
 
 def arg(node: Node, index: int, name: str, default: object = None) -> object:
@@ -18,6 +17,21 @@ def arg(node: Node, index: int, name: str, default: object = None) -> object:
     if len(node.args) > index:
         return node.args[index]
     return node.kwargs.get(name, default)
+
+
+def const_perm(node: Node, rank: int) -> tuple[int, ...]:
+    """The axis permutation a ``permute`` / ``t`` / ``transpose`` node applies to a rank-``rank`` input."""
+    name = node_op(node)
+    if name.startswith("aten.permute"):
+        return tuple(int(d) % rank for d in node.args[1])
+    if name.startswith("aten.t"):
+        if name.startswith("aten.transpose"):
+            a, b = int(node.args[1]) % rank, int(node.args[2]) % rank
+            p = list(range(rank))
+            p[a], p[b] = p[b], p[a]
+            return tuple(p)
+        return tuple(reversed(range(rank)))
+    raise AssertionError(name)
 
 
 def pair(value: object, n: int = 2) -> tuple[int, ...]:
@@ -94,7 +108,7 @@ def pad_spatial(
     ``value`` None pads with zero (int8: the zero point, which PAD uses); else PADV2 with
     ``value`` (e.g. -inf for max pooling, clamped to the int8 range).
     """
-    from etforge.core.graph import layout
+    from etforge.sdk import layout
 
     pairs = [(p, p) if isinstance(p, int) else tuple(p) for p in pads]
     spec = np.zeros((x.rank, 2), np.int32)
@@ -137,7 +151,7 @@ QParams = tuple[object, object, object]
 def input_qparams(node: Node, index: int | tuple[int, int]) -> QParams | None:
     """(scale, zero_point, dtype) of the dequantize feeding ``node.args[index]`` (or
     ``node.args[i][j]``), looking through pure data movement; None when it is not quantized."""
-    from etforge.core.graph.utils import is_dequantize
+    from etforge.sdk import is_dequantize
 
     try:
         a = node.args[index] if isinstance(index, int) else node.args[index[0]][index[1]]
@@ -152,7 +166,7 @@ def input_qparams(node: Node, index: int | tuple[int, int]) -> QParams | None:
 
 def output_qparams(node: Node) -> QParams | None:
     """(scale, zero_point, dtype) of the quantize of ``node``'s (first) output, else None."""
-    from etforge.core.graph.utils import is_quantize
+    from etforge.sdk import is_quantize
 
     users = list(node.users)
     if len(users) == 1 and node_op(users[0]) == "operator.getitem":
@@ -179,7 +193,7 @@ def has_full_size_operand(node: Node) -> bool | str:
     """Some tensor input has as many elements as the output (no operand is broadcast from both sides)."""
     from math import prod
 
-    from etforge.core.graph.utils import shape_of, tensor_inputs
+    from etforge.sdk import shape_of, tensor_inputs
 
     n = prod(shape_of(node))
     sizes = [prod(shape_of(a)) for a in tensor_inputs(node)]
