@@ -196,11 +196,11 @@ def _script_partitioner(spec: Any, options: dict[str, Any]) -> Any:
     partitioner is given, so a CPU backend's kept-whole ops (CMSIS-NN's ``linear``) would
     decompose to ``addmm`` and stay float; ``etforge.compile`` keeps them (``to_edge`` with
     them preserved). This partitioner asks ExecuTorch to keep the same set whole: the CPU
-    backend's and the converters' (``pipeline._kept_whole``), so the script's program is
+    backend's and the converters' (``driver._kept_whole``), so the script's program is
     the same, byte for byte. The check ExecuTorch runs after delegation (on the Edge
     program) is asked for nothing: the kept ops left there are ``lower_cpu``'s to rewrite.
     """
-    from etforge.core.build.pipeline import _kept_whole
+    from etforge.core.lower.driver import _kept_whole
     from etforge.core.lower.partitioner import EtforgePartitioner
     from etforge.core.registry.manager import registry
 

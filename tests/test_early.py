@@ -17,6 +17,7 @@ from ai_edge_litert import schema_py_generated as schema
 
 from etforge.core.build import pipeline
 from etforge.core.graph.utils import node_op
+from etforge.core.lower import driver
 from etforge.core.registry.manager import registry
 from etforge.runtime.host import run_program
 
@@ -187,7 +188,7 @@ def test_decomposition_dict_reads_the_table_without_materializing_it() -> None:
     aten = torch.ops.aten
     ops = {aten.linear.default, aten.dropout.default, aten.conv2d.default, aten.add.Tensor, twice}
     table = _default_decomposition_table()
-    ours = pipeline._decomposition_dict(table, ops)
+    ours = driver._decomposition_dict(table, ops)
     assert not table.has_materialized
     full = dict(_default_decomposition_table().items())
     assert twice in full and twice in ours

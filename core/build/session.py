@@ -9,7 +9,7 @@ Each second-best path it takes is a decision recorded in the session's fallback 
 * quantize and lower again after decomposing ops no kernel library provides
   (:meth:`CompileSession._build_with_kernels`, at most ``kernel_check.MAX_ROUNDS`` builds);
 * the classic lowering after the early path could not be exact, and the classic lowering
-  redone with every op decomposed (``pipeline.lower``: the path taken is ``result.lowering``);
+  redone with every op decomposed (``core.lower.driver``: the path taken is ``result.lowering``);
 * a CPU backend's own retry (Cortex-M's passes in another order), recorded by the plugin.
 
 Scoped state, never globals: the fallback log is a context variable for the length of
@@ -76,7 +76,7 @@ class CompileResult:
     notes: list[str] = field(default_factory=list)
     #: Per input, [min, max] of an integer input over example and calibration (``core.signature``).
     input_ranges: list[list[int] | None] = field(default_factory=list)
-    #: The lowering path taken ("early" | "classic") and why (``pipeline.lower``).
+    #: The lowering path taken ("early" | "classic") and why (``core.lower.driver.lower``).
     lowering: dict[str, Any] = field(default_factory=dict)
     #: Second-best paths taken, in order (``core.fallbacks``).
     fallbacks: list[Fallback] = field(default_factory=list)
@@ -91,7 +91,7 @@ class Built:
     partitioner: EtforgePartitioner
     partitions: list[Partition]
     breakdown: dict[str, float]
-    #: The lowering path taken and why (``pipeline.lower``).
+    #: The lowering path taken and why (``core.lower.driver.lower``).
     lowering: dict[str, Any]
 
 
