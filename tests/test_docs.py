@@ -16,6 +16,7 @@ from support import REPO
 DOCS = sorted((REPO / "docs").glob("*.md"))
 ORDER = [
     "getting-started.md",
+    "architecture.md",
     "targets.md",
     "writing-an-op-plugin.md",
     "writing-a-target-plugin.md",
