@@ -43,11 +43,8 @@ def test_zoo_model_is_one_litert_partition_matching_reference(name: str) -> None
 #: autoencoder 2e-3; with it the zoo measures 0.02 (cifarnet, ending in softmax) to 1.0.
 MIN_INPUT_SPREAD = 0.01
 
-#: MobileNetV2 at 224x224 (BatchNorm statistics from 64 images) runs in the slow tier.
-ZOO = [pytest.param(n, marks=pytest.mark.slow) if n == "mobilenet_v2" else n for n in sorted(zoo.ZOO)]
 
-
-@pytest.mark.parametrize("name", ZOO)
+@pytest.mark.parametrize("name", sorted(zoo.ZOO))
 def test_zoo_model_output_depends_on_its_input(name: str) -> None:
     model, _ = zoo.build(name)
     with torch.no_grad():
