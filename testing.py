@@ -38,18 +38,33 @@ class OpCheckError(AssertionError):
 
 
 def _calibration(example: tuple[torch.Tensor, ...], n: int, seed: int) -> list[tuple[torch.Tensor, ...]]:
+    """``n`` seeded inputs around the example's statistics; the example itself is held out (it
+    is what ``check_op`` measures on: an input the observers saw would hide a range error)."""
     g = torch.Generator().manual_seed(seed)
-    out = [example]
+    out = []
     for _ in range(n):
         out.append(
             tuple(
-                torch.randn(x.shape, generator=g) * x.std().clamp(min=1e-3) + x.mean()
-                if x.is_floating_point()
-                else x
+                torch.randn(x.shape, generator=g) * _spread(x) + x.mean() if x.is_floating_point() else x
                 for x in example
             )
         )
     return out
+
+
+def _spread(x: torch.Tensor) -> torch.Tensor:
+    """The example's standard deviation (its magnitude for a single value), at least 1e-3."""
+    return (x.std() if x.numel() > 1 else x.abs().reshape(())).clamp(min=1e-3)
+
+
+def _held_out(example: tuple[torch.Tensor, ...], calibration: list[tuple[torch.Tensor, ...]]) -> None:
+    """Refuse a calibration set that holds the example: ``check_op`` measures on the example."""
+    floats = [i for i, x in enumerate(example) if x.is_floating_point()]
+    if floats and any(all(torch.equal(sample[i], example[i]) for i in floats) for sample in calibration):
+        raise OpCheckError(
+            "the example input is in the calibration set: check_op measures on the example, "
+            "which must be an input the quantizer's observers did not see"
+        )
 
 
 def _output_scales(edge_ep: Any) -> list[float | None]:
@@ -82,9 +97,11 @@ def check_op(
 
     int8: at most ``max_steps`` output quantization steps from the PT2E quantized
     reference. float32: ``rtol``/``atol`` against the eager module; an int8 check also runs
-    the float one (``float_check``): a wrong constant hides inside one int8 step. With
-    ``expect_delegated`` every compute node must be on the NPU side. ``plugins``: plugin
-    modules to use as if installed (test a plugin before packaging it).
+    the float one (``float_check``): a wrong constant hides inside one int8 step. Measured on
+    ``example_inputs``, held out of the calibration (by default ``seed``-ed inputs around its
+    statistics; a ``calibration`` holding it is refused). With ``expect_delegated`` every
+    compute node must be on the NPU side. ``plugins``: plugin modules to use as if installed
+    (test a plugin before packaging it).
     """
     if plugins:
         from etforge.core.registry.manager import extra_plugins
@@ -94,8 +111,6 @@ def check_op(
                             expect_delegated, options, seed, float_check=float_check)  # fmt: skip
     from etforge.core.build import pipeline
     from etforge.core.registry.manager import registry
-    from etforge.runtime.host import run_program
-    from etforge.runtime.litert_run import KERNELS
 
     reg = registry()
     tgt = reg.target(target)
@@ -109,6 +124,7 @@ def check_op(
     ep, _ = pipeline.rewrite(ep, tgt, reg)  # the target's graph rewrites, as compile runs them
     if quantize:
         calib = [tuple(c) for c in calibration] if calibration is not None else _calibration(example, 8, seed)
+        _held_out(example, calib)
         ep = pipeline.quantize(ep, tgt, calib, reg)
         reference = [t.detach() for t in _flat(ep.module()(*example))]
     else:
@@ -122,10 +138,46 @@ def check_op(
         raise OpCheckError(
             "nodes were not delegated:\n" + "\n".join(f"  {k}: {v}" for k, v in refused.items())
         )
-    edge_ep = edge.exported_program()
+    tol = _Tolerance(quantize, max_steps, rtol, atol)
+    worst_steps, mean_steps, worst_rel, outputs = _compare(
+        edge.exported_program(), example, reference, tol, ops
+    )
+    if quantize and float_check:  # the same converters on float32 tensors
+        try:
+            floats = check_op(module, example, target, False, max_steps, rtol, max(atol, FLOAT_FORM_ATOL), None, False,
+                              options, seed, float_check=False)  # fmt: skip
+        except OpCheckError as exc:
+            raise OpCheckError(f"float form: {exc}") from None
+        worst_rel = floats.max_rel
+    return OpCheck(worst_steps, mean_steps, worst_rel, ops, delegated, refused, outputs, reference)
+
+
+@dataclass
+class _Tolerance:
+    """What ``check_op`` allows: quantization steps for int8 outputs, rtol/atol for float ones."""
+
+    quantize: bool
+    max_steps: float
+    rtol: float
+    atol: float
+
+
+def _compare(
+    edge_ep: Any,
+    example: tuple[torch.Tensor, ...],
+    reference: list[torch.Tensor],
+    tol: _Tolerance,
+    ops: list[str],
+) -> tuple[float, float, float, list[torch.Tensor]]:
+    """(worst steps, worst mean steps, worst relative error, outputs) of the lowered program on
+    ``example`` against ``reference`` with both LiteRT kernel sets: a converter must be right
+    whichever rounding runs it."""
+    from etforge.runtime.host import run_program
+    from etforge.runtime.litert_run import KERNELS
+
     worst_steps, mean_steps, worst_rel = 0.0, 0.0, 0.0
     scales = _output_scales(edge_ep)
-    # Both LiteRT kernel sets: a converter must be right whichever rounding runs it.
+    outputs: list[torch.Tensor] = []
     for kernels in KERNELS:
         outputs = [o for o in run_program(edge_ep, example, kernels) if isinstance(o, torch.Tensor)]
         if len(outputs) != len(reference):
@@ -137,36 +189,41 @@ def check_op(
                 )
             diff = (got.to(torch.float64) - ref.to(torch.float64)).abs()
             scale = scales[i] if i < len(scales) else None
-            if quantize and scale:
-                steps = diff / scale
-                worst, mean = (
-                    float(steps.max()) if steps.numel() else 0.0,
-                    float(steps.mean()) if steps.numel() else 0.0,
-                )
+            where = f"output {i}", f"with LiteRT's {kernels} kernels", f"LiteRT ops {ops}"
+            if tol.quantize and scale:
+                worst, mean = _steps(diff, scale, tol, where)
                 worst_steps, mean_steps = max(worst_steps, worst), max(mean_steps, mean)
-                if worst > max_steps + 1e-3:
-                    raise OpCheckError(
-                        f"output {i}: max error {worst:.2f} quantization steps (scale {scale:.4g}) > "
-                        f"{max_steps} with LiteRT's {kernels} kernels; mean {mean:.3f}; LiteRT ops {ops}"
-                    )
             else:
-                tol = atol + rtol * ref.abs().to(torch.float64)
-                bad = diff > tol
-                rel = float((diff / (ref.abs().to(torch.float64) + atol)).max()) if diff.numel() else 0.0
-                worst_rel = max(worst_rel, rel)
-                if bool(bad.any()):
-                    raise OpCheckError(
-                        f"output {i}: max abs error {float(diff.max()):.3g} beyond rtol={rtol}, atol={atol} "
-                        f"with LiteRT's {kernels} kernels; LiteRT ops {ops}"
-                    )
-    if quantize and float_check:  # the same converters on float32 tensors
-        try:
-            floats = check_op(module, example, target, False, max_steps, rtol, max(atol, FLOAT_FORM_ATOL), None, False,
-                              options, seed, float_check=False)  # fmt: skip
-        except OpCheckError as exc:
-            raise OpCheckError(f"float form: {exc}") from None
-        worst_rel = floats.max_rel
-    return OpCheck(worst_steps, mean_steps, worst_rel, ops, delegated, refused, outputs, reference)
+                worst_rel = max(worst_rel, _relative(diff, ref, tol, where))
+    return worst_steps, mean_steps, worst_rel, outputs
+
+
+def _steps(
+    diff: torch.Tensor, scale: float, tol: _Tolerance, where: tuple[str, str, str]
+) -> tuple[float, float]:
+    """(worst, mean) distance in output quantization steps; beyond ``max_steps`` an error."""
+    steps = diff / scale
+    worst = float(steps.max()) if steps.numel() else 0.0
+    mean = float(steps.mean()) if steps.numel() else 0.0
+    if worst > tol.max_steps + 1e-3:
+        name, kernels, ops = where
+        raise OpCheckError(
+            f"{name}: max error {worst:.2f} quantization steps (scale {scale:.4g}) > "
+            f"{tol.max_steps} {kernels}; mean {mean:.3f}; {ops}"
+        )
+    return worst, mean
+
+
+def _relative(diff: torch.Tensor, ref: torch.Tensor, tol: _Tolerance, where: tuple[str, str, str]) -> float:
+    """The worst relative error; any value beyond ``atol + rtol * |ref|`` an error."""
+    magnitude = ref.abs().to(torch.float64)
+    rel = float((diff / (magnitude + tol.atol)).max()) if diff.numel() else 0.0
+    if bool((diff > tol.atol + tol.rtol * magnitude).any()):
+        name, kernels, ops = where
+        raise OpCheckError(
+            f"{name}: max abs error {float(diff.max()):.3g} beyond rtol={tol.rtol}, atol={tol.atol} {kernels}; {ops}"
+        )
+    return rel
 
 
 def _flat(out: Any) -> list[torch.Tensor]:

@@ -116,32 +116,13 @@ def generate(
     libraries: tuple[str, ...] | None = None,
 ) -> CodegenResult:
     """Render every file; write them (or, with ``check``, only compare with what is there)."""
-    if not re.fullmatch(r"[A-Za-z_]\w*(::[A-Za-z_]\w*)*", namespace):
-        raise EtforgeError(f"namespace {namespace!r} is not a C++ namespace")
-    if prefix and not re.fullmatch(r"[A-Za-z_]\w*", prefix):
-        raise EtforgeError(f"prefix {prefix!r} is not a C identifier prefix")
+    _check_names(namespace, prefix)
     if report is None and (pte.parent / "report.json").is_file():
         report = json.loads((pte.parent / "report.json").read_text())
     # empty, truncated, or not the program the report describes (its pte_sha256): refused
     check_pte(pte, report if report is not None and "pte_sha256" in report else None)
     program = read_program(pte)
-    kernels = catalogue()
-    if libraries is not None:
-        unknown = sorted(set(libraries) - set(library_sizes()))
-        if unknown:
-            raise EtforgeError(
-                f"unknown kernel libraries {', '.join(unknown)}; known: {', '.join(sorted(library_sizes()))}"
-            )
-        kernels = {op: k for op, k in kernels.items() if k.library in libraries}
-    used = program.operators
-    missing = [op for op in used if op not in kernels]
-    if missing and not allow_missing:
-        raise EtforgeError(
-            f"{pte}: no known kernel library provides {', '.join(missing)} "
-            "(`etforge codegen --allow-missing` generates the rest and lists them in the header; "
-            "`etforge compile` refuses such programs)"
-        )
-    entries: list[KernelEntry] = [build_entry(kernels[op]) for op in used if op in kernels]
+    entries, missing = _kernel_entries(pte, program.operators, libraries, allow_missing)
     by_ns: dict[str, list[str]] = {}
     for e in entries:
         by_ns.setdefault(e.namespace, [])
@@ -189,6 +170,47 @@ def generate(
         "cmake_base": base,  # CMake names carry it: a firmware's own SOURCES is left alone
         "sources": [names["source"]] + ([names["neutron"]] if selections else []),
     }
+    files = _render(ctx, names, bool(selections))
+    changed = _write(out_dir, files, check)
+    full = library_sizes()
+    counts = Counter(e.library for e in entries)
+    per_library = {lib: (counts.get(lib, 0), total) for lib, total in sorted(full.items())}
+    return CodegenResult(files, [e.op for e in entries], missing, per_library, changed)
+
+
+def _check_names(namespace: str, prefix: str) -> None:
+    """The namespace and prefix end up in C and C++ identifiers: refuse what would not compile."""
+    if not re.fullmatch(r"[A-Za-z_]\w*(::[A-Za-z_]\w*)*", namespace):
+        raise EtforgeError(f"namespace {namespace!r} is not a C++ namespace")
+    if prefix and not re.fullmatch(r"[A-Za-z_]\w*", prefix):
+        raise EtforgeError(f"prefix {prefix!r} is not a C identifier prefix")
+
+
+def _kernel_entries(
+    pte: Path, used: list[str], libraries: tuple[str, ...] | None, allow_missing: bool
+) -> tuple[list[KernelEntry], list[str]]:
+    """(a registration entry per used operator a kernel library provides, the operators none
+    does); ``libraries`` narrows the catalogue, a missing kernel is an error unless allowed."""
+    kernels = catalogue()
+    if libraries is not None:
+        unknown = sorted(set(libraries) - set(library_sizes()))
+        if unknown:
+            raise EtforgeError(
+                f"unknown kernel libraries {', '.join(unknown)}; known: {', '.join(sorted(library_sizes()))}"
+            )
+        kernels = {op: k for op, k in kernels.items() if k.library in libraries}
+    missing = [op for op in used if op not in kernels]
+    if missing and not allow_missing:
+        raise EtforgeError(
+            f"{pte}: no known kernel library provides {', '.join(missing)} "
+            "(`etforge codegen --allow-missing` generates the rest and lists them in the header; "
+            "`etforge compile` refuses such programs)"
+        )
+    return [build_entry(kernels[op]) for op in used if op in kernels], missing
+
+
+def _render(ctx: dict[str, Any], names: dict[str, str], neutron: bool) -> dict[str, bytes]:
+    """Each file's bytes, by name (the Neutron kernel selection only when the SDK made one)."""
     env = _env()
     rendered = {
         names["source"]: env.get_template("register_kernels.cpp.j2").render(ctx),
@@ -196,9 +218,14 @@ def generate(
         names["yaml"]: env.get_template("selected_operators.yaml.j2").render(ctx),
         names["cmake"]: env.get_template("etforge.cmake.j2").render(ctx),
     }
-    if selections:
+    if neutron:
         rendered[names["neutron"]] = env.get_template("neutron_kernel_selection.c.j2").render(ctx)
-    files = {k: v.encode() for k, v in rendered.items()}
+    return {k: v.encode() for k, v in rendered.items()}
+
+
+def _write(out_dir: Path, files: dict[str, bytes], check: bool) -> list[str]:
+    """The files whose bytes differ from what ``out_dir`` holds; written unless ``check``
+    (unchanged files are left alone: their timestamps do not trigger a firmware rebuild)."""
     changed = [
         n for n, data in files.items() if not (out_dir / n).is_file() or (out_dir / n).read_bytes() != data
     ]
@@ -207,7 +234,4 @@ def generate(
         for name, data in files.items():
             if name in changed:
                 (out_dir / name).write_bytes(data)
-    full = library_sizes()
-    counts = Counter(e.library for e in entries)
-    per_library = {lib: (counts.get(lib, 0), total) for lib, total in sorted(full.items())}
-    return CodegenResult(files, [e.op for e in entries], missing, per_library, changed)
+    return changed

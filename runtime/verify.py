@@ -422,11 +422,7 @@ def compare(
         if q_fn is not None:
             cpu_ops.extend(values.compare(q_fn, batch))
             sim = simulate(q_fn, batch, values.kinds(q_fn), {**npu_values, **values.values(q_fn)})
-            sim_flat = flatten(program, sim.raw)
-            for leaf, scale_i in enumerate(scales):  # every dequantized output, every value
-                if scale_i and leaf < len(sim_flat) and isinstance(sim_flat[leaf], torch.Tensor):
-                    got = device_outs[leaf].float()
-                    sim_worst = max(sim_worst, output_steps(got, sim_flat[leaf].float(), scale_i))
+            sim_worst = max(sim_worst, _simulation_steps(program, sim.raw, device_outs, scales))
             sim_not_exact.update(sim.not_exact)
             sim_unforced.update(sim.unforced)
         with torch.no_grad():  # every output leaf, in the program's order (``runtime.outputs``)
@@ -467,6 +463,45 @@ def compare(
         result.reference_spread_top1, result.top1_vs_exact = top1_spread, top1_exact
     if scale and q_fn is not None:
         result.reference_spread_steps, result.max_steps_vs_exact = spread, vs_exact
+    _gate_ops(result, ops, cpu_ops)
+    _float_check(result, float_ep, report, samples, seed)
+    if q_fn is not None and any(scales):
+        _gate_simulation(result, sim_worst, sim_not_exact, sim_unforced)
+    need = result.top1_required = min_top1 if min_top1 is not None else top1_required(samples)
+    agree, against = (
+        (top1_exact, "the quantized reference (exact value)")
+        if q_fn is not None
+        else (top1_f, "the float model")
+    )
+    result.failures += check.failures(need, against, max_steps, skip=check.primary)
+    if check.primary is not None:
+        if not check.leaves[check.primary].top1:
+            result.top1_required = 0  # one value per row: nothing for top-1 to disagree on
+        _gate_top1(result, agree, result.top1_required, against, min_top1, bool(ops or cpu_ops))
+    if max_steps is not None and scale and q_fn is not None and vs_exact > max_steps:
+        result.failures.append(
+            f"max difference from the quantized reference (exact value) {vs_exact:.1f} steps > {max_steps:g}"
+        )
+    if data is not None:
+        _gate_accuracy(result, program, float_ep, data, report, kernels, max_accuracy_drop)
+    return result
+
+
+def _simulation_steps(
+    program: ExportedProgram, simulated: Any, device_outs: list[Any], scales: list[float | None]
+) -> float:
+    """The device run's worst distance from the simulation over every value of every
+    dequantized output, in steps."""
+    sim_flat = flatten(program, simulated)
+    worst = 0.0
+    for leaf, scale in enumerate(scales):
+        if scale and leaf < len(sim_flat) and isinstance(sim_flat[leaf], torch.Tensor):
+            worst = max(worst, output_steps(device_outs[leaf].float(), sim_flat[leaf].float(), scale))
+    return worst
+
+
+def _gate_ops(result: Verification, ops: list[OpParity], cpu_ops: list[OpParity]) -> None:
+    """The per-op figures, summed over the samples, and their gates (NPU, then CPU ops)."""
     npu_ops, npu_skipped = _per_op(ops)
     cpu_summary, cpu_skipped = _per_op(cpu_ops)
     result.ops = npu_ops + cpu_summary
@@ -487,53 +522,54 @@ def compare(
         result.op_off_by_one = sum(o["off_by_one"] for o in npu_ops)
         _gate_npu_ops(result, npu_ops)
     _gate_cpu_ops(result, cpu_summary)
-    _float_check(result, float_ep, report, samples, seed)
-    if q_fn is not None and any(scales):
-        _gate_simulation(result, sim_worst, sim_not_exact, sim_unforced)
-    need = result.top1_required = min_top1 if min_top1 is not None else top1_required(samples)
-    agree, against = (
-        (top1_exact, "the quantized reference (exact value)")
-        if q_fn is not None
-        else (top1_f, "the float model")
-    )
-    result.failures += check.failures(need, against, max_steps, skip=check.primary)
-    if check.primary is not None and not check.leaves[check.primary].top1:
-        need = result.top1_required = 0  # one value per row: nothing for top-1 to disagree on
-    if agree < need and check.primary is not None:
-        if result.sim_exact and min_top1 is None:  # a top-1 minimum the user asks for is a gate
-            # The program computes the quantized model in the device's arithmetic, every value:
-            # top-1 against torch's evaluation then measures how the network amplifies the
-            # rounding both sides do differently (random weights amplify it most), not an error.
-            result.notes.append(
-                f"top-1 agreement with {against} {agree}/{samples} (< {need}: reported, not gated): the "
-                "output equals the whole program simulated in the device's arithmetic, every value"
-            )
-        else:
-            every_op_close = max(result.op_max_steps or 0, result.cpu_op_max_steps or 0) <= OP_MAX_STEPS
-            why = (
-                f" (every op is within {OP_MAX_STEPS} step of its reference op on the same inputs: the "
-                "network amplifies the kernels' rounding, not a conversion error)"
-                if every_op_close and (ops or cpu_ops)
-                else ""
-            )
-            result.failures.append(
-                f"top-1 agreement with {against} {agree}/{samples} < {need}/{samples}{why}"
-            )
-    if max_steps is not None and scale and q_fn is not None and vs_exact > max_steps:
-        result.failures.append(
-            f"max difference from the quantized reference (exact value) {vs_exact:.1f} steps > {max_steps:g}"
+
+
+def _gate_top1(
+    result: Verification, agree: int, need: int, against: str, min_top1: int | None, any_ops: bool
+) -> None:
+    """Top-1 agreement on the primary output (``need`` of the samples): a gate, or a reported
+    figure when the output equals its device simulation and the user asked for no minimum."""
+    samples = result.samples
+    if agree >= need:
+        return
+    if result.sim_exact and min_top1 is None:  # a top-1 minimum the user asks for is a gate
+        # The program computes the quantized model in the device's arithmetic, every value:
+        # top-1 against torch's evaluation then measures how the network amplifies the
+        # rounding both sides do differently (random weights amplify it most), not an error.
+        result.notes.append(
+            f"top-1 agreement with {against} {agree}/{samples} (< {need}: reported, not gated): the "
+            "output equals the whole program simulated in the device's arithmetic, every value"
         )
-    if data is not None:
-        acc = evaluate(program, float_ep, data, report, kernels)
-        result.data, result.data_samples = data.source, acc.samples
-        result.float_accuracy, result.compiled_accuracy = acc.float_accuracy, acc.compiled_accuracy
-        result.accuracy_drop, result.max_accuracy_drop = acc.drop, max_accuracy_drop
-        if acc.drop > max_accuracy_drop:
-            result.failures.append(
-                f"accuracy on {data.source} ({acc.samples} samples): compiled {acc.compiled_accuracy:.2f}% vs "
-                f"float {acc.float_accuracy:.2f}%, a drop of {acc.drop:.2f} points > {max_accuracy_drop:g}"
-            )
-    return result
+        return
+    every_op_close = max(result.op_max_steps or 0, result.cpu_op_max_steps or 0) <= OP_MAX_STEPS
+    why = (
+        f" (every op is within {OP_MAX_STEPS} step of its reference op on the same inputs: the "
+        "network amplifies the kernels' rounding, not a conversion error)"
+        if every_op_close and any_ops
+        else ""
+    )
+    result.failures.append(f"top-1 agreement with {against} {agree}/{samples} < {need}/{samples}{why}")
+
+
+def _gate_accuracy(
+    result: Verification,
+    program: ExportedProgram,
+    float_ep: ExportedProgram,
+    data: Labeled,
+    report: dict[str, Any],
+    kernels: str,
+    max_accuracy_drop: float,
+) -> None:
+    """Top-1 accuracy on labeled data, compiled vs float: the drop within ``max_accuracy_drop``."""
+    acc = evaluate(program, float_ep, data, report, kernels)
+    result.data, result.data_samples = data.source, acc.samples
+    result.float_accuracy, result.compiled_accuracy = acc.float_accuracy, acc.compiled_accuracy
+    result.accuracy_drop, result.max_accuracy_drop = acc.drop, max_accuracy_drop
+    if acc.drop > max_accuracy_drop:
+        result.failures.append(
+            f"accuracy on {data.source} ({acc.samples} samples): compiled {acc.compiled_accuracy:.2f}% vs "
+            f"float {acc.float_accuracy:.2f}%, a drop of {acc.drop:.2f} points > {max_accuracy_drop:g}"
+        )
 
 
 def _gate_npu_ops(result: Verification, npu_ops: list[dict[str, Any]]) -> None:

@@ -1,4 +1,5 @@
-/* Flat-argument entry points over CMSIS-NN for tests/test_cortex_m_kernels.py (ctypes).
+/* Flat-argument entry points over CMSIS-NN for tests/test_cortex_m_kernels.py and
+ * tests/test_memory.py (ctypes).
  *
  * Each function passes its arguments to CMSIS-NN the way ExecuTorch's cortex_m op wrapper
  * (backends/cortex_m/ops/op_*.cpp) does: offsets are negated zero points where the wrapper negates
@@ -238,4 +239,48 @@ int shim_tconv(const int8_t *in, int32_t n, int32_t h, int32_t w, int32_t c, con
     free(ctx.buf);
     free(octx.buf);
     return status;
+}
+
+/* Scratch sizes, asked of CMSIS-NN the way the cortex_m op wrappers ask at run time
+ * (op_quantized_{conv2d,depthwise_conv2d,avg_pool2d}.cpp under CORTEX_M_ENABLE_RUNTIME_CHECKS,
+ * which fail the op unless the planned scratch has exactly this size). isa: 0 scalar (this plain C
+ * build's generic function), 1 DSP, 2 MVE (CMSIS-NN's _dsp / _mve variants: what the generic
+ * function returns when CMSIS-NN is built for that extension, which x86 cannot compile). */
+int32_t size_conv(int32_t isa, int32_t n, int32_t h, int32_t w, int32_t c, int32_t o, int32_t kh, int32_t kw,
+                  int32_t ki, int32_t oh, int32_t ow, int32_t sh, int32_t sw, int32_t ph, int32_t pw, int32_t dh,
+                  int32_t dw, int32_t in_off, int32_t out_off, int32_t amin, int32_t amax)
+{
+    cmsis_nn_conv_params p = {.input_offset = in_off, .output_offset = out_off, .stride = {.w = sw, .h = sh},
+                              .padding = {.w = pw, .h = ph}, .dilation = {.w = dw, .h = dh},
+                              .activation = {.min = amin, .max = amax}};
+    cmsis_nn_dims id = {n, h, w, c}, fd = {o, kh, kw, ki}, od = {n, oh, ow, o};
+    if (isa == 1)
+        return arm_convolve_wrapper_s8_get_buffer_size_dsp(&p, &id, &fd, &od);
+    if (isa == 2)
+        return arm_convolve_wrapper_s8_get_buffer_size_mve(&p, &id, &fd, &od);
+    return arm_convolve_wrapper_s8_get_buffer_size(&p, &id, &fd, &od);
+}
+
+int32_t size_dw(int32_t isa, int32_t n, int32_t h, int32_t w, int32_t c, int32_t kh, int32_t kw, int32_t oc,
+                int32_t oh, int32_t ow, int32_t sh, int32_t sw, int32_t ph, int32_t pw, int32_t dh, int32_t dw,
+                int32_t ch_mult, int32_t in_off, int32_t out_off, int32_t amin, int32_t amax)
+{
+    cmsis_nn_dw_conv_params p = {.input_offset = in_off, .output_offset = out_off, .ch_mult = ch_mult,
+                                 .stride = {.w = sw, .h = sh}, .padding = {.w = pw, .h = ph},
+                                 .dilation = {.w = dw, .h = dh}, .activation = {.min = amin, .max = amax}};
+    cmsis_nn_dims id = {n, h, w, c}, fd = {1, kh, kw, oc}, od = {n, oh, ow, oc};
+    if (isa == 1)
+        return arm_depthwise_conv_wrapper_s8_get_buffer_size_dsp(&p, &id, &fd, &od);
+    if (isa == 2)
+        return arm_depthwise_conv_wrapper_s8_get_buffer_size_mve(&p, &id, &fd, &od);
+    return arm_depthwise_conv_wrapper_s8_get_buffer_size(&p, &id, &fd, &od);
+}
+
+int32_t size_avgpool(int32_t isa, int32_t out_w, int32_t c)
+{
+    if (isa == 1)
+        return arm_avgpool_s8_get_buffer_size_dsp(out_w, c);
+    if (isa == 2)
+        return arm_avgpool_s8_get_buffer_size_mve(out_w, c);
+    return arm_avgpool_s8_get_buffer_size(out_w, c);
 }

@@ -22,6 +22,37 @@ def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginMa
     group.addoption("--dist", dest="dist", default="no", help="ignored")
 
 
+#: Files outside the fast tier (``pytest -m "not slow"``, README "Develop"): each compiles and
+#: verifies whole models, runs the CLI or pip in subprocesses, or builds firmware — seconds to
+#: minutes a test. The default run (CI) includes them. Other files mark their heaviest cases
+#: ``slow`` themselves (``pytest.param(..., marks=pytest.mark.slow)``).
+SLOW_FILES = frozenset(
+    f"test_{name}.py"
+    for name in (
+        "accuracy", "api", "architectures", "attention", "bad_input", "batch", "boundaries", "cache",
+        "cache_trust", "cli_errors", "cli_output", "cli_quiet", "cmake", "codegen", "compile_cli",
+        "determinism", "direct_cache", "docs", "early", "errors", "fallbacks", "firmware", "gates",
+        "grouped_tconv", "idiom", "inplace", "int_scalar", "kernel_check", "memory", "neutron_differential",
+        "neutron_grouped_conv", "neutron_noop_values", "neutron_parity", "neutron_partition_parity",
+        "npu_memory", "odd_graphs", "output_integrity", "packaging", "placement", "profiling",
+        "program_writer", "pte_interpreter", "pte_interpreter_cortex_m", "pte_interpreter_dim_orders",
+        "realworld", "rewrites", "sdk_path", "signatures", "value_creating_ops", "verify_artifact",
+        "verify_device", "zoo_graphs",
+    )
+)  # fmt: skip
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark every test of a ``SLOW_FILES`` file ``slow`` (a name no file has is an error: a
+    renamed file would otherwise join the fast tier unnoticed)."""
+    stale = sorted(f for f in SLOW_FILES if not (Path(__file__).parent / f).is_file())
+    if stale:
+        raise pytest.UsageError(f"tests/conftest.py SLOW_FILES names no file: {', '.join(stale)}")
+    for item in items:
+        if item.path.name in SLOW_FILES:
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture
 def plugin_dir(tmp_path: Path) -> Path:
     return tmp_path / "site"

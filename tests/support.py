@@ -1,7 +1,9 @@
-"""Test helpers: installed distributions on disk and a CLI runner in a subprocess."""
+"""Test helpers: installed distributions on disk, a CLI runner in a subprocess, CMSIS-NN built for the host."""
 
 from __future__ import annotations
 
+import ctypes
+import hashlib
 import os
 import subprocess
 import sys
@@ -10,6 +12,10 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+#: Pinned third-party sources (``ETFORGE_THIRD_PARTY``, default ``../shared/third_party`` beside the repository).
+THIRD_PARTY = Path(os.environ.get("ETFORGE_THIRD_PARTY", REPO.parent / "shared" / "third_party"))
+CMSIS_NN = THIRD_PARTY / "cmsis-nn"
+CMSIS_NN_SHIM = Path(__file__).with_name("cmsis_nn_shim.c")
 
 
 def write_distribution(
@@ -72,3 +78,34 @@ def torchvision_models() -> Any:
     import torchvision.models
 
     return torchvision.models
+
+
+def _cmsis_nn_sources() -> list[Path]:
+    """The int8 CMSIS-NN sources (float, int16-only, int4, LSTM and SVDF parts left out)."""
+    skip = ("_f16", "_f32", "_flt", "_s4", "lstm", "svdf")
+    out = []
+    for p in sorted((CMSIS_NN / "Source").glob("*/*.c")):
+        name = p.name.lower()
+        if any(s in name for s in skip) or (name.endswith("s16.c") and "s8_s16" not in name):
+            continue
+        out.append(p)
+    return out
+
+
+def cmsis_nn_library(cache: Path) -> ctypes.CDLL | None:
+    """CMSIS-NN's int8 C sources and ``tests/cmsis_nn_shim.c`` built for the host with gcc (once
+    per content, kept in ``cache``); None when the sources are not there."""
+    if not (CMSIS_NN / "Include" / "arm_nnfunctions.h").is_file():
+        return None
+    sources = [*_cmsis_nn_sources(), CMSIS_NN_SHIM]
+    digest = hashlib.sha256()
+    for p in sources:
+        digest.update(p.name.encode() + p.read_bytes())
+    so = cache / f"libcmsisnn-{digest.hexdigest()[:16]}.so"
+    if not so.exists():
+        tmp = so.with_suffix(f".{os.getpid()}.tmp")  # two workers may build at once
+        cmd = ["gcc", "-O1", "-shared", "-fPIC", "-w", f"-I{CMSIS_NN / 'Include'}", "-DARM_NN_ENABLE_F32=0",
+               "-DARM_NN_ENABLE_F16=0", "-o", str(tmp), *map(str, sources), "-lm"]  # fmt: skip
+        subprocess.run(cmd, check=True, capture_output=True)
+        tmp.replace(so)
+    return ctypes.CDLL(str(so))

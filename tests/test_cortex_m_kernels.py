@@ -12,10 +12,7 @@ Random inputs and random parameters; every output byte is compared.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import math
-import os
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,57 +22,20 @@ import torch
 
 from etforge.runtime import cortex_m_kernels as K
 
-REPO = Path(__file__).resolve().parents[1]
-THIRD_PARTY = Path(os.environ.get("ETFORGE_THIRD_PARTY", REPO.parent / "shared" / "third_party"))
-NN = THIRD_PARTY / "cmsis-nn"
-SHIM = Path(__file__).with_name("cmsis_nn_shim.c")
+from support import CMSIS_NN, cmsis_nn_library
+
 TRIALS = 40  # random cases per op
 
 P8 = ctypes.POINTER(ctypes.c_int8)
 P32 = ctypes.POINTER(ctypes.c_int32)
 
 
-def _sources() -> list[Path]:
-    """The int8 CMSIS-NN sources (float, int16-only, int4, LSTM and SVDF parts left out)."""
-    skip = ("_f16", "_f32", "_flt", "_s4", "lstm", "svdf")
-    out = []
-    for p in sorted((NN / "Source").glob("*/*.c")):
-        name = p.name.lower()
-        if any(s in name for s in skip) or (name.endswith("s16.c") and "s8_s16" not in name):
-            continue
-        out.append(p)
-    return out
-
-
 @pytest.fixture(scope="module")
 def lib(request: pytest.FixtureRequest) -> ctypes.CDLL:
-    if not (NN / "Include" / "arm_nnfunctions.h").is_file():
-        pytest.skip(f"CMSIS-NN sources not found at {NN} (set ETFORGE_THIRD_PARTY)")
-    sources = [*_sources(), SHIM]
-    digest = hashlib.sha256()
-    for p in sources:
-        digest.update(p.name.encode() + p.read_bytes())
-    cache = Path(request.config.cache.mkdir("cmsis-nn-host"))
-    so = cache / f"libcmsisnn-{digest.hexdigest()[:16]}.so"
-    if not so.exists():
-        tmp = so.with_suffix(".tmp")
-        cmd = [
-            "gcc",
-            "-O1",
-            "-shared",
-            "-fPIC",
-            "-w",
-            f"-I{NN / 'Include'}",
-            "-DARM_NN_ENABLE_F32=0",
-            "-DARM_NN_ENABLE_F16=0",
-            "-o",
-            str(tmp),
-            *map(str, sources),
-            "-lm",
-        ]
-        subprocess.run(cmd, check=True, capture_output=True)
-        tmp.replace(so)
-    return ctypes.CDLL(str(so))
+    built = cmsis_nn_library(Path(request.config.cache.mkdir("cmsis-nn-host")))
+    if built is None:
+        pytest.skip(f"CMSIS-NN sources not found at {CMSIS_NN} (set ETFORGE_THIRD_PARTY)")
+    return built
 
 
 @pytest.fixture

@@ -125,9 +125,7 @@ def test_the_classic_relowering_is_a_recorded_decision() -> None:
 #: substitution moved up (plugins/targets/cortex_m.py). Asserted exactly, both ways.
 EXPECTED: dict[tuple[str, str], str] = {("transformer", "cortex-m33"): "cpu_lowering"}
 
-#: MobileNetV2 at 224x224 (about 45 s on three targets) runs in the slow tier; mobilenet_v2_96 is
-#: the same network at 96x96 in the default tier.
-ZOO = [pytest.param(n, marks=pytest.mark.slow) if n == "mobilenet_v2" else n for n in sorted(zoo.ZOO)]
+ZOO = sorted(zoo.ZOO)
 
 
 @pytest.mark.parametrize("name", ZOO)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections import Counter
+import ctypes
 from pathlib import Path
 
 import pytest
@@ -12,7 +12,7 @@ from etforge.core.build.session import compile_model
 from etforge.core.common.errors import EtforgeError
 from etforge.core.serialize.memory import memory_stats
 
-from support import run_cli
+from support import CMSIS_NN, cmsis_nn_library, run_cli
 
 
 def _compile(options: dict[str, str], target: str = "cortex-m33") -> object:
@@ -20,26 +20,70 @@ def _compile(options: dict[str, str], target: str = "cortex-m33") -> object:
     return compile_model(model, example, target, calibration=zoo.calibration("ds_cnn", 2), options=options)
 
 
-def _cmsis_sizes(result: object, isa: str) -> Counter[int]:
-    """Scratch sizes CMSIS-NN's own size functions give for the lowered kernels."""
-    from executorch.backends.cortex_m.library import cmsis_nn
-    from executorch.backends.cortex_m.passes.scratch_buffer_sizes import required_cmsis_nn_buffer_sizes
-
-    backend = getattr(cmsis_nn.Backend, isa.upper())
-    sizes: Counter[int] = Counter()
-    for node in result.host_program.graph.nodes:  # type: ignore[attr-defined]
-        if node.op == "call_function":
-            found = required_cmsis_nn_buffer_sizes(node, backend)
-            sizes.update(found or [])
-    return sizes
+#: ISA -> the size variant ``size_*`` in tests/cmsis_nn_shim.c asks CMSIS-NN for.
+ISA_CODES = {"scalar": 0, "dsp": 1, "mve": 2}
 
 
-@pytest.mark.parametrize("isa", ["scalar", "mve"])
-def test_scratch_buffers_are_planned_with_cmsis_nn_sizes(isa: str) -> None:
-    result = _compile({"cpu": "cortex-m55", "isa": isa})
+@pytest.fixture(scope="module")
+def cmsis_nn(request: pytest.FixtureRequest) -> ctypes.CDLL:
+    built = cmsis_nn_library(Path(request.config.cache.mkdir("cmsis-nn-host")))
+    assert built is not None, f"CMSIS-NN sources not found at {CMSIS_NN} (set ETFORGE_THIRD_PARTY)"
+    return built
+
+
+def _shape(node: object) -> list[int]:
+    return [int(d) for d in node.meta["val"].shape]  # type: ignore[attr-defined]
+
+
+def _device_size(lib: ctypes.CDLL, node: object, isa: str) -> int:
+    """The scratch bytes the device's op wrapper requires of ``node`` (cortex_m ``op_quantized_*.cpp``:
+    CMSIS-NN's own ``arm_*_get_buffer_size`` on the dims it builds from the tensors), computed by
+    CMSIS-NN's C from the node's arguments: independent of ExecuTorch's Python size functions,
+    which planned the buffer."""
+    op, args, code = str(node.target), node.args, ISA_CODES[isa]  # type: ignore[attr-defined]
+    n, c, h, w = _shape(args[0])  # logical NCHW, as the wrapper reads input.size(1..3)
+    _, oc, oh, ow = _shape(node)
+    if op == "cortex_m.quantized_conv2d.out":
+        o, kh, kw, ki = _shape(args[1])  # OHWI
+        (sh, sw), (ph, pw), (dh, dw) = args[3], args[4], args[5]
+        return lib.size_conv(
+            code, n, h, w, c, o, kh, kw, ki, oh, ow, sh, sw, ph, pw, dh, dw, *args[6:8], *args[10:12]
+        )
+    if op == "cortex_m.quantized_depthwise_conv2d.out":
+        _, kh, kw, _ = _shape(args[1])  # IHWO
+        (sh, sw), (ph, pw), (dh, dw) = args[3], args[4], args[5]
+        return lib.size_dw(
+            code, n, h, w, c, kh, kw, oc, oh, ow, sh, sw, ph, pw, dh, dw, *args[6:9], *args[11:13]
+        )
+    if op == "cortex_m.quantized_avg_pool2d.out":
+        return lib.size_avgpool(code, ow, c)
+    raise AssertionError(f"{op} has a scratch buffer this test has no CMSIS-NN size function for: add it")
+
+
+@pytest.mark.parametrize(
+    ("options", "isa"),
+    [
+        ({"cpu": "cortex-m55", "isa": "scalar"}, "scalar"),
+        ({"cpu": "cortex-m55", "isa": "mve"}, "mve"),
+        ({}, "dsp"),
+    ],
+    ids=["m55-scalar", "m55-mve", "m33-default-dsp"],
+)
+def test_scratch_buffers_are_the_sizes_the_device_kernels_require(
+    options: dict[str, str], isa: str, cmsis_nn: ctypes.CDLL
+) -> None:
+    """Every planned CMSIS-NN scratch buffer has exactly the size the device's op wrapper checks
+    (cortex-m33 builds CMSIS-NN with its DSP extension, a cortex-m55 with MVE or as chosen)."""
+    result = _compile(options)
+    program = result.executorch.exported_program()  # type: ignore[attr-defined]
     stats = memory_stats(result.executorch)  # type: ignore[attr-defined]
     assert stats.scratch, "no CMSIS-NN scratch buffers in the planned program"
-    assert Counter(s["bytes"] for s in stats.scratch) == _cmsis_sizes(result, isa)
+    nodes = {n.name: n for n in program.graph.nodes}
+    planned = {s["node"]: s["bytes"] for s in stats.scratch}
+    required = {name: _device_size(cmsis_nn, nodes[name], isa) for name in planned}
+    assert planned == required
+    # ds_cnn's kernels need scratch with DSP and MVE; CMSIS-NN's plain C ones need none
+    assert any(required.values()) == (isa != "scalar"), required
     assert stats.lower_bound <= sum(stats.arena_bytes)
 
 

@@ -2,8 +2,10 @@
 
 Each case is one node just inside or just outside one limit (docs/targets.md, "Neutron
 constraint parity", maps each to the upstream condition). The decisions are the production
-ones -- the real quantizer and ``EtforgePartitioner.decide`` on the Edge program -- made
-for all cases at once (one export, one quantization) to keep the suite fast; every "inside"
+ones -- the real quantizer and ``pipeline.lower`` up to the partitioner's decisions, on both
+lowering paths (early, which compile takes, on the decomposed quantized ATen program; classic,
+its fallback, on the Edge program) -- made for all cases at once (one export, one
+quantization per path) to keep the suite fast; every "inside"
 node that the NPU takes is then converted and run in LiteRT against the PT2E quantized
 reference (``check_op``: within 1 output step). Cases named ``*-requant`` stand for graphs
 another quantizer produces: their Edge program gets the stated zero point / scale on the
@@ -23,6 +25,7 @@ import torch.nn.functional as F  # noqa: N812
 from torch.fx import Node
 
 from etforge.core.graph.utils import is_dequantize, is_quantize, node_op
+from etforge.core.lower.partitioner import Decision
 
 TARGET = "imxrt700"
 ACCEPTED = "accepted"
@@ -315,8 +318,14 @@ def _inputs(cases: list[Case], seed: int) -> tuple[torch.Tensor, ...]:
     return tuple(out)
 
 
+#: Edge ops whose node on the early path's quantized ATen program (decomposed, not yet
+#: ``to_edge``'s dim-order form) is another op.
+ATEN_FORMS: dict[str, str] = {"dim_order_ops._clone_dim_order.default": "aten.clone.default"}
+
+
 def _node_of(ep: Any, cases: list[Case]) -> dict[str, Node]:
-    """The node under test of each case: the first node of its op downstream of its first input."""
+    """The node under test of each case: the first node of its op (Edge op, or its ATen form on
+    the early path) downstream of its first input."""
     placeholders = {n.name: n for n in ep.graph_module.graph.nodes if n.op == "placeholder"}
     user_inputs = [placeholders[name] for name in ep.graph_signature.user_inputs]
     found, i = {}, 0
@@ -327,7 +336,7 @@ def _node_of(ep: Any, cases: list[Case]) -> dict[str, Node]:
             if n in seen:
                 continue
             seen.add(n)
-            if n.op == "call_function" and node_op(n) == c.op:
+            if n.op == "call_function" and node_op(n) in (c.op, ATEN_FORMS.get(c.op)):
                 found[c.id] = n
                 break
             frontier.extend(n.users)
@@ -335,34 +344,74 @@ def _node_of(ep: Any, cases: list[Case]) -> dict[str, Node]:
     return found
 
 
-def _decide(cases: list[Case], quantize: bool = True) -> dict[str, tuple[bool, str]]:
-    """(on the NPU, reason) of each case's node, decided as compile decides it."""
-    from executorch.exir import to_edge
+#: The two lowering paths (``pipeline.lower``): early, what compile takes on a quantized
+#: program, and classic, its fallback and reference. Each decides on its own graph (the early
+#: path on the decomposed quantized ATen program, the classic one on ``to_edge``'s output).
+PATHS = ("early", "classic")
+
+
+class _Decided(Exception):
+    """Raised by the partitioner hook once it has decided: the lowering stops there (the
+    mutated graphs stand for other quantizers' programs and are not meant to run on)."""
+
+
+def decide(
+    cases: list[Case],
+    path: str = "early",
+    target: str = TARGET,
+    options: dict[str, object] | None = None,
+    quantize: bool = True,
+) -> tuple[dict[str, tuple[bool, str]], list[Decision]]:
+    """(on the NPU, reason) of each case's node and every decision, made as compile makes them:
+    ``pipeline.lower`` on ``path`` up to the partitioner's first ``partition`` (decisions and
+    partition-level checks), the cases' mutations applied to the graph it is handed."""
+    from unittest import mock
 
     from etforge.core.build import pipeline
-    from etforge.core.lower.partitioner import EtforgePartitioner
+    from etforge.core.common import fallbacks
+    from etforge.core.lower.partitioner import _SUPPORT_KEY, EtforgePartitioner
     from etforge.core.registry.manager import registry
 
     torch.manual_seed(0)
     reg = registry()
-    tgt = reg.target(TARGET)
+    tgt = reg.target(target)
     ep = pipeline.export(Cases(cases).eval(), _inputs(cases, 0))
     if quantize:
         ep = pipeline.quantize(ep, tgt, [_inputs(cases, s) for s in range(3)], reg)
-    edge = to_edge(ep, compile_config=pipeline.edge_config()).exported_program()
-    nodes = _node_of(edge, cases)
-    for c in cases:
-        if c.mutate is not None and c.id in nodes:
-            c.mutate(nodes[c.id])
-    part = EtforgePartitioner(tgt, None, reg)
-    part.decide(edge)
-    by_name = {d.node: d for d in part.decisions}
-    return {cid: (by_name[n.name].npu, by_name[n.name].reason) for cid, n in nodes.items()}
+    real_partition = EtforgePartitioner.partition
+    seen: dict[str, Any] = {}
+
+    def partition(self: EtforgePartitioner, program: Any) -> Any:
+        nodes = _node_of(program, cases)
+        for c in cases:
+            if c.mutate is not None and c.id in nodes:
+                c.mutate(nodes[c.id])
+                nodes[c.id].meta.pop(_SUPPORT_KEY, None)  # decided again on the mutated node
+        real_partition(self, program)
+        by_name = {d.node: d for d in self.decisions}
+        seen["found"] = {cid: (by_name[n.name].npu, by_name[n.name].reason) for cid, n in nodes.items()}
+        seen["decisions"], seen["dialect"] = self.decisions, program.dialect
+        raise _Decided
+
+    # strict: the early path falling back to the classic one is an error, not a silent switch
+    with mock.patch.object(EtforgePartitioner, "partition", partition), fallbacks.recording(strict=True):
+        with pytest.raises(_Decided):
+            pipeline.lower(ep, tgt, options, reg, early=path == "early")
+    # the early path decides on the quantized ATen program, the classic one on the Edge program
+    assert seen["dialect"] == ("EDGE" if path == "classic" or not quantize else "ATEN"), (
+        path,
+        seen["dialect"],
+    )
+    return seen["found"], seen["decisions"]
 
 
-@pytest.fixture(scope="module")
-def decisions() -> dict[str, tuple[bool, str]]:
-    return _decide(CASES)
+def _decide(cases: list[Case], path: str = "early", quantize: bool = True) -> dict[str, tuple[bool, str]]:
+    return decide(cases, path, quantize=quantize)[0]
+
+
+@pytest.fixture(scope="module", params=PATHS)
+def decisions(request: pytest.FixtureRequest) -> dict[str, tuple[bool, str]]:
+    return _decide(CASES, request.param)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])

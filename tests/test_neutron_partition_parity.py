@@ -7,7 +7,8 @@ permute, a scale-1 resize, a keepdim mean over size-1 dims, a clamp / ReLU that 
 range collapses, x + 0 ...) would compile to an empty Neutron graph, so it stays on the CPU;
 a clone at a partition boundary must see a contiguous or channels-last tensor. Each case is
 one node just inside or just outside one condition, decided by the production path (real
-quantizer, ``to_edge``, ``EtforgePartitioner.partition``), one small graph per case; the
+quantizer, ``pipeline.lower`` on both lowering paths up to ``EtforgePartitioner.partition``:
+``test_neutron_parity.decide``), one small graph per case; the
 ``litert`` target, which has no such requirement, keeps delegating no-op partitions.
 """
 
@@ -18,7 +19,7 @@ from collections.abc import Callable
 import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812
-from test_neutron_parity import ACCEPTED, TARGET, Case, Cases, _inputs, _node_of
+from test_neutron_parity import ACCEPTED, PATHS, TARGET, Case, decide
 from torch.fx import Node
 
 from etforge.core.graph.utils import is_dequantize
@@ -114,43 +115,24 @@ CASES: list[Case] = [
 
 
 def _run(
-    cases: list[Case], target: str = TARGET, options: dict[str, object] | None = None
+    cases: list[Case], target: str = TARGET, options: dict[str, object] | None = None, path: str = "early"
 ) -> tuple[dict[str, tuple[bool, str]], list[Decision]]:
-    """(on the NPU after partitioning, reason) of each case's node, as compile decides it,
-    and every decision."""
-    from executorch.exir import to_edge
-
-    from etforge.core.build import pipeline
-    from etforge.core.lower.partitioner import EtforgePartitioner
-    from etforge.core.registry.manager import registry
-
-    torch.manual_seed(0)
-    reg = registry()
-    tgt = reg.target(target)
-    ep = pipeline.export(Cases(cases).eval(), _inputs(cases, 0))
-    ep = pipeline.quantize(ep, tgt, [_inputs(cases, s) for s in range(3)], reg)
-    edge = to_edge(ep, compile_config=pipeline.edge_config()).exported_program()
-    nodes = _node_of(edge, cases)
-    for c in cases:
-        if c.mutate is not None and c.id in nodes:
-            c.mutate(nodes[c.id])
-    part = EtforgePartitioner(tgt, options, reg)
-    part.partition(edge)
-    by_name = {d.node: d for d in part.decisions}
-    return {cid: (by_name[n.name].npu, by_name[n.name].reason) for cid, n in nodes.items()}, part.decisions
+    """(on the NPU after partitioning, reason) of each case's node, as compile decides it on
+    ``path``, and every decision."""
+    return decide(cases, path, target, options)
 
 
-def _partition(cases: list[Case], target: str = TARGET) -> dict[str, tuple[bool, str]]:
-    return _run(cases, target)[0]
+def _partition(cases: list[Case], target: str = TARGET, path: str = "early") -> dict[str, tuple[bool, str]]:
+    return _run(cases, target, path=path)[0]
 
 
-@pytest.fixture(scope="module")
-def decisions() -> dict[str, tuple[bool, str]]:
+@pytest.fixture(scope="module", params=PATHS)
+def decisions(request: pytest.FixtureRequest) -> dict[str, tuple[bool, str]]:
     # One graph per case: the partitioner merges independent branches into one partition,
     # so cases sharing a graph would share partitions (and hide a lone no-op).
     out: dict[str, tuple[bool, str]] = {}
     for case in CASES:
-        out |= _partition([case])
+        out |= _partition([case], path=request.param)
     return out
 
 
@@ -173,10 +155,11 @@ def test_noop_reason_names_the_ops(decisions: dict[str, tuple[bool, str]]) -> No
     )
 
 
-def test_clone_refused_at_the_boundary_leaves_the_conv_on_the_npu() -> None:
+@pytest.mark.parametrize("path", PATHS)
+def test_clone_refused_at_the_boundary_leaves_the_conv_on_the_npu(path: str) -> None:
     """Only the clone leaves the NPU: the conv after it is partitioned again and stays."""
     case = next(c for c in CASES if c.id == "clone-boundary-other-order")
-    got, every = _run([case])
+    got, every = _run([case], path=path)
     assert not got[case.id][0] and DIM_ORDER in got[case.id][1]
     convs = [d for d in every if d.op == "aten.convolution.default"]
     assert len(convs) == 1 and convs[0].npu and convs[0].partition, convs
@@ -186,21 +169,23 @@ STATIC_PERMUTE = Case("static-permute", "aten.permute_copy.default", ((1, 2, 4, 
                       lambda m, x: x + m["c"].value.permute(0, 1, 3, 2), ACCEPTED, mods={"c": _Const(0.5)})  # fmt: skip
 
 
-def test_static_permute_alone_stays_off_the_npu() -> None:
+@pytest.mark.parametrize("path", PATHS)
+def test_static_permute_alone_stays_off_the_npu(path: str) -> None:
     """A permute of a constant is folded: alone in its partition (its consumer kept off the
     NPU) it is refused as a no-op; next to the add that uses it, both go to the NPU."""
     op = STATIC_PERMUTE.op
-    _, every = _run([STATIC_PERMUTE], options={"operators_not_to_delegate": ["aten.add.Tensor"]})
+    _, every = _run([STATIC_PERMUTE], options={"operators_not_to_delegate": ["aten.add.Tensor"]}, path=path)
     alone = [d for d in every if d.op == op]
     assert len(alone) == 1, every
     assert not alone[0].npu and NOOP in alone[0].reason and op in alone[0].reason, alone
-    _, every = _run([STATIC_PERMUTE])
+    _, every = _run([STATIC_PERMUTE], path=path)
     together = [d for d in every if d.op in {op, "aten.add.Tensor"}]
     assert len(together) == 2 and all(d.npu for d in together), together
 
 
-def test_litert_target_still_delegates_noop_partitions() -> None:
+@pytest.mark.parametrize("path", PATHS)
+def test_litert_target_still_delegates_noop_partitions(path: str) -> None:
     """The limit is Neutron's (target data): LiteRT runs a lone view or clone as it is."""
     cases = [c for c in CASES if c.id in {"view-alone", "clone-alone", "permute-size1-alone"}]
-    got = _partition(cases, target="litert")
+    got = _partition(cases, target="litert", path=path)
     assert all(npu for npu, _ in got.values()), got

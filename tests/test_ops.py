@@ -145,3 +145,12 @@ def test_float32(name: str) -> None:
     factory, inputs = CASES[name]
     torch.manual_seed(1)
     check_op(factory(), inputs, target="litert", quantize=False, rtol=1e-5, atol=1e-5)
+
+
+def test_check_op_measures_on_an_input_the_observers_did_not_see() -> None:
+    """The example is held out of the calibration: a calibration set holding it is refused."""
+    from etforge.testing import OpCheckError
+
+    x = (torch.randn(1, 8, generator=torch.Generator().manual_seed(0)),)
+    with pytest.raises(OpCheckError, match="example input is in the calibration set"):
+        check_op(torch.nn.ReLU(), x, target="litert", calibration=[(torch.randn(1, 8),), x])

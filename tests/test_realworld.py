@@ -42,12 +42,6 @@ def test_every_family_is_placed_and_every_target_covered() -> None:
         assert sum(t == target for t in PLACEMENT.values()) >= 2, target
 
 
-#: Families too slow for the default suite (1.5-5 min each on one core at 96x96): run with
-#: ``pytest -m slow tests/test_realworld.py`` and by ``bench/realworld.py`` (every target).
-SLOW = frozenset(
-    {"efficientnet_b0", "regnet_x_400mf", "mnasnet0_5", "mobilenet_v2", "googlenet", "mobilenet_v3_large"}
-)
-
 #: Cases whose top-1 over 4 random-weight samples moves (3/4) while the program equals its
 #: device-arithmetic simulation on every output value: verify reports top-1 there as a figure
 #: (the network amplifies rounding torch does differently), and the exact simulation is the gate.
@@ -57,8 +51,7 @@ TOP1_AMPLIFIED = frozenset(
 
 
 def _param(family: str, target: str) -> object:
-    marks = [pytest.mark.slow] if family in SLOW else []
-    return pytest.param(family, target, marks=marks, id=f"{family}-{target}")
+    return pytest.param(family, target, id=f"{family}-{target}")
 
 
 @pytest.mark.parametrize(("family", "target"), [_param(f, t) for f, t in sorted(PLACEMENT.items())])

@@ -16,9 +16,12 @@ def test_top1_counts_a_tie_on_either_side_as_agreement() -> None:
 
 def test_top1_disagreement_is_caught() -> None:
     ref = torch.tensor([[0.25, 0.2578, 0.125], [0.0, 1.0, 0.5]])
-    assert top1_agrees(ref, ref)
+    # other values, no ties, the same top class in every row: agreement is on classes, not values
+    assert top1_agrees(torch.tensor([[0.0, 0.5, 0.25], [0.25, 0.75, 0.5]]), ref)
     flipped = torch.tensor([[0.2578, 0.25, 0.125], [0.0, 1.0, 0.5]])  # row 0: a real 1-step flip
     assert not top1_agrees(flipped, ref)
+    last = torch.tensor([[0.25, 0.2578, 0.125], [0.0, 0.5, 1.0]])  # every row counts, the last too
+    assert not top1_agrees(last, ref)
 
 
 class _ReluPlusInput(torch.nn.Module):

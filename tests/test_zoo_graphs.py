@@ -35,11 +35,19 @@ def test_zoo_model_is_one_litert_partition_matching_reference(name: str) -> None
     assert agree >= 31, f"top-1 agreement {agree}/32"
 
 
-def test_zoo_models_have_healthy_activations() -> None:
-    for name in zoo.ZOO:
-        if name == "mobilenet_v2":
-            continue  # 224x224: covered by the benchmarks
-        model, example = zoo.build(name)
-        with torch.no_grad():
-            out = model(*example)
-        assert out.std() > (1e-3 if name == "cifarnet" else 1e-2), name  # cifarnet ends in softmax
+#: Least input dependence of a zoo model's output: each output value's standard deviation over
+#: 8 seeded inputs, averaged, relative to the output's mean magnitude. A network whose
+#: activations collapse (random weights with default BatchNorm statistics) outputs its last bias
+#: whatever the input, and every int8 comparison on it passes trivially: without
+#: ``zoo.models._calibrate_bn`` mobilenet_v2_96 measures 8e-8, mobilenet_v1_025 0, ds_cnn 1e-4,
+#: autoencoder 2e-3; with it the zoo measures 0.02 (cifarnet, ending in softmax) to 1.0.
+MIN_INPUT_SPREAD = 0.01
+
+
+@pytest.mark.parametrize("name", sorted(zoo.ZOO))
+def test_zoo_model_output_depends_on_its_input(name: str) -> None:
+    model, _ = zoo.build(name)
+    with torch.no_grad():
+        outs = torch.stack([model(*x) for x in zoo.calibration(name, 8)])
+    spread = float(outs.std(0).mean() / outs.abs().mean())
+    assert spread > MIN_INPUT_SPREAD, f"{name}: output spread over inputs {spread:.3g}"

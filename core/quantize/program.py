@@ -62,10 +62,6 @@ def program_from_graph(
     gm: GraphModule, reference: ExportedProgram, example: Sequence[torch.Tensor]
 ) -> ExportedProgram:
     """``gm`` (PT2E-converted, from ``reference.module()``) as an ``ExportedProgram``."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
-    from torch.fx.passes.shape_prop import _extract_tensor_metadata
-
     _check_plain(gm, reference, example)
     params = dict(gm.named_parameters())
     buffers = dict(gm.named_buffers())
@@ -74,77 +70,20 @@ def program_from_graph(
 
     graph = Graph()
     env: dict[Node, Node] = {}
-    specs: list[InputSpec] = []
-    holders: dict[str, Node] = {}
-    for fqn in params:
-        holders[fqn] = graph.placeholder(_placeholder_name("p_", fqn))
-        specs.append(InputSpec(InputKind.PARAMETER, TensorArgument(holders[fqn].name), fqn))
-    for fqn in buffers:
-        holders[fqn] = graph.placeholder(_placeholder_name("b_", fqn))
-        specs.append(
-            InputSpec(
-                InputKind.BUFFER, TensorArgument(holders[fqn].name), fqn, persistent=fqn not in non_persistent
-            )
-        )
+    holders, specs = _lifted_placeholders(graph, params, buffers, non_persistent)
     for node in gm.graph.find_nodes(op="placeholder"):
         env[node] = graph.placeholder(node.name)
         env[node].meta = _kept_meta(node)
         specs.append(InputSpec(InputKind.USER_INPUT, TensorArgument(env[node].name), None))
     outputs: list[OutputSpec] = []
     for node in gm.graph.nodes:
-        if node.op == "placeholder":
-            continue
-        if node.op == "get_attr":
-            # A get_attr names its attribute's path: the fqn, every tensor having one (_check_plain).
-            if str(node.target) not in holders:
-                raise Unsupported(f"attribute {node.target!r} is neither a parameter nor a buffer")
-            env[node] = holders[str(node.target)]
-        elif node.op == "call_function" and node.target is operator.getitem:
-            env[node] = graph.create_node(
-                "call_function", operator.getitem, torch.fx.map_arg(node.args, env.__getitem__)
-            )
-            env[node].meta = _kept_meta(node)
-        elif node.op == "call_function":
-            if not isinstance(node.target, torch._ops.OpOverload) or node.target._schema.is_mutable:
-                raise Unsupported(f"{node.name} calls {node.target!r}, not a functional operator")
-            args, kwargs = as_dispatched(
-                node.target,
-                torch.fx.map_arg(node.args, env.__getitem__),
-                torch.fx.map_arg(node.kwargs, env.__getitem__),
-            )
-            new = graph.create_node(
-                "call_function",
-                node.target,
-                args,
-                kwargs,
-                name=graph._target_to_str(node.target.overloadpacket.__name__),
-            )
-            new.meta = _kept_meta(node)
-            new.meta["original_aten"] = node.target  # a re-trace records the op it traced
-            env[node] = new
-        elif node.op == "output":
-            results = torch.fx.map_arg(node.args[0], env.__getitem__)
-            flat = results if isinstance(results, (list, tuple)) else (results,)
-            if not all(isinstance(r, Node) for r in flat):
-                raise Unsupported("an output is not a tensor of the graph")
-            graph.output(tuple(flat))
-            outputs = [OutputSpec(OutputKind.USER_OUTPUT, TensorArgument(r.name), None) for r in flat]
-        else:
-            raise Unsupported(f"{node.name} is a {node.op} node")
+        if node.op == "output":
+            outputs = _copy_output(graph, node, env)
+        elif node.op != "placeholder":
+            env[node] = _copy_node(graph, node, env, holders)
 
     module = GraphModule(torch.nn.Module(), graph)
-    mode = FakeTensorMode(allow_non_fake_inputs=False)
-    holder_values = [lifted[fqn] for fqn in holders]
-    fakes = [mode.from_tensor(t, static_shapes=True) for t in (*holder_values, *example)]
-    FakeTensorProp(module, mode).propagate_dont_convert_inputs(*fakes)
-    for holder, fake in zip(graph.find_nodes(op="placeholder"), fakes, strict=True):
-        holder.meta["val"] = fake  # not the detached snapshot: a parameter keeps requires_grad
-    graph.output_node().meta.pop("val", None)  # as torch.export leaves it
-    for node in graph.nodes:
-        val = node.meta.get("val")
-        if isinstance(val, torch.Tensor):
-            node.meta["tensor_meta"] = _extract_tensor_metadata(val)
-
+    _propagate_meta(module, [lifted[fqn] for fqn in holders], example)
     state_dict = {fqn: lifted[fqn] for fqn in holders if fqn not in non_persistent}
     constants = {fqn: lifted[fqn] for fqn in holders if fqn in non_persistent}
     return ExportedProgram(
@@ -157,6 +96,91 @@ def program_from_graph(
         example_inputs=(tuple(example), {}),
         constants=constants,
     )
+
+
+def _lifted_placeholders(
+    graph: Graph, params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor], non_persistent: set[str]
+) -> tuple[dict[str, Node], list[InputSpec]]:
+    """A placeholder per parameter, then per buffer, as ``torch.export`` lifts them (by fqn)."""
+    holders: dict[str, Node] = {}
+    specs: list[InputSpec] = []
+    for fqn in params:
+        holders[fqn] = graph.placeholder(_placeholder_name("p_", fqn))
+        specs.append(InputSpec(InputKind.PARAMETER, TensorArgument(holders[fqn].name), fqn))
+    for fqn in buffers:
+        holders[fqn] = graph.placeholder(_placeholder_name("b_", fqn))
+        specs.append(
+            InputSpec(
+                InputKind.BUFFER, TensorArgument(holders[fqn].name), fqn, persistent=fqn not in non_persistent
+            )
+        )
+    return holders, specs
+
+
+def _copy_node(graph: Graph, node: Node, env: dict[Node, Node], holders: dict[str, Node]) -> Node:
+    """``node`` of the converted graph in the new one: a get_attr becomes its lifted placeholder,
+    a functional operator a call with its arguments as the dispatcher hands them on."""
+    if node.op == "get_attr":
+        # A get_attr names its attribute's path: the fqn, every tensor having one (_check_plain).
+        if str(node.target) not in holders:
+            raise Unsupported(f"attribute {node.target!r} is neither a parameter nor a buffer")
+        return holders[str(node.target)]
+    if node.op == "call_function" and node.target is operator.getitem:
+        new = graph.create_node(
+            "call_function", operator.getitem, torch.fx.map_arg(node.args, env.__getitem__)
+        )
+        new.meta = _kept_meta(node)
+        return new
+    if node.op == "call_function":
+        if not isinstance(node.target, torch._ops.OpOverload) or node.target._schema.is_mutable:
+            raise Unsupported(f"{node.name} calls {node.target!r}, not a functional operator")
+        args, kwargs = as_dispatched(
+            node.target,
+            torch.fx.map_arg(node.args, env.__getitem__),
+            torch.fx.map_arg(node.kwargs, env.__getitem__),
+        )
+        new = graph.create_node(
+            "call_function",
+            node.target,
+            args,
+            kwargs,
+            name=graph._target_to_str(node.target.overloadpacket.__name__),
+        )
+        new.meta = _kept_meta(node)
+        new.meta["original_aten"] = node.target  # a re-trace records the op it traced
+        return new
+    raise Unsupported(f"{node.name} is a {node.op} node")
+
+
+def _copy_output(graph: Graph, node: Node, env: dict[Node, Node]) -> list[OutputSpec]:
+    """The output node (every output a tensor of the graph) and its specs."""
+    results = torch.fx.map_arg(node.args[0], env.__getitem__)
+    flat = results if isinstance(results, (list, tuple)) else (results,)
+    if not all(isinstance(r, Node) for r in flat):
+        raise Unsupported("an output is not a tensor of the graph")
+    graph.output(tuple(flat))
+    return [OutputSpec(OutputKind.USER_OUTPUT, TensorArgument(r.name), None) for r in flat]
+
+
+def _propagate_meta(
+    module: GraphModule, holder_values: list[torch.Tensor], example: Sequence[torch.Tensor]
+) -> None:
+    """Every node's ``val`` (fake tensors) and ``tensor_meta``, as ``torch.export`` records them."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+    from torch.fx.passes.shape_prop import _extract_tensor_metadata
+
+    graph = module.graph
+    mode = FakeTensorMode(allow_non_fake_inputs=False)
+    fakes = [mode.from_tensor(t, static_shapes=True) for t in (*holder_values, *example)]
+    FakeTensorProp(module, mode).propagate_dont_convert_inputs(*fakes)
+    for holder, fake in zip(graph.find_nodes(op="placeholder"), fakes, strict=True):
+        holder.meta["val"] = fake  # not the detached snapshot: a parameter keeps requires_grad
+    graph.output_node().meta.pop("val", None)  # as torch.export leaves it
+    for node in graph.nodes:
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            node.meta["tensor_meta"] = _extract_tensor_metadata(val)
 
 
 def _as_type(value: Any, kind: Any) -> Any:
