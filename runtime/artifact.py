@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from etforge.core.build import output
-from etforge.core.build.output import FILES_KEY, record_hashes, sha256_file, side_files
+from etforge.core.build.output import FILES_KEY, record_hashes, side_files
+from etforge.core.common.digest import sha256_file
 from etforge.core.common.errors import EtforgeError
 
 # record_hashes and side_files are the writer's half of the hash chain (core.build.output),

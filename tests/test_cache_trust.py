@@ -17,6 +17,7 @@ import pytest
 
 from etforge.core.cache import store as cache_mod
 from etforge.core.cache.store import BuildCache
+from etforge.core.common.digest import sha256_file
 
 from support import run_cli
 
@@ -55,7 +56,7 @@ def test_an_entry_is_sealed_to_its_key(tmp_path: Path) -> None:
     c.store(key, _entry(tmp_path / "src"))
     manifest = json.loads((entry / cache_mod.MANIFEST).read_text())
     (entry / "files" / "model.pte").write_bytes(b"y" * 100)
-    manifest["files"]["model.pte"] = cache_mod._sha256_file(entry / "files" / "model.pte")
+    manifest["files"]["model.pte"] = sha256_file(entry / "files" / "model.pte")
     (entry / cache_mod.MANIFEST).write_text(json.dumps(manifest))
     (tmp_path / "d3").mkdir()
     assert not c.restore(key, tmp_path / "d3") and "seal" in c.why and list((tmp_path / "d3").iterdir()) == []
@@ -74,7 +75,7 @@ def test_a_planted_entry_naming_another_model_is_not_restored(tmp_path: Path) ->
     report["model"] = "a/m.py:build"
     (entry / "files" / "report.json").write_text(json.dumps(report))
     manifest = json.loads((entry / cache_mod.MANIFEST).read_text())
-    manifest["files"]["report.json"] = cache_mod._sha256_file(entry / "files" / "report.json")
+    manifest["files"]["report.json"] = sha256_file(entry / "files" / "report.json")
     manifest["seal"] = cache_mod._seal(manifest["key"], manifest["files"], manifest["dirs"])
     (entry / cache_mod.MANIFEST).write_text(json.dumps(manifest))
 
@@ -147,7 +148,7 @@ def test_an_entry_holding_a_symlink_is_never_restored(tmp_path: Path) -> None:
     (entry / "files" / "model.pte").unlink()
     (entry / "files" / "model.pte").symlink_to(secret)  # same digest listed: re-sealed below
     manifest = json.loads((entry / cache_mod.MANIFEST).read_text())
-    manifest["files"]["model.pte"] = cache_mod._sha256_file(secret)
+    manifest["files"]["model.pte"] = sha256_file(secret)
     manifest["seal"] = cache_mod._seal(key, manifest["files"], manifest["dirs"])
     (entry / cache_mod.MANIFEST).write_text(json.dumps(manifest))
     dest = tmp_path / "dest"

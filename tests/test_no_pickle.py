@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from etforge.core.cache import store as cache_mod
+from etforge.core.common.digest import sha256_file
 
 from support import run_cli
 
@@ -175,7 +176,7 @@ def test_a_planted_cache_entry_never_runs_code(
     _rehash(entry / "files")
     manifest = json.loads((entry / cache_mod.MANIFEST).read_text())  # re-sealed, as a planter would
     for name in ("float.pt2", "report.json"):
-        manifest["files"][name] = cache_mod._sha256_file(entry / "files" / name)
+        manifest["files"][name] = sha256_file(entry / "files" / name)
     manifest["seal"] = cache_mod._seal(manifest["key"], manifest["files"], manifest["dirs"])
     (entry / cache_mod.MANIFEST).write_text(json.dumps(manifest))
     again = tmp_path / "again"

@@ -27,6 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from etforge.core.common.digest import sha256_file
 from etforge.core.common.errors import EtforgeError
 
 if TYPE_CHECKING:
@@ -314,16 +315,6 @@ def record_hashes(out: Path, report: dict[str, Any]) -> None:
     """Add the side files' sha256 to ``report`` (call once they are written, before report.json):
     the hash chain ``verify`` checks (``runtime.artifact``)."""
     report[FILES_KEY] = {name: sha256_file(out / name) for name in side_files(out)}
-
-
-def sha256_file(path: Path) -> str:
-    import hashlib
-
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def write_etrecord(out: Path, result: CompileResult) -> None:

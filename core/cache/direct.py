@@ -37,7 +37,6 @@ from typing import Any
 from etforge.core.cache import store as cache
 from etforge.core.cache.record import (  # noqa: F401  (Recorder, file_facts: this module's API too)
     Recorder,
-    _sha256_file,
     _site_dirs,
     _stat_facts,
     _too_new,
@@ -46,6 +45,7 @@ from etforge.core.cache.record import (  # noqa: F401  (Recorder, file_facts: th
     path_kind,
 )
 from etforge.core.common import lazy_imports
+from etforge.core.common.digest import sha256_file
 
 #: Bump when the manifest layout or the front key's composition changes.
 DIRECT_FORMAT = 2
@@ -93,7 +93,7 @@ def front_key(
     fp.add("flags", json.dumps(flags, sort_keys=True, default=str))
     if calib:
         try:
-            fp.add("calib", f"{calib}\0{Path(calib).resolve()}\0{_sha256_file(calib)}")
+            fp.add("calib", f"{calib}\0{Path(calib).resolve()}\0{sha256_file(calib)}")
         except OSError:
             return None
     fp.add("sys.path", json.dumps(sys.path))
@@ -189,7 +189,7 @@ def _changed(path: str, facts: dict[str, Any]) -> str | None:
         # and the file's ctime predates the recording build, so no write raced it.
         return None
     try:
-        return None if _sha256_file(path) == facts["sha256"] else "changed"
+        return None if sha256_file(path) == facts["sha256"] else "changed"
     except OSError:
         return "is unreadable"
 

@@ -25,19 +25,12 @@ from pathlib import Path
 from typing import Any
 
 from etforge.core.cache import store as cache
+from etforge.core.common.digest import sha256_file
 
 #: Directories whose files are never dependencies: they are not files (``/proc``) or they
 #: are covered otherwise (the interpreter and site-packages by the distributions' versions).
 _SYSTEM_DIRS = ("/proc", "/sys", "/dev")
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
-
-
-def _sha256_file(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 # --- recording what a build reads ------------------------------------------------------------
@@ -448,7 +441,7 @@ def _too_new(st: os.stat_result, since_ns: int) -> bool:
 
 def file_facts(path: str, st: os.stat_result | None = None) -> dict[str, Any]:
     """What a manifest records of a dependency: its stat (a fast check) and its SHA-256."""
-    return {**_stat_facts(st or os.stat(path)), "sha256": _sha256_file(path)}
+    return {**_stat_facts(st or os.stat(path)), "sha256": sha256_file(path)}
 
 
 def _stat_facts(st: os.stat_result) -> dict[str, int]:

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from etforge.core.common import lazy_imports
+from etforge.core.common.digest import sha256_file
 
 #: Bump when the entry layout or the key's composition changes.
 CACHE_FORMAT = 1
@@ -175,14 +176,6 @@ def build_key(
     return fp.hexdigest()
 
 
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _files(root: Path) -> list[Path]:
     return sorted(p for p in root.rglob("*") if p.is_file())
 
@@ -237,7 +230,7 @@ class BuildCache:
             present = {str(p.relative_to(files)) for p in _files(files)} if files.is_dir() else set()
             if files.is_dir() and any(p.is_symlink() for p in files.rglob("*")):
                 problem = "it holds a symbolic link"  # never a link into the output
-            elif present != set(listed) or any(_sha256_file(files / rel) != d for rel, d in listed.items()):
+            elif present != set(listed) or any(sha256_file(files / rel) != d for rel, d in listed.items()):
                 problem = "its files do not match its manifest"
         if problem is not None:
             self.why = f"the cached entry {entry} was damaged ({problem}): discarded"
@@ -267,7 +260,7 @@ class BuildCache:
             staging = Path(tempfile.mkdtemp(dir=self.root, prefix=".store-"))
             shutil.copytree(source, staging / "files", dirs_exist_ok=True)
             digests = {
-                str(p.relative_to(staging / "files")): _sha256_file(p) for p in _files(staging / "files")
+                str(p.relative_to(staging / "files")): sha256_file(p) for p in _files(staging / "files")
             }
             dirs = sorted(
                 str(d.relative_to(staging / "files")) for d in (staging / "files").rglob("*") if d.is_dir()
