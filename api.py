@@ -19,7 +19,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _quiet(fn: F) -> F:
-    """Run ``fn`` with the third-party noise the CLI hides silenced (``core.quiet.scope``)."""
+    """Run ``fn`` with the third-party noise the CLI hides silenced (``core.common.quiet.scope``)."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:

@@ -176,7 +176,7 @@ def parse_options(pairs: tuple[str, ...]) -> dict[str, str]:
 
 
 def print_summary(report: dict[str, Any], out: Any = None, generated: Any = None) -> None:
-    """The one-screen summary (``core.summary``); the per-node table is ``report --ops``."""
+    """The one-screen summary (``core.build.summary``); the per-node table is ``report --ops``."""
     from etforge.core.build.summary import summary_lines
 
     for line in summary_lines(report, str(out) if out is not None else None, width=min(console.width, 100)):

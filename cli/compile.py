@@ -203,7 +203,7 @@ def _compile_into(job: _Job) -> tuple[Any, dict[str, Any], bool]:
     """The whole compile, written into ``staging`` (swapped in as OUT by the caller).
 
     Returns (codegen result, report, restored from the cache). The cache is asked twice:
-    first in direct mode (``core.direct_cache``: what the user typed and the files the model
+    first in direct mode (``core.cache.direct``: what the user typed and the files the model
     read last time, before torch is imported), then with the full key after the front end
     (torch, the model, ``torch.export``); ExecuTorch, torchao and LiteRT are imported only
     when the build has to run.

@@ -175,7 +175,7 @@ def run_program(
     """Run an (Edge, possibly delegated) program on the host; returns its user outputs.
 
     The outputs are the pytree leaves of what the model returns, in the ``.pte``'s output
-    order (``core.signature``): tensors, and the constants a model may return beside them
+    order (``core.front.signature``): tensors, and the constants a model may return beside them
     (``None``, a Python number) as themselves.
 
     ``kernels``: which LiteRT kernels run the NPU partitions (see ``litert_run``);

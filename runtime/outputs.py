@@ -2,7 +2,7 @@
 
 A model may return a tensor, a tuple, a dict, nested lists and dicts, ``None`` or Python
 numbers. The ``.pte``'s outputs are the pytree leaves of that value in ``torch.export``'s
-order (``core.signature``); the float and quantized references are flattened the same way,
+order (``core.front.signature``); the float and quantized references are flattened the same way,
 so each leaf is compared with its own reference. What each kind of leaf must satisfy (the
 gates are ``runtime.verify``'s constants):
 

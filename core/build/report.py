@@ -102,7 +102,7 @@ def build_report(result: CompileResult, reg: Registry, model: str) -> dict[str, 
             | ({"range": r} if (r := _range(result, i)) is not None else {})
             for i, t in enumerate(_example(result))
         ],
-        # the pytree leaves of what forward returns, in the .pte's output order (core.signature)
+        # the pytree leaves of what forward returns, in the .pte's output order (core.front.signature)
         "outputs": signature.describe_outputs(result.host_program),
         "stages": {k: round(v, 4) for k, v in result.stage_seconds.items()},
         # "early" | "classic" and why; "fallback": the early path was tried and could not be exact.
@@ -119,7 +119,7 @@ def build_report(result: CompileResult, reg: Registry, model: str) -> dict[str, 
         },
         "pte_sha256": hashlib.sha256(result.pte).hexdigest(),
         "notes": list(result.notes),
-        # second-best paths taken (stage, what, where, why): core.fallbacks; --strict refuses them
+        # second-best paths taken (stage, what, where, why): core.common.fallbacks; --strict refuses them
         "fallbacks": [f.as_dict() for f in result.fallbacks],
         "io_quant": _io_quant(result.host_program),
     }

@@ -17,7 +17,7 @@ Scoped state, never globals: the fallback log is a context variable for the leng
 ``npu_backend.lowering`` (a context variable, since ExecuTorch calls ``preprocess``
 statically); delegate shape stubs live inside one ``delegate_stubs.scope``. One thing rides
 on the graph instead: the converter the partitioner chose for a node
-(``node.meta[convert.DECIDED_KEY]``), as ExecuTorch's own ``delegation_tag`` does, because
+(``node.meta[context.DECIDED_KEY]``), as ExecuTorch's own ``delegation_tag`` does, because
 ExecuTorch copies node meta into the partition it hands ``preprocess`` and a script's
 ``to_edge_transform_and_lower`` (no session) must convert with the same choice.
 
@@ -74,11 +74,11 @@ class CompileResult:
     lower_breakdown: dict[str, float] = field(default_factory=dict)
     #: Things the user should know that are not errors.
     notes: list[str] = field(default_factory=list)
-    #: Per input, [min, max] of an integer input over example and calibration (``core.signature``).
+    #: Per input, [min, max] of an integer input over example and calibration (``core.front.signature``).
     input_ranges: list[list[int] | None] = field(default_factory=list)
     #: The lowering path taken ("early" | "classic") and why (``core.lower.driver.lower``).
     lowering: dict[str, Any] = field(default_factory=dict)
-    #: Second-best paths taken, in order (``core.fallbacks``).
+    #: Second-best paths taken, in order (``core.common.fallbacks``).
     fallbacks: list[Fallback] = field(default_factory=list)
 
 

@@ -123,7 +123,7 @@ def _is_scratch(arg: Any) -> bool:
 
 def check_budget(stats: MemoryStats, budget: int | None, npu: Sequence[Any] = ()) -> None:
     """The arena, and the arena beside each NPU partition's working memory (``npu``:
-    ``core.npu_memory`` plans; partitions run one at a time), within ``budget`` bytes."""
+    ``core.serialize.npu_memory`` plans; partitions run one at a time), within ``budget`` bytes."""
     if budget is None:
         return
     arena = sum(stats.arena_bytes)

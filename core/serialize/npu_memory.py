@@ -3,7 +3,7 @@
 ExecuTorch's arena holds only the CPU side of the program (a delegate's inputs and
 outputs); what the NPU partition needs while it runs is not in it. This plans every
 non-constant tensor of the partition's LiteRT graph at an offset in one buffer with the same
-best-fit placement as the CPU arena (``core.memory_plan``): a tensor lives from the op that
+best-fit placement as the CPU arena (``core.serialize.memory_plan``): a tensor lives from the op that
 produces it to its last consumer, graph inputs and outputs for the whole partition.
 
 It is etforge's host estimate from the LiteRT graph: an NPU compiler may fuse and tile ops, so
