@@ -126,6 +126,7 @@ def _delegate(
             edge = _lower_early(ep, target, options, reg, partitioner, config, why, stubs)
             if edge is not None:
                 why = {
+                    **why,
                     "path": "early",
                     "reason": "NPU partitions delegated on the quantized ATen program"
                     if target.npu is not None
@@ -238,7 +239,7 @@ def _lower_early(
     try:
         early.prepare(work, keep, {k: v for k, v in full.items() if k not in keep})
         if target.npu is None:  # nothing to delegate: the decomposition alone is the gain
-            return _to_edge_decomposed(work, config)
+            return _to_edge_decomposed(work, config, why)
         handles = early.handles_by_ancestor(work.graph_module)
         delegated = to_backend(work, partitioner)
         # Ops kept whole for the NPU that it did not take are decomposed, as to_edge would.
@@ -247,7 +248,7 @@ def _lower_early(
         why["reason"] = f"the early path cannot be exact: {exc}"
         return None
     stubs.stub(delegated)
-    edge = _to_edge_decomposed(delegated, config)
+    edge = _to_edge_decomposed(delegated, config, why)
     stubs.track(edge.exported_program())
     early.renumber(edge.exported_program().graph_module, handles)
     # The remainder's Edge form must leave the NPU nothing: else the classic path would
@@ -296,16 +297,20 @@ def _decomposition_dict(table: Any, ops: set[Any]) -> dict[Any, Any]:
     return out
 
 
-def _to_edge_decomposed(ep: ExportedProgram, config: EdgeCompileConfig) -> EdgeProgramManager:
+def _to_edge_decomposed(
+    ep: ExportedProgram, config: EdgeCompileConfig, why: dict[str, Any]
+) -> EdgeProgramManager:
     """``to_edge`` of a program whose nodes ``early.prepare`` already decomposed with its table.
 
     ``to_edge`` would run ``run_decompositions`` again, which re-traces the program and, on
     every call, collects the composite ops of every namespace (seconds on a small model) to
-    change nothing here; the Edge passes themselves run as ``to_edge`` runs them."""
-    from executorch.exir.program._program import _generate_edge_program
+    change nothing here. The Edge passes run as ``to_edge`` runs them, less the re-tracing ones
+    with nothing to do (``core/lower/edge_passes.py``), which ``why`` lists."""
+    from etforge.core.lower.edge_passes import edge_program
 
     preserve = list(getattr(config, "preserve_ops", None) or [])
-    program = _generate_edge_program(config, ep, preserve_ops=preserve)
+    program, skipped = edge_program(config, ep, preserve)
+    why["edge_passes_skipped"] = skipped
     return EdgeProgramManager({"forward": program}, None, config)
 
 
