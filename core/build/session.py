@@ -234,9 +234,12 @@ class CompileSession:
             ),
             host_program,
         )
-        boundaries.check_delegate_dim_orders(et.buffer, _delegate_layouts(host_program, built.partitions))
+        from executorch.exir._serialize._program import deserialize_pte_binary
+
+        program = deserialize_pte_binary(et.buffer).program  # read once, for both checks
+        boundaries.check_delegate_dim_orders(program, _delegate_layouts(host_program, built.partitions))
         libraries = kernel_check.libraries_for(self.registry.cpu_backend(self.target))
-        kernel_check.check_pte(et.buffer, libraries, self.target.name)
+        kernel_check.check_pte(program, libraries, self.target.name)
         return et
 
     def _check_memory(self, result: CompileResult) -> None:

@@ -10,12 +10,16 @@ only move data between layouts (what the NHWC-everywhere Cortex-M lowering keeps
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from torch.export import ExportedProgram
 from torch.fx import Node
 
 from etforge.core.common.errors import EtforgeError
 from etforge.core.graph.utils import dim_order, node_op, tensor_meta
+
+if TYPE_CHECKING:
+    from executorch.exir.schema import Program
 
 #: CPU ops that move data between layouts without computing anything.
 _LAYOUT_OPS = (
@@ -55,15 +59,15 @@ def layout_conversions(ep: ExportedProgram, permutes: tuple[str, ...] = ()) -> l
 
 
 def check_delegate_dim_orders(
-    pte: bytes, expected: Sequence[tuple[str, list[list[int]], list[list[int]]]]
+    pte: bytes | Program, expected: Sequence[tuple[str, list[list[int]], list[list[int]]]]
 ) -> None:
     """Raise unless each delegate call of ``pte`` passes tensors in the dim orders its partition
     was built for. ``expected``: (partition name, input dim orders, output dim orders) per
-    delegate call, in program order."""
+    delegate call, in program order; ``pte`` may be its already deserialized ``Program``."""
     from executorch.exir._serialize._program import deserialize_pte_binary
     from executorch.exir.schema import DelegateCall, Tensor
 
-    program = deserialize_pte_binary(pte).program
+    program = deserialize_pte_binary(pte).program if isinstance(pte, bytes) else pte
     calls = [
         (plan, instr.instr_args)
         for plan in program.execution_plan

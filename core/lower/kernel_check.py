@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.export import ExportedProgram
@@ -21,6 +21,9 @@ from torch.export import ExportedProgram
 from etforge.core.common import fallbacks
 from etforge.core.common.errors import EtforgeError, PluginError
 from etforge.core.contracts.cpu_backend import CpuBackend, KernelLibrary
+
+if TYPE_CHECKING:
+    from executorch.exir.schema import Program
 
 #: Operators the ExecuTorch runtime executes itself (prim ops), without a kernel library.
 RUNTIME_NAMESPACES: tuple[str, ...] = ("executorch_prim",)
@@ -147,12 +150,13 @@ def missing_kernels(program: ExportedProgram, libraries: Sequence[KernelLibrary]
     return out
 
 
-def missing_in_pte(pte: bytes, libraries: Sequence[KernelLibrary]) -> list[str]:
-    """Operators of a serialized program that no library provides (after ``to_executorch``)."""
+def missing_in_pte(pte: bytes | Program, libraries: Sequence[KernelLibrary]) -> list[str]:
+    """Operators of a serialized program (or its deserialized ``Program``) that no library
+    provides (after ``to_executorch``)."""
     from executorch.exir._serialize._program import deserialize_pte_binary
 
     have = provided(libraries)
-    program = deserialize_pte_binary(pte).program
+    program = deserialize_pte_binary(pte).program if isinstance(pte, bytes) else pte
     names = {
         f"{o.name}.{o.overload}" if o.overload else o.name
         for plan in program.execution_plan
@@ -235,7 +239,7 @@ def next_decomposition(
     return table
 
 
-def check_pte(pte: bytes, libraries: Sequence[KernelLibrary], target: str) -> None:
+def check_pte(pte: bytes | Program, libraries: Sequence[KernelLibrary], target: str) -> None:
     """The serialized program's operator table against the libraries (what the device registers)."""
     missing = missing_in_pte(pte, libraries)
     if missing:
