@@ -1,4 +1,4 @@
-"""The quantized program built from PT2E's converted graph (core/quantize/program.py) is the
+"""The quantized program built from PT2E's converted graph (core/graph/program.py) is the
 program ``torch.export`` gives when it re-traces that graph: same code, signature, values and
 serialized bytes. Every expectation here comes from torch's own re-export, not from the code
 under test.
@@ -14,8 +14,8 @@ from torch import nn
 
 from etforge.core.build import pipeline
 from etforge.core.build.session import compile_model
-from etforge.core.quantize import program as program_from_graph
-from etforge.core.quantize.program import Unsupported, as_dispatched
+from etforge.core.graph import program as program_from_graph
+from etforge.core.graph.program import Unsupported, as_dispatched
 from etforge.core.registry.manager import registry
 
 
@@ -210,3 +210,47 @@ def test_a_float_constant_pt2e_folded_is_no_obstacle() -> None:
     assert isinstance(direct, torch.export.ExportedProgram)
     assert direct.graph_module.code == reexported.graph_module.code
     assert str(direct.graph_signature) == str(reexported.graph_signature)
+
+
+class _Rewritten(nn.Module):
+    """A channel shuffle, a split and a hardsigmoid: the graph rewrites change all three."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 1)
+        self.gate = nn.Hardsigmoid()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv(x)
+        a, b = y.chunk(2, dim=1)
+        y = torch.cat([a, self.gate(b)], dim=1)
+        n, c, h, w = y.shape
+        return y.view(n, 2, c // 2, h, w).transpose(1, 2).reshape(n, c, h, w)
+
+
+@pytest.mark.parametrize("target", ["imxrt700", "cortex-m33"])
+def test_rewritten_float_program_is_the_one_reexport_gives(
+    target: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rewrite stage builds its program the same way, not by re-exporting."""
+    example = (torch.randn(1, 3, 6, 6),)
+    reg = registry()
+    tgt = reg.target(target)
+    ep = torch.export.export(_Rewritten().eval(), example, strict=False)
+    ours, applied = pipeline.rewrite(ep, tgt, reg)
+    assert applied, "the rewrites must change this graph"
+
+    def refuse(*args: object) -> None:
+        raise Unsupported("re-export, for comparison")
+
+    monkeypatch.setattr(program_from_graph, "program_from_graph", refuse)
+    theirs, again = pipeline.rewrite(ep, tgt, reg)
+    assert again == applied
+    assert ours.graph_module.code == theirs.graph_module.code
+    assert str(ours.graph_signature) == str(theirs.graph_signature)
+    for a, b in zip(ours.graph.nodes, theirs.graph.nodes, strict=True):
+        va, vb = a.meta.get("val"), b.meta.get("val")
+        if isinstance(va, torch.Tensor):
+            assert (va.shape, va.dtype, va.stride()) == (vb.shape, vb.dtype, vb.stride()), a.name
+    with torch.no_grad():
+        assert torch.equal(ours.module()(*example), theirs.module()(*example))

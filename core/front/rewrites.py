@@ -18,8 +18,9 @@ def rewrite(
 ) -> tuple[ExportedProgram, list[str]]:
     """Run the target's graph rewrites (``etforge_rewrites``) on the float program.
 
-    Returns the re-exported program (``ep`` itself when nothing changed) and the names of
-    the rewrites that changed the graph. A rewrite that raises or leaves a broken graph is
+    Returns the rewritten program (``ep`` itself when nothing changed), built from the graph
+    as a re-export would give it (``core/graph/program.py``, else re-exported), and the
+    names of the rewrites that changed the graph. A rewrite that raises or leaves a broken graph is
     an :class:`EtforgeError` naming it and its plugin.
     """
     from etforge.core.contracts.rewrite import annotate_values
@@ -56,6 +57,12 @@ def rewrite(
         node.meta.pop("val", None)
     if not applied:
         return ep, []
+    from etforge.core.graph.program import Unsupported, program_from_graph
+
+    try:  # the program the re-export would give, without re-tracing every node
+        return program_from_graph(gm, ep, example), applied
+    except Unsupported:
+        pass
     try:
         return torch.export.export(gm, example, strict=False), applied
     except Exception as exc:

@@ -114,7 +114,7 @@ def quantize(
     """
     from executorch.exir.passes.remove_unused_parameters_pass import remove_unused_parameters_pass
 
-    from etforge.core.quantize.program import Unsupported, program_from_graph
+    from etforge.core.graph.program import Unsupported, program_from_graph
 
     example = tuple(ep.example_inputs[0])
     gm = prepare(ep.module(check_guards=False), quantizer_for(target, options, reg))

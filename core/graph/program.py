@@ -1,4 +1,4 @@
-"""The quantized ``ExportedProgram`` built from PT2E's converted graph, without re-tracing it.
+"""An ATen graph module (PT2E's converted graph, a rewritten float graph) as an ``ExportedProgram``, without re-tracing it.
 
 ``convert_pt2e`` returns an unlifted ``GraphModule`` that is already an ATen graph; the usual
 next step, ``torch.export.export`` of it, traces every node again through FakeTensor,
@@ -9,7 +9,8 @@ re-export gives: parameters, then buffers, then user inputs; placeholders named 
 plus the attribute path; call nodes named after their operator; every value from one
 FakeTensorMode. Anything outside that shape (submodule calls, higher-order ops, attributes
 that are neither parameters nor buffers, non-tensor outputs) raises :class:`Unsupported`, and
-the caller re-exports.
+the caller re-exports. The rewrite stage (``core/front/rewrites.py``) builds its rewritten float
+program the same way.
 """
 
 from __future__ import annotations
