@@ -1,6 +1,8 @@
 """An attention block (``F.scaled_dot_product_attention``) compiles, verifies and codegens.
 
-SDPA decomposes to, among others, ``full_like`` (the attention mask's fill), whose portable
+On the NPU targets the ``ScaledDotProductAttention`` rewrite spells an unmasked SDPA as
+matmul, softmax and matmul (``plugins/rewrites/attention.py``). On cortex-m33 SDPA
+decomposes to, among others, ``full_like`` (the attention mask's fill), whose portable
 kernel ExecuTorch declares with an empty dispatch table; the registration generator must
 build an entry for it (and for every other kernel the libraries provide), and the
 generated C++ must compile against the executorch wheel's headers.
@@ -91,8 +93,68 @@ def _compile_cpp(cxx: list[str], gen: Path, tmp_path: Path) -> None:
 def test_the_attention_registration_compiles(compiled: dict[str, Any], target: str, tmp_path: Path) -> None:
     gen = tmp_path / "gen"
     result = compiled[target].codegen(gen)
-    assert "aten::full_like.out" in result.registered and not result.missing
+    assert not result.missing
+    if target == "cortex-m33":  # SDPA's own decomposition (the rewrite is for NPU targets)
+        assert "aten::full_like.out" in result.registered
     _compile_cpp(["g++"], gen, tmp_path)
     arm = shutil.which("arm-none-eabi-g++")
     if arm is not None:
         _compile_cpp([arm, "-mcpu=cortex-m33", "-mthumb", "-DETFORGE_ALLOW_HOST_ONLY"], gen, tmp_path)
+
+
+def test_unmasked_attention_runs_on_the_npu(compiled: dict[str, Any]) -> None:
+    """imxrt700cm: the rewritten attention joins the rest of the block in one NPU partition
+    (41.5 % of the MACs on the NPU before the rewrite: the decomposition's guard stayed float)."""
+    report = compiled["imxrt700cm"].report
+    assert len(report["partitions"]) == 1
+    assert report["macs"]["npu_share"] == 1.0
+    assert "ScaledDotProductAttention" in " ".join(report.get("notes", []))
+
+
+class Variants(nn.Module):
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__()
+        self.kwargs = kwargs
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, k, v, **self.kwargs)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "rewritten"),
+    [
+        ({}, True),
+        ({"scale": 0.3}, True),
+        ({"is_causal": True}, False),
+        ({"dropout_p": 0.0, "is_causal": False}, True),
+    ],
+)
+def test_the_rewrite_computes_what_sdpa_computes(kwargs: dict[str, Any], rewritten: bool) -> None:
+    """Float outputs equal (up to float rounding) SDPA's; causal attention is left whole."""
+    from etforge.core.contracts.rewrite import annotate_values
+    from etforge.plugins.rewrites.attention import ScaledDotProductAttention
+
+    g = torch.Generator().manual_seed(0)
+    qkv = tuple(torch.randn(1, 2, 8, 4, generator=g) for _ in range(3))
+    gm = torch.export.export(Variants(**kwargs), qkv, strict=False).module(check_guards=False)
+    annotate_values(gm, qkv)
+    target = etforge.core.registry.manager.registry().target("imxrt700")
+    assert ScaledDotProductAttention().apply(gm, target) is rewritten
+    gm.graph.eliminate_dead_code()
+    gm.recompile()
+    left = [n for n in gm.graph.nodes if n.target is torch.ops.aten.scaled_dot_product_attention.default]
+    assert bool(left) is not rewritten
+    torch.testing.assert_close(gm(*qkv), F.scaled_dot_product_attention(*qkv, **kwargs), rtol=1e-5, atol=1e-6)
+
+
+def test_a_masked_attention_is_left_whole() -> None:
+    from etforge.plugins.rewrites.attention import ScaledDotProductAttention
+
+    class Masked(nn.Module):
+        def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=m)
+
+    args = (*(torch.randn(1, 2, 8, 4) for _ in range(3)), torch.zeros(8, 8))
+    gm = torch.export.export(Masked(), args, strict=False).module(check_guards=False)
+    target = etforge.core.registry.manager.registry().target("imxrt700")
+    assert ScaledDotProductAttention().apply(gm, target) is False
