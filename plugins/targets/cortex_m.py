@@ -93,9 +93,9 @@ class CortexMBackend(CpuBackend):
         return str(target_config(target, options).backend.name).lower()
 
     def quantizer(self, target: TargetSpec, options: dict[str, Any]) -> Quantizer | None:
-        from executorch.backends.cortex_m.quantizer.quantizer import CortexMQuantizer
+        from etforge.plugins.targets import cortex_m_passes
 
-        return CortexMQuantizer()
+        return cortex_m_passes.quantizer()
 
     def edge_compile_config(self) -> EdgeCompileConfig | None:
         from executorch.backends.cortex_m.edge_compile_config import cortex_m_edge_compile_config
@@ -107,10 +107,12 @@ class CortexMBackend(CpuBackend):
 
         from executorch.backends.cortex_m.passes.cortex_m_pass_manager import CortexMPassManager
 
+        from etforge.plugins.targets.cortex_m_passes import transform
+
         logging.getLogger("executorch.exir.pass_manager").setLevel(logging.ERROR)
         config = target_config(target, options)
         try:
-            lowered = CortexMPassManager(copy_program(ep), target_config=config).transform()
+            lowered = transform(copy_program(ep), CortexMPassManager.legacy_pass_list, config)
         except Exception as exc:  # an upstream pass failing on a graph it does not expect
             first = exc
         else:
@@ -134,7 +136,7 @@ class CortexMBackend(CpuBackend):
         at = next(i for i, p in enumerate(passes) if p.__name__ == "FoldAndAnnotateQParamsPass") + 1
         passes.insert(at, AtenToCortexMPass)
         try:
-            lowered = CortexMPassManager(ep, passes=passes, target_config=config).transform()
+            lowered = transform(ep, passes, config)
         except Exception:
             raise lowering_error(first, ep, target) from None
         return _aligned(lowered)
