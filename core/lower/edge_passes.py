@@ -7,7 +7,8 @@ when no node matches what they rewrite (a static program has no symbolic sizes f
 tensor). Here each re-tracing pass is first asked, by a scan under its own rule, whether it
 would change a node: a pass with nothing to do is skipped, which is what its re-trace would
 have given, because ``OpReplacePass`` (which changes every node) always runs and re-traces
-the graph once more, so node names and meta still come from a re-trace. Graph-editing
+the graph once more, so node names and meta still come from a re-trace; ``MemoryFormatOpsPass``
+rides on that same re-trace (:func:`_edge_ops`). Graph-editing
 passes run as always; a pass this module does not know runs too, and a graph with control
 flow runs everything. torch's own ``ReplaceViewOpsWithViewCopyOpsPass`` always runs: with its
 re-trace skipped, a later ``run_decompositions`` in the same process crashed in the garbage
@@ -36,7 +37,7 @@ def edge_program(
     """``_generate_edge_program(config, program, preserve_ops=...)``, the same program, faster.
 
     Returns the Edge program and the names of the passes skipped (they had nothing to do)."""
-    from executorch.exir.passes import MemoryFormatOpsPass, OpReplacePass
+    from executorch.exir.passes import OpReplacePass
     from executorch.exir.passes.remove_graph_asserts_pass import RemoveNonCoreAtenOpGraphAssertsPass
     from executorch.exir.passes.remove_unused_parameters_pass import remove_unused_parameters_pass
     from executorch.exir.program import _program as ep_program
@@ -48,9 +49,8 @@ def edge_program(
     program = remove_unused_parameters_pass(program)
     pre, post = ep_program._get_aten_to_edge_passes(config)
     passes: list[Any] = [RemoveNonCoreAtenOpGraphAssertsPass(), ReplaceViewOpsWithViewCopyOpsPass(), *pre]
-    passes.append(OpReplacePass())
-    if not config._skip_dim_order:
-        passes.append(MemoryFormatOpsPass())
+    # OpReplacePass then MemoryFormatOpsPass: one re-trace does both (_EdgeOps).
+    passes.append(OpReplacePass() if config._skip_dim_order else _edge_ops())
     gm = program.graph_module
     skipped: list[str] = []
     for p in passes:
@@ -83,6 +83,26 @@ def edge_program(
     edge = ep_program.lift_constant_tensor_pass(edge)
     edge = ep_program.convert_constant_dim_order_pass.convert_constant_dim_order_pass(edge)
     return ep_program._transform(edge, *post), skipped
+
+
+def _edge_ops() -> Any:
+    """``OpReplacePass`` and ``MemoryFormatOpsPass`` in one re-trace.
+
+    Run one after the other, each re-traces the whole program: the first to make every op
+    its Edge op, the second to give the Edge ops that take a ``memory_format`` (``_to_copy``,
+    ``clone``) their ``dim_order`` form. Each op's rewrite reads only the op and its arguments'
+    values, which are the same in one re-trace as in two, so each op is made its Edge op and
+    then handed to the memory-format rule as the second re-trace would see it."""
+    from executorch.exir.passes import MemoryFormatOpsPass
+    from executorch.exir.passes.replace_aten_with_edge_pass import aten_to_edge, should_lower_to_edge
+
+    class EdgeOpsWithDimOrders(MemoryFormatOpsPass):
+        def call_operator(self, op: Any, args: Any, kwargs: Any, meta: Any) -> Any:
+            return super().call_operator(
+                aten_to_edge(op) if should_lower_to_edge(op) else op, args, kwargs, meta
+            )
+
+    return EdgeOpsWithDimOrders()
 
 
 def _calls(gm: GraphModule) -> Iterator[Node]:
@@ -182,18 +202,10 @@ def _mixed_types(gm: GraphModule) -> bool:
     return False
 
 
-def _memory_formats(gm: GraphModule) -> bool:
-    """MemoryFormatOpsPass: an Edge op that takes a ``memory_format`` (``_to_copy``, ``clone`` ...)."""
-    from executorch.exir.passes.dim_order_ops_registry import DimOrderOpsMap
-
-    return any(n.target in DimOrderOpsMap for n in _calls(gm))
-
-
 RULES: dict[str, Rule] = {
     "NormalizeTransposePass": _transposes,
     "ReplaceBrokenOpsWithFunctionalOpsPass": _broken,
     "ScalarToTensorPass": _scalars,
     "SymToTensorPass": _symbols,
     "RemoveMixedTypeOperators": _mixed_types,
-    "MemoryFormatOpsPass": _memory_formats,
 }
