@@ -19,7 +19,7 @@ BUILTIN_ENTRY_POINTS = {
     "ops_conv", "ops_linear", "ops_elementwise", "ops_activation", "ops_pool", "ops_shape",
     "ops_softmax", "ops_reduce", "ops_resize", "targets_neutron", "targets_cortex_m", "targets_litert", "cpu_portable",
     "npu_eiq_neutron_sdk", "rewrites_activation", "rewrites_split", "rewrites_shuffle",
-    "rewrites_normalization", "rewrites_arithmetic", "rewrites_grouped_conv", "rewrites_constants",
+    "rewrites_normalization", "rewrites_arithmetic", "rewrites_grouped_conv", "rewrites_constants", "rewrites_attention",
 }  # fmt: skip
 
 
