@@ -136,6 +136,9 @@ def test_without_an_npu_the_early_decomposition_gives_the_classic_bytes(name: st
     early = compile_model(model, calib[0], "cortex-m33", calibration=calib)
     classic = compile_model(model, calib[0], "cortex-m33", calibration=calib, early=False)
     assert early.lowering["path"] == "early" and classic.lowering["path"] == "classic"
+    # a static program: no symbolic value for SymToTensorPass (core/lower/edge_passes.py)
+    assert "SymToTensorPass" in early.lowering["edge_passes_skipped"]
+    assert "edge_passes_skipped" not in classic.lowering
     assert not early.partitions and early.fallbacks == classic.fallbacks
     assert early.pte == classic.pte
 
@@ -215,5 +218,6 @@ def test_a_decomposition_that_mutates_falls_back_to_the_classic_path() -> None:
     classic = compile_model(model, calib[0], "litert", calibration=calib, early=False)
     assert early.pte == classic.pte
     assert early.lowering["path"] == "classic" and early.lowering["fallback"], early.lowering
+    assert "edge_passes_skipped" not in early.lowering  # the classic path runs every Edge pass
     assert [(f.stage, f.what) for f in early.fallbacks] == [("lower", "lowered the classic way (slower)")]
     assert "adaptive_avg_pool2d" in early.fallbacks[0].why and "mutates" in early.fallbacks[0].why

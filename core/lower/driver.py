@@ -134,6 +134,7 @@ def _delegate(
                 }
                 return edge, partitioner, low.in_tag_order(), why
             why["fallback"] = True
+            why.pop("edge_passes_skipped", None)  # the early attempt's: the classic path runs them all
             fallbacks.record("lower", "lowered the classic way (slower)", "", why["reason"])
         low.partitions.clear()
         partitioner = _partitioner(ep, target, options, reg, low)

@@ -27,7 +27,7 @@ import torch
 from torch.export import ExportedProgram
 from torch.fx import GraphModule, Node
 
-#: What each re-tracing pass rewrites; a pass absent here always runs.
+#: Whether a re-tracing pass has work on a graph (a scan under the pass's own rule).
 Rule = Callable[[GraphModule], bool]
 
 
@@ -49,7 +49,7 @@ def edge_program(
     program = remove_unused_parameters_pass(program)
     pre, post = ep_program._get_aten_to_edge_passes(config)
     passes: list[Any] = [RemoveNonCoreAtenOpGraphAssertsPass(), ReplaceViewOpsWithViewCopyOpsPass(), *pre]
-    # OpReplacePass then MemoryFormatOpsPass: one re-trace does both (_EdgeOps).
+    # OpReplacePass then MemoryFormatOpsPass: one re-trace does both (_edge_ops).
     passes.append(OpReplacePass() if config._skip_dim_order else _edge_ops())
     gm = program.graph_module
     skipped: list[str] = []
@@ -202,6 +202,7 @@ def _mixed_types(gm: GraphModule) -> bool:
     return False
 
 
+#: The re-tracing passes that may be skipped, by class name; a pass absent here always runs.
 RULES: dict[str, Rule] = {
     "NormalizeTransposePass": _transposes,
     "ReplaceBrokenOpsWithFunctionalOpsPass": _broken,
