@@ -1,6 +1,7 @@
-"""Deferred GraphModule code generation (``core/graph/deferred_code.py``): every use of the
-generated code sees the graph as it is, torch's methods come back after the scope, and a
-compile gives the same bytes as with eager code generation."""
+"""Deferred GraphModule code generation (``core/graph/deferred_code.py``) and shared node
+provenance (``core/graph/shared_provenance.py``): every use of the generated code sees the
+graph as it is, torch's methods come back after each scope, and a compile gives the same
+bytes as with torch's eager code generation and copied provenance."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from torch import fx, nn
 
 from etforge.api import compile as compile_model
 from etforge.core.graph import deferred_code as dc
+from etforge.core.graph import shared_provenance as sp
 from etforge.core.graph.deferred_code import deferred_code
 
 
@@ -150,7 +152,28 @@ def test_a_compile_gives_the_bytes_of_eager_code_generation(
     calibration = [(torch.randn(1, 3, 16, 16),) for _ in range(4)]
     deferred = compile_model(model, example, target=target, calibration=calibration)
     monkeypatch.setattr(dc, "ENABLED", False)
+    monkeypatch.setattr(sp, "ENABLED", False)
     eager = compile_model(model, example, target=target, calibration=calibration)
     assert deferred.pte == eager.pte
     assert [p.processed for p in deferred.partitions] == [p.processed for p in eager.partitions]
     assert deferred.partitions or target == "cortex-m33"
+
+
+def test_provenance_records_are_shared_inside_and_copied_outside() -> None:
+    import copy
+
+    from torch.fx.traceback import NodeSource
+
+    gm = fx.symbolic_trace(TwoInputs())
+    node = next(n for n in gm.graph.nodes if n.op == "call_function")
+    node.meta["from_node"] = [NodeSource(None, "origin")]
+    with sp.shared_provenance():
+        record = NodeSource(node, "a_pass")
+        assert copy.deepcopy(record) is record
+        assert record.from_node[0] is node.meta["from_node"][0]  # the chain shared, not copied
+        assert record.from_node is not node.meta["from_node"]  # the node's own list still copied
+        assert record.to_dict() == NodeSource(node, "a_pass").to_dict()
+    assert "__deepcopy__" not in vars(NodeSource)
+    copied = copy.deepcopy(record)
+    assert copied is not record and copied.to_dict() == record.to_dict()
+    assert NodeSource(node, "a_pass").from_node[0] is not node.meta["from_node"][0]

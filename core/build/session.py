@@ -46,6 +46,7 @@ from etforge.core.contracts.target import TargetSpec
 from etforge.core.front import signature
 from etforge.core.front.export import Front, front_end
 from etforge.core.graph.deferred_code import deferred_code
+from etforge.core.graph.shared_provenance import shared_provenance
 from etforge.core.lower import boundaries, kernel_check
 from etforge.core.lower.partitioner import Decision, EtforgePartitioner
 from etforge.core.registry.manager import Registry, registry
@@ -154,7 +155,7 @@ class CompileSession:
         """Compile ``module`` (or the exported ``program``); ``front`` is an already exported
         front end (the CLI exports first, to look the build up in the cache)."""
         tgt, reg = self.target, self.registry
-        with fallbacks.recording(self.strict) as log, deferred_code():
+        with fallbacks.recording(self.strict) as log, deferred_code(), shared_provenance():
             if front is None:
                 with self.stage("export"):
                     front = front_end(
