@@ -7,8 +7,11 @@ nothing to do may be left out whenever a pass after it re-traces the graph anywa
 output is byte-identical and the compile faster. Each "has work" test below is a cheap
 scan under the pass's own rule (the ops it matches); a pass not known here, or any graph
 with control flow, runs as ExecuTorch runs it. The last pass of a list that always
-re-traces (the anchor) always runs, so every skip is followed by a re-trace; before it,
-RemoveGetItemPass runs without its own closing re-trace, which only refreshed meta.
+re-traces (the anchor) runs, so every skip is followed by a re-trace; before it,
+RemoveGetItemPass runs without its own closing re-trace, which only refreshed meta. An
+always-re-tracing pass with nothing to do right after another one ran (the graph is a
+re-trace's output, and a re-trace of that is the same graph) is left out too, the anchor
+included: a classifier's DecomposeMeanPass re-traces, so MatmulToBmmPass need not.
 
 The lists are ExecuTorch's own (``CortexMPassManager``); this module only runs them the
 way ``CortexMPassManager.transform`` and ``transform_for_annotation`` do. ``SKIP`` set to
@@ -110,11 +113,19 @@ def _anchor(names: Sequence[str]) -> int:
     return max((i for i, name in enumerate(names) if name in _ALWAYS_RETRACE), default=-1)
 
 
-def skippable(name: str, index: int, anchor: int, gm: GraphModule) -> bool:
+def skippable(name: str, index: int, anchor: int, gm: GraphModule, fresh: bool = False) -> bool:
     """May the pass at ``index`` be left out of this graph? Only a known pass with nothing
-    to do, before the anchor re-trace."""
+    to do: before the anchor re-trace, or, if it only re-traces when idle, on a graph
+    ``fresh`` from an always-re-tracing pass (no pass run since)."""
     check = _HAS_WORK.get(name)
-    return SKIP and check is not None and index < anchor and not check(gm)
+    if (
+        not SKIP
+        or check is None
+        or anchor < 0
+        or (index >= anchor and not (fresh and name in _ALWAYS_RETRACE))
+    ):
+        return False
+    return not check(gm)
 
 
 def _in_place(pass_cls: type[ExportPass]) -> type[ExportPass]:
@@ -156,15 +167,18 @@ def transform(ep: ExportedProgram, passes: Sequence[type[ExportPass]], target_co
     anchor = -1 if has_control_flow(ep.graph_module) else _anchor(names)
     skipped: list[str] = []
     in_place: list[str] = []
+    fresh = False  # is the graph an always-re-tracing pass's output, no pass run since?
     for index, pass_cls in enumerate(passes):
         if not isinstance(pass_cls, type):
             raise ValueError(f"Cortex-M pass lists hold pass classes, not instances; got {pass_cls!r}")
-        if skippable(names[index], index, anchor, ep.graph_module):
+        if skippable(names[index], index, anchor, ep.graph_module, fresh):
             skipped.append(names[index])
             continue
+        fresh = names[index] in _ALWAYS_RETRACE
         if index < anchor and names[index] in _IN_PLACE_THEN_RETRACE:
             pass_cls = _in_place(pass_cls)
             in_place.append(names[index])
+            fresh = False
         ep = _transform(ep, _instantiate(pass_cls, ep, target_config))
     last_skipped["transform"] = skipped
     last_skipped["in_place"] = in_place
@@ -181,10 +195,12 @@ def transform_for_annotation(
     names = [p.__name__ for p in passes]
     anchor = -1 if has_control_flow(model) else _anchor(names)
     skipped: list[str] = []
+    fresh = False  # is the graph an always-re-tracing pass's output, no pass run since?
     for index, pass_cls in enumerate(passes):
-        if skippable(names[index], index, anchor, model):
+        if skippable(names[index], index, anchor, model, fresh):
             skipped.append(names[index])
             continue
+        fresh = names[index] in _ALWAYS_RETRACE
         model = pass_cls().call(model).graph_module
     last_skipped["annotation"] = skipped
     return model
