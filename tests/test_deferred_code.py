@@ -47,9 +47,9 @@ def test_a_stale_module_generates_its_code_on_every_kind_of_use() -> None:
     with deferred_code():
         gm = fx.symbolic_trace(TwoInputs())
         _edit(gm)
-        assert gm in dc._stale  # the edit's recompile() was deferred
+        assert dc.stale(gm)  # the edit's recompile() was deferred
         assert torch.equal(gm(x, s), expected)  # a call runs the edited graph
-        assert gm not in dc._stale
+        assert not dc.stale(gm)
 
         gm2 = fx.symbolic_trace(TwoInputs())
         _edit(gm2)
@@ -95,20 +95,36 @@ def test_export_of_a_stale_module_equals_eager() -> None:
     assert deferred.graph_signature == eager.graph_signature
 
 
-def test_leaving_the_scope_brings_torch_back_and_generates_what_is_stale() -> None:
+def test_after_the_scope_torch_is_back_and_a_stale_module_still_generates_on_use() -> None:
+    x, s = torch.randn(2, 3), torch.randn(2, 3)
+    torch_methods = {n: fx.GraphModule.__dict__[n] for n in ("code", "__str__", "__reduce__", "recompile")}
     with deferred_code():
-        gm = fx.symbolic_trace(TwoInputs())
-        _edit(gm)
-        assert fx.GraphModule.recompile is not dc._EAGER_RECOMPILE
+        modules = [fx.symbolic_trace(TwoInputs()) for _ in range(4)]
+        for gm in modules:
+            _edit(gm)
         with deferred_code():  # nested: the outer scope still holds
             pass
         assert fx.GraphModule.recompile is not dc._EAGER_RECOMPILE
-        assert "forward" in vars(type(gm)) and isinstance(vars(type(gm))["forward"], dc._PendingForward)
-    assert fx.GraphModule.recompile is dc._EAGER_RECOMPILE
-    assert fx.GraphModule.__dict__["code"] is dc._EAGER_CODE
-    assert all(fx.GraphModule.__dict__[name] is method for name, method in dc._READERS.items())
-    assert not isinstance(vars(type(gm))["forward"], dc._PendingForward)
-    assert gm._code == _eager_twin()._code  # the attribute itself, as torch left it eagerly
+    assert {n: fx.GraphModule.__dict__[n] for n in torch_methods} == torch_methods  # torch untouched
+    assert all(dc.stale(gm) for gm in modules)  # nothing generated on the way out
+    eager = _eager_twin()
+    assert modules[0].code == eager.code
+    assert str(modules[1]) == str(eager)
+    assert torch.equal(pickle.loads(pickle.dumps(modules[2]))(x, s), torch.sigmoid(x) * s)
+    assert torch.equal(modules[3](x, s), torch.sigmoid(x) * s)
+    assert not any(dc.stale(gm) for gm in modules)
+    assert not any(isinstance(v, dc._Mark) for gm in modules for v in vars(type(gm)).values())
+
+
+def test_a_recompile_after_the_scope_is_torch_s_own() -> None:
+    with deferred_code():
+        gm = fx.symbolic_trace(TwoInputs())
+        _edit(gm)
+    for node in gm.graph.nodes:
+        if node.target is torch.sigmoid:
+            node.target = torch.tanh
+    assert gm.recompile() is not None and "tanh" in gm.code  # eager again: a PythonCode back
+    assert not any(isinstance(v, dc._Mark) for v in vars(type(gm)).values())
 
 
 def test_threads_share_one_scope_until_the_last_leaves() -> None:

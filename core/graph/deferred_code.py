@@ -5,12 +5,14 @@ Python source and ``exec``s it. ExecuTorch's and torchao's passes do that after 
 and every pass-manager check, and almost none of those modules ever run their ``forward``: on
 a torchvision model a fifth of the compile's wall time was spent writing code nobody read.
 
-Inside :func:`deferred_code`, ``recompile()`` records that the code is stale and installs a
-descriptor as the module's ``forward``. The first use of anything generated — ``forward``
-(a call, ``inspect.signature``, a tracer reading ``type(gm).forward``), ``code``, ``str()``,
-pickling, ``recompile()``'s return value — generates it then, from the graph as it is.
-On leaving the outermost scope, every module still stale is generated and torch's own methods
-are back, so what leaves the scope is what eager ``recompile()`` calls would have left.
+Inside :func:`deferred_code`, ``GraphModule.recompile()`` only marks the module stale: torch
+gives every ``GraphModule`` a class of its own, and on that class the mark installs a
+descriptor as ``forward`` and wraps each method that reads the generated code. The first use
+of anything generated — ``forward`` (a call, ``inspect.signature``, a tracer reading
+``type(gm).forward``), ``code``, ``str()``, pickling, ``recompile()``'s return value —
+generates it then, from the graph as it is, and takes the marks off. The marks live on the
+module, not on torch: after the scope, ``recompile()`` is torch's again, and a module still
+stale generates its code at its first use, as inside (most never are used: they are dropped).
 
 The graph is never touched, so programs, ``.pte`` and ``.tflite`` bytes are unchanged
 (``tests/test_deferred_code.py`` compares them with eager code generation).
@@ -19,7 +21,6 @@ The graph is never touched, so programs, ``.pte`` and ``.tflite`` bytes are unch
 from __future__ import annotations
 
 import contextlib
-import functools
 import threading
 import weakref
 from collections.abc import Iterator
@@ -30,37 +31,40 @@ from torch.fx._lazy_graph_module import _LazyGraphModule
 from torch.fx.graph import PythonCode, _PyTreeCodeGen
 
 _EAGER_RECOMPILE = GraphModule.recompile
-_EAGER_CODE: property = GraphModule.__dict__["code"]
-#: Methods that read the generated code (``_code``) directly: each generates it first.
-_READERS: dict[str, Any] = {
-    name: GraphModule.__dict__[name] for name in ("__str__", "__reduce__", "__reduce_package__", "to_folder")
-}
 
 #: Off: ``deferred_code()`` changes nothing (the tests compare compiles both ways).
 ENABLED = True
 
-_lock = threading.RLock()
+_lock = threading.Lock()
 _depth = 0
-#: Modules whose generated code is behind their graph. Weak: a module dropped while stale
-#: (most re-trace results) never pays for its code.
-_stale: weakref.WeakSet[GraphModule] = weakref.WeakSet()
+
+
+class _Mark:
+    """A stale mark on a module's class (told apart from torch's own attributes)."""
+
+    __slots__ = ()
+
+
+def stale(gm: GraphModule) -> bool:
+    """Is ``gm``'s generated code behind its graph (a deferred ``recompile()`` not yet used)?"""
+    return isinstance(type(gm).__dict__.get("forward"), _PendingForward)
+
+
+def _unmark(cls: type) -> None:
+    for name in _MARKS:
+        if isinstance(cls.__dict__.get(name), _Mark):
+            delattr(cls, name)
 
 
 def generate(gm: GraphModule) -> PythonCode:
-    """Generate ``gm``'s code now (torch's own ``recompile``)."""
-    with _lock:
-        _stale.discard(gm)
-    return _EAGER_RECOMPILE(gm)
+    """Generate ``gm``'s code now (torch's own ``recompile``) and take the stale marks off."""
+    _unmark(type(gm))
+    return _EAGER_RECOMPILE(gm)  # sets the class's forward (and __call__) as torch does
 
 
-def _generate_if_stale(gm: GraphModule) -> None:
-    if type(gm).__dict__.get("forward").__class__ is _PendingForward:
-        generate(gm)
-
-
-class _PendingForward:
-    """A stale module's ``forward``: reading it (from the instance or its own class —
-    each ``GraphModule`` has a class of its own) generates the code first."""
+class _PendingForward(_Mark):
+    """A stale module's ``forward``: reading it (from the instance or its own class)
+    generates the code first."""
 
     __slots__ = ("module",)
 
@@ -73,7 +77,7 @@ class _PendingForward:
             raise RuntimeError("forward of a GraphModule that no longer exists")
         generate(gm)
         real = type(gm).__dict__.get("forward")
-        if isinstance(real, _PendingForward):  # torch's recompile did not install a forward
+        if real is None or isinstance(real, _PendingForward):
             raise RuntimeError(f"code generation left {type(gm).__name__} without a forward")
         return real.__get__(obj, cls) if obj is not None else real
 
@@ -89,8 +93,32 @@ class _DeferredPythonCode:
 
     def __getattr__(self, name: str) -> Any:
         if self.code is None:
-            self.code = generate(self.module)
+            self.code = generate(self.module) if stale(self.module) else _EAGER_RECOMPILE(self.module)
         return getattr(self.code, name)
+
+
+class _Reader(_Mark):
+    """A method that reads the generated code (``_code``): generates it first, then runs
+    whichever method the class has without the mark (torch's, or a subclass's)."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: GraphModule | None, cls: type | None = None) -> Any:
+        if obj is None:
+            return self
+        if stale(obj):
+            generate(obj)
+        else:  # generated by torch's own recompile() since: the mark is all that is left
+            _unmark(type(obj))
+        return getattr(obj, self.name)
+
+
+#: What a stale mark puts on the module's class: every reader of the generated code (torch's
+#: ``GraphModule`` methods that read ``_code``, ``code`` included) and ``forward``.
+_MARKS: tuple[str, ...] = ("__str__", "__reduce__", "__reduce_package__", "to_folder", "code", "forward")
 
 
 def _deferred_recompile(self: GraphModule) -> Any:
@@ -99,33 +127,16 @@ def _deferred_recompile(self: GraphModule) -> Any:
     if isinstance(self._graph._codegen, _PyTreeCodeGen):  # as torch's recompile: specs at once
         self._in_spec = self._graph._codegen.pytree_info.in_spec
         self._out_spec = self._graph._codegen.pytree_info.out_spec
-    type(self).forward = _PendingForward(self)
-    with _lock:
-        _stale.add(self)
+    cls = type(self)
+    for name in _MARKS:
+        setattr(cls, name, _PendingForward(self) if name == "forward" else _Reader(name))
     return _DeferredPythonCode(self)
-
-
-def _code(self: GraphModule) -> str:
-    _generate_if_stale(self)
-    return _EAGER_CODE.fget(self)  # type: ignore[misc]
-
-
-def _reader(method: Any) -> Any:
-    @functools.wraps(method)
-    def read(self: GraphModule, *args: Any, **kwargs: Any) -> Any:
-        _generate_if_stale(self)
-        return method(self, *args, **kwargs)
-
-    return read
-
-
-_DEFERRED_READERS = {name: _reader(method) for name, method in _READERS.items()}
 
 
 @contextlib.contextmanager
 def deferred_code() -> Iterator[None]:
-    """Defer ``GraphModule`` code generation to first use while inside (re-entrant, thread-safe:
-    torch's methods come back when the last scope in the process ends)."""
+    """Defer ``GraphModule`` code generation to first use while inside (re-entrant,
+    thread-safe: ``recompile()`` is torch's again when the last scope in the process ends)."""
     global _depth
     if not ENABLED:
         yield
@@ -133,9 +144,6 @@ def deferred_code() -> Iterator[None]:
     with _lock:
         if _depth == 0:
             GraphModule.recompile = _deferred_recompile  # type: ignore[method-assign]
-            GraphModule.code = property(_code)  # type: ignore[method-assign,assignment]
-            for name, method in _DEFERRED_READERS.items():
-                setattr(GraphModule, name, method)
         _depth += 1
     try:
         yield
@@ -144,10 +152,3 @@ def deferred_code() -> Iterator[None]:
             _depth -= 1
             if _depth == 0:
                 GraphModule.recompile = _EAGER_RECOMPILE  # type: ignore[method-assign]
-                GraphModule.code = _EAGER_CODE  # type: ignore[method-assign,assignment]
-                for name, method in _READERS.items():
-                    setattr(GraphModule, name, method)
-                pending = list(_stale)
-                _stale.clear()
-                for gm in pending:  # torch's methods again: what leaves is eager torch's state
-                    _EAGER_RECOMPILE(gm)

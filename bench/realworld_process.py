@@ -1,0 +1,100 @@
+"""Benchmark: torchvision's families, whole process — ``etforge compile`` against the bare ExecuTorch flow.
+
+Run: .venv/bin/python bench/realworld_process.py [--families ...] [--target cortex-m33]
+                                                 [--resolution 96] [--repeat 1]
+
+Issue 23's speed goal is stated on whole processes: each tool runs as its own process,
+single-threaded (OMP_NUM_THREADS=1), imports included, on the same torchvision module and
+calibration tensors (``tests/models/torchvision_families.py``, 8 seeded samples). The bare
+flow is bench/process.py's (export, PT2E with ExecuTorch's XNNPACK quantizer, a
+partitioner-free ``to_edge_transform_and_lower``, ``to_executorch``, the ``.pte`` written);
+etforge is ``etforge compile FILE.py:build --target T --no-cache -o OUT`` (report, partitions,
+codegen inputs and ``.pte`` written). ``--repeat N`` alternates the two (ABBA) and keeps the
+fastest of each. bench/realworld.py gives the in-process figures beside the rest of the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from process import bench_env, measure  # noqa: E402  (bench/process.py)
+
+TESTS = Path(__file__).resolve().parents[1] / "tests"
+FAMILIES = (
+    "mobilenet_v2,mobilenet_v3_small,mobilenet_v3_large,shufflenet_v2_x0_5,squeezenet1_1,"
+    "resnet18,mnasnet0_5,efficientnet_b0,regnet_x_400mf,googlenet"
+)
+
+#: The model file both tools read: torchvision's family, built as the tests build it.
+MODEL_FILE = """import sys
+sys.path.insert(0, {tests!r})
+from models.torchvision_families import build as _build
+
+
+def build():
+    return _build({family!r}, {resolution})
+"""
+
+BARE = r"""
+import sys, torch
+import executorch.kernels.quantized  # out variants of the q/dq ops to_executorch needs
+from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
+    XNNPACKQuantizer, get_symmetric_quantization_config)
+from executorch.exir import to_edge_transform_and_lower
+from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+import importlib.util
+spec = importlib.util.spec_from_file_location("model", sys.argv[1])
+mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod)
+model, example, calibration = mod.build()
+ep = torch.export.export(model, example, strict=False)
+gm = prepare_pt2e(ep.module(check_guards=False), XNNPACKQuantizer().set_global(get_symmetric_quantization_config()))
+with torch.no_grad():
+    for batch in calibration:
+        gm(*batch)
+gm = convert_pt2e(gm)
+edge = to_edge_transform_and_lower(torch.export.export(gm, example, strict=False))
+open(sys.argv[2], "wb").write(edge.to_executorch().buffer)
+"""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--families", default=FAMILIES)
+    parser.add_argument("--target", default="cortex-m33")
+    parser.add_argument("--resolution", type=int, default=96)
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="alternating runs of each tool; the fastest is kept"
+    )
+    args = parser.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="etforge-realworld-"))
+    env = bench_env(tmp)
+    runs = "one run" if args.repeat <= 1 else f"fastest of {args.repeat} alternating runs"
+    print(
+        f"torchvision families on {args.target}, {args.resolution}x{args.resolution}, whole processes, {runs}"
+    )
+    print("| family | bare ExecuTorch process s | etforge compile process s | ratio |")
+    print("|---|---|---|---|")
+    for family in args.families.split(","):
+        model = tmp / f"{family}.py"
+        model.write_text(MODEL_FILE.format(tests=str(TESTS), family=family, resolution=args.resolution))
+        bare_argv = [sys.executable, "-c", BARE, str(model), str(tmp / f"{family}-bare.pte")]
+        etforge_argv = [
+            *(sys.executable, "-m", "etforge", "compile", f"{model}:build", "--target", args.target),
+            *("--no-cache", "-o", str(tmp / f"{family}-{args.target}")),
+        ]
+        tools = {"bare": bare_argv, "etforge": etforge_argv}
+        walls: dict[str, list[float]] = {"bare": [], "etforge": []}
+        for i in range(max(1, args.repeat)):
+            for name in tools if i % 2 == 0 else reversed(tools):  # ABBA: drift hits both alike
+                walls[name].append(measure(tools[name], env)[0])
+        bare, ours = min(walls["bare"]), min(walls["etforge"])
+        print(f"| {family} | {bare:.1f} | {ours:.1f} | {ours / bare:.2f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
