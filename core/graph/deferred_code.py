@@ -21,7 +21,6 @@ The graph is never touched, so programs, ``.pte`` and ``.tflite`` bytes are unch
 from __future__ import annotations
 
 import contextlib
-import threading
 import weakref
 from collections.abc import Iterator
 from typing import Any
@@ -30,13 +29,12 @@ from torch.fx import GraphModule
 from torch.fx._lazy_graph_module import _LazyGraphModule
 from torch.fx.graph import PythonCode, _PyTreeCodeGen
 
+from etforge.core.common.scoped_patch import ScopedPatch
+
 _EAGER_RECOMPILE = GraphModule.recompile
 
 #: Off: ``deferred_code()`` changes nothing (the tests compare compiles both ways).
 ENABLED = True
-
-_lock = threading.Lock()
-_depth = 0
 
 
 class _Mark:
@@ -93,7 +91,7 @@ class _DeferredPythonCode:
 
     def __getattr__(self, name: str) -> Any:
         if self.code is None:
-            self.code = generate(self.module) if stale(self.module) else _EAGER_RECOMPILE(self.module)
+            self.code = generate(self.module)
         return getattr(self.code, name)
 
 
@@ -133,22 +131,19 @@ def _deferred_recompile(self: GraphModule) -> Any:
     return _DeferredPythonCode(self)
 
 
+def _set_recompile(method: Any) -> None:
+    GraphModule.recompile = method  # type: ignore[method-assign]
+
+
+_PATCH = ScopedPatch(lambda: _set_recompile(_deferred_recompile), lambda: _set_recompile(_EAGER_RECOMPILE))
+
+
 @contextlib.contextmanager
 def deferred_code() -> Iterator[None]:
     """Defer ``GraphModule`` code generation to first use while inside (re-entrant,
     thread-safe: ``recompile()`` is torch's again when the last scope in the process ends)."""
-    global _depth
     if not ENABLED:
         yield
         return
-    with _lock:
-        if _depth == 0:
-            GraphModule.recompile = _deferred_recompile  # type: ignore[method-assign]
-        _depth += 1
-    try:
+    with _PATCH.scope():
         yield
-    finally:
-        with _lock:
-            _depth -= 1
-            if _depth == 0:
-                GraphModule.recompile = _EAGER_RECOMPILE  # type: ignore[method-assign]

@@ -15,42 +15,41 @@ behaviour is back. ``tests/test_deferred_code.py`` compares a compile's bytes bo
 from __future__ import annotations
 
 import contextlib
-import threading
 from collections.abc import Iterator
 from typing import Any
 
 from torch.fx.traceback import NodeSource
 
+from etforge.core.common.scoped_patch import ScopedPatch
+
 #: Off: ``shared_provenance()`` changes nothing (the tests compare compiles both ways).
 ENABLED = True
 
-_lock = threading.Lock()
-_depth = 0
+#: A torch whose records copy themselves their own way is left alone.
+_TORCH_COPIES_ITSELF = "__deepcopy__" in vars(NodeSource)
 
 
 def _shared(self: NodeSource, memo: dict[int, Any]) -> NodeSource:
     return self
 
 
+def _share() -> None:
+    NodeSource.__deepcopy__ = _shared  # type: ignore[attr-defined]
+
+
+def _copy() -> None:
+    del NodeSource.__deepcopy__  # type: ignore[attr-defined]
+
+
+_PATCH = ScopedPatch(_share, _copy)
+
+
 @contextlib.contextmanager
 def shared_provenance() -> Iterator[None]:
     """Deep copies of ``NodeSource`` records return the record while inside (re-entrant,
     thread-safe: torch's deep copy comes back when the last scope in the process ends)."""
-    global _depth
-    with _lock:
-        # Off, or a torch that defines its own copy of these records: leave it alone.
-        active = ENABLED and (_depth > 0 or "__deepcopy__" not in vars(NodeSource))
-        if active:
-            if _depth == 0:
-                NodeSource.__deepcopy__ = _shared  # type: ignore[attr-defined]
-            _depth += 1
-    if not active:
+    if not ENABLED or _TORCH_COPIES_ITSELF:
         yield
         return
-    try:
+    with _PATCH.scope():
         yield
-    finally:
-        with _lock:
-            _depth -= 1
-            if _depth == 0:
-                del NodeSource.__deepcopy__  # type: ignore[attr-defined]

@@ -118,14 +118,9 @@ def skippable(name: str, index: int, anchor: int, gm: GraphModule, fresh: bool =
     to do: before the anchor re-trace, or, if it only re-traces when idle, on a graph
     ``fresh`` from an always-re-tracing pass (no pass run since)."""
     check = _HAS_WORK.get(name)
-    if (
-        not SKIP
-        or check is None
-        or anchor < 0
-        or (index >= anchor and not (fresh and name in _ALWAYS_RETRACE))
-    ):
-        return False
-    return not check(gm)
+    before_anchor = index < anchor
+    after_a_re_trace = anchor >= 0 and fresh and name in _ALWAYS_RETRACE
+    return SKIP and check is not None and (before_anchor or after_a_re_trace) and not check(gm)
 
 
 def _in_place(pass_cls: type[ExportPass]) -> type[ExportPass]:
