@@ -27,26 +27,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-BARE = r"""
-import sys, torch
-from etforge import zoo
-from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
-    XNNPACKQuantizer, get_symmetric_quantization_config)
-import executorch.kernels.quantized  # out variants of the q/dq ops to_executorch needs
-from executorch.exir import to_edge_transform_and_lower
-from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
-name, calib, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-model, example = zoo.build(name)
-ep = torch.export.export(model, example, strict=False)
-q = XNNPACKQuantizer().set_global(get_symmetric_quantization_config())
-gm = prepare_pt2e(ep.module(check_guards=False), q)
-with torch.no_grad():
-    for batch in zoo.calibration(name, calib):
-        gm(*batch)
-gm = convert_pt2e(gm)
-edge = to_edge_transform_and_lower(torch.export.export(gm, example, strict=False))
-open(out, "wb").write(edge.to_executorch().buffer)
-"""
+#: The bare flow as its own process (bench/bare_flow.py).
+BARE = str(Path(__file__).resolve().parent / "bare_flow.py")
 
 LITERT_TORCH = r"""
 import sys, torch
@@ -109,7 +91,7 @@ def calibration_file(model: str, count: int, tmp: Path, env: dict[str, str]) -> 
 
 def bare_process(model: str, count: int, tmp: Path, env: dict[str, str]) -> tuple[float, float]:
     """(wall s, peak RSS MB) of the bare ExecuTorch flow as its own process."""
-    return measure([sys.executable, "-c", BARE, model, str(count), str(tmp / f"{model}-bare.pte")], env)
+    return measure([sys.executable, BARE, f"zoo:{model}", str(count), str(tmp / f"{model}-bare.pte")], env)
 
 
 def litert_torch_process(

@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from architectures import cpu_ops, npu_refusals  # noqa: E402  (bench/architectures.py)
+from bare_flow import pte as bare_pte  # noqa: E402  (bench/bare_flow.py)
 from models.torchvision_families import FAMILIES, RESOLUTION, build  # noqa: E402
 
 from etforge.api import compile as compile_model  # noqa: E402
@@ -34,24 +35,9 @@ from etforge.core.common.errors import EtforgeError  # noqa: E402
 
 
 def bare_flow(model: torch.nn.Module, example: tuple[torch.Tensor, ...], calibration: list[Any]) -> float:
-    """Seconds of the bare ExecuTorch flow (no backend) on ``model``."""
-    import executorch.kernels.quantized  # noqa: F401  (out variants of the q/dq ops)
-    from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
-        XNNPACKQuantizer,
-        get_symmetric_quantization_config,
-    )
-    from executorch.exir import to_edge_transform_and_lower
-    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
-
+    """Seconds of the bare ExecuTorch flow (bench/bare_flow.py) on ``model``."""
     start = time.perf_counter()
-    ep = torch.export.export(model, example, strict=False)
-    q = XNNPACKQuantizer().set_global(get_symmetric_quantization_config())
-    gm = prepare_pt2e(ep.module(check_guards=False), q)
-    with torch.no_grad():
-        for batch in calibration:
-            gm(*batch)
-    gm = convert_pt2e(gm)
-    to_edge_transform_and_lower(torch.export.export(gm, example, strict=False)).to_executorch()
+    bare_pte(model, example, calibration)
     return time.perf_counter() - start
 
 

@@ -6,7 +6,7 @@ Run: .venv/bin/python bench/realworld_process.py [--families ...] [--target cort
 Issue 23's speed goal is stated on whole processes: each tool runs as its own process,
 single-threaded (OMP_NUM_THREADS=1), imports included, on the same torchvision module and
 calibration tensors (``tests/models/torchvision_families.py``, 8 seeded samples). The bare
-flow is bench/process.py's (export, PT2E with ExecuTorch's XNNPACK quantizer, a
+flow is bench/bare_flow.py (export, PT2E with ExecuTorch's XNNPACK quantizer, a
 partitioner-free ``to_edge_transform_and_lower``, ``to_executorch``, the ``.pte`` written);
 etforge is ``etforge compile FILE.py:build --target T --no-cache -o OUT`` (report, partitions,
 codegen inputs and ``.pte`` written). ``--repeat N`` alternates the two (ABBA) and keeps the
@@ -40,26 +40,7 @@ def build():
     return _build({family!r}, {resolution})
 """
 
-BARE = r"""
-import sys, torch
-import executorch.kernels.quantized  # out variants of the q/dq ops to_executorch needs
-from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
-    XNNPACKQuantizer, get_symmetric_quantization_config)
-from executorch.exir import to_edge_transform_and_lower
-from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
-import importlib.util
-spec = importlib.util.spec_from_file_location("model", sys.argv[1])
-mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod)
-model, example, calibration = mod.build()
-ep = torch.export.export(model, example, strict=False)
-gm = prepare_pt2e(ep.module(check_guards=False), XNNPACKQuantizer().set_global(get_symmetric_quantization_config()))
-with torch.no_grad():
-    for batch in calibration:
-        gm(*batch)
-gm = convert_pt2e(gm)
-edge = to_edge_transform_and_lower(torch.export.export(gm, example, strict=False))
-open(sys.argv[2], "wb").write(edge.to_executorch().buffer)
-"""
+BARE = str(Path(__file__).resolve().parent / "bare_flow.py")
 
 
 def main() -> None:
@@ -82,7 +63,7 @@ def main() -> None:
     for family in args.families.split(","):
         model = tmp / f"{family}.py"
         model.write_text(MODEL_FILE.format(tests=str(TESTS), family=family, resolution=args.resolution))
-        bare_argv = [sys.executable, "-c", BARE, str(model), str(tmp / f"{family}-bare.pte")]
+        bare_argv = [sys.executable, BARE, str(model), str(tmp / f"{family}-bare.pte")]
         etforge_argv = [
             *(sys.executable, "-m", "etforge", "compile", f"{model}:build", "--target", args.target),
             *("--no-cache", "-o", str(tmp / f"{family}-{args.target}")),
