@@ -158,3 +158,37 @@ def test_a_masked_attention_is_left_whole() -> None:
     gm = torch.export.export(Masked(), args, strict=False).module(check_guards=False)
     target = etforge.core.registry.manager.registry().target("imxrt700")
     assert ScaledDotProductAttention().apply(gm, target) is False
+
+
+class MultiheadBlock(nn.Module):
+    """``nn.MultiheadAttention``: its packed in-projection is split by ``select`` and its SDPA
+    spelled as 4-D matmuls (to_edge: ``expand`` + ``view`` + ``bmm``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(16, 32)
+        self.attn = nn.MultiheadAttention(32, 4, batch_first=True)
+        self.norm = nn.LayerNorm(32)
+        self.head = nn.Linear(32, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.proj(x)
+        a, _ = self.attn(h, h, h, need_weights=False)
+        return self.head(self.norm(h + a).mean(1))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_multihead_attention_compiles_and_verifies(target: str) -> None:
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(1)
+    calib = [(torch.randn(1, 8, 16, generator=g),) for _ in range(8)]
+    c = etforge.compile(MultiheadBlock().eval(), calib[0], target, calibration=calib)
+    nodes = c.report["nodes"]
+    if target != "cortex-m33":  # q, k and v picked out of the in-projection on the NPU
+        selects = [n for n in nodes if n["op"].startswith("aten.select")]
+        assert len(selects) == 3 and all(n["placement"] == "npu" for n in selects), selects
+    if target == "imxrt700cm":
+        assert len(c.report["partitions"]) == 1
+    r = c.result
+    v = compare(r.host_program, r.float_program, r.quantized_program, c.report, samples=8)
+    assert v.ok, v.failures

@@ -73,3 +73,48 @@ def test_partition_litert_refuses_is_a_compile_error_and_nothing_is_written(tmp_
     assert "INT8 != FLOAT32" in message, message  # LiteRT's own reason
     assert "Traceback" not in message
     assert not out.exists()
+
+
+RESHAPE_TO_FLOAT = """
+from etforge import hookimpl
+from etforge.core.contracts.converter import OpConverter
+
+
+class BrokenFlatten(OpConverter):
+    '''RESHAPE from int8 to float32, then QUANTIZE: LiteRT prepares it; XNNPACK would copy an
+    int8 buffer's bytes as floats at invoke.'''
+
+    ops = ("aten.view_copy.default",)
+    priority = 100
+
+    def convert(self, node, ctx):
+        from etforge.sdk import shape_of
+
+        x = ctx.input(node.args[0], tuple(range(len(shape_of(node.args[0])))))
+        wrong = ctx.temp(shape_of(node), "float32", "broken")
+        ctx.reshape(x, wrong, shape_of(node))
+        ctx.emit("QUANTIZE", [wrong], [ctx.output(node)])
+
+
+@hookimpl
+def etforge_op_converters():
+    return [BrokenFlatten()]
+"""
+
+
+def test_a_data_movement_op_that_changes_the_element_type_is_a_compile_error(tmp_path: Path) -> None:
+    plugins = write_distribution(
+        tmp_path / "site", "broken-flatten", "0.1", {"broken_flatten": "broken_flatten"},
+        {"broken_flatten": RESHAPE_TO_FLOAT},
+    )  # fmt: skip
+    model = tmp_path / "model.py"
+    model.write_text(MODEL)
+    out = tmp_path / "out"
+    proc = run_cli(
+        "compile", f"{model}:build", "--target", "imxrt700", "-o", str(out), "--no-cache", pythonpath=plugins
+    )
+    assert proc.returncode != 0, proc.stdout
+    message = proc.stderr
+    assert "RESHAPE, from node" in message and "turns INT8 into FLOAT32" in message, message
+    assert "Traceback" not in message
+    assert not out.exists()

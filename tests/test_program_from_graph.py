@@ -21,22 +21,24 @@ from etforge.core.registry.manager import registry
 
 class _Block(nn.Module):
     """conv+BN+ReLU6, a residual add, ceil-mode and plain average pooling, a BatchNorm1d
-    that PT2E leaves unfused (a multi-output op and its getitem), and a linear head."""
+    that PT2E leaves unfused (a multi-output op and its getitem), and a linear head. Two
+    attributes are spelled as TensorFlow ports spell them (torchvision's inception_v3
+    ``Conv2d_1a_3x3``): torch.export lower-cases their placeholders' names and targets."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.conv = nn.Conv2d(3, 8, 3, padding=1, bias=False)
+        self.Conv2d_1a = nn.Conv2d(3, 8, 3, padding=1, bias=False)
         self.bn = nn.BatchNorm2d(8)
         self.conv2 = nn.Conv2d(8, 8, 1)
         self.fc = nn.Linear(8 * 5 * 5, 6)
-        self.bn1d = nn.BatchNorm1d(6)
+        self.BN_1d = nn.BatchNorm1d(6)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.relu6(self.bn(self.conv(x)))
+        y = F.relu6(self.bn(self.Conv2d_1a(x)))
         y = y + self.conv2(y)
         y = F.avg_pool2d(y, 3, stride=2, ceil_mode=True)
         y = F.avg_pool2d(y, 2, stride=1)
-        return self.bn1d(self.fc(torch.flatten(y, 1)))
+        return self.BN_1d(self.fc(torch.flatten(y, 1)))
 
 
 def _converted(target: str) -> tuple[torch.fx.GraphModule, torch.export.ExportedProgram, tuple[torch.Tensor]]:
@@ -61,6 +63,8 @@ def test_program_is_the_one_reexport_gives(target: str) -> None:
     theirs = torch.export.export(gm, example, strict=False)
     assert ours.graph_module.code == theirs.graph_module.code
     assert str(ours.graph_signature) == str(theirs.graph_signature)
+    holders = [[(n.name, n.target) for n in p.graph.find_nodes(op="placeholder")] for p in (ours, theirs)]
+    assert holders[0] == holders[1]
     assert list(ours.state_dict) == list(theirs.state_dict)
     assert all(ours.state_dict[k] is theirs.state_dict[k] for k in ours.state_dict)
     for a, b in zip(ours.graph.nodes, theirs.graph.nodes, strict=True):
@@ -70,6 +74,7 @@ def test_program_is_the_one_reexport_gives(target: str) -> None:
             assert (va.shape, va.dtype, va.stride()) == (vb.shape, vb.dtype, vb.stride()), a.name
     with torch.no_grad():
         assert torch.equal(ours.module()(*example), theirs.module()(*example))
+    remove_unused_parameters_pass(ours)  # finds each parameter's placeholder by its target
 
 
 def test_compile_bytes_equal_the_reexport_route(monkeypatch: pytest.MonkeyPatch) -> None:

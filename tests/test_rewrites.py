@@ -82,6 +82,63 @@ class Norm(torch.nn.Module):
         return self.norm(x) / 3.0 + x / self.d
 
 
+class PreActivation(torch.nn.Module):
+    """DenseNet's BN-ReLU-conv on a concatenation, a BN after a pooling and a BatchNorm1d
+    after the head's linear layer; the first conv's own BN is PT2E's to fold."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv0 = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.bn0 = torch.nn.BatchNorm2d(8)
+        self.norm1 = torch.nn.BatchNorm2d(16)
+        self.conv1 = torch.nn.Conv2d(16, 8, 1)
+        self.norm2 = torch.nn.BatchNorm2d(8, affine=False)
+        self.fc = torch.nn.Linear(8, 6)
+        self.bn1d = torch.nn.BatchNorm1d(6)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a = F.relu(self.bn0(self.conv0(x)))
+        y = self.conv1(F.relu(self.norm1(torch.cat([a, a * 0.5], 1))))
+        y = self.norm2(F.avg_pool2d(y, 2))
+        return self.bn1d(self.fc(y.mean((2, 3))))
+
+
+def _pre_activation() -> tuple[torch.nn.Module, tuple[torch.Tensor], list[tuple[torch.Tensor]]]:
+    torch.manual_seed(0)
+    model = PreActivation()
+    g = torch.Generator().manual_seed(1)
+    model.train()
+    with torch.no_grad():  # running statistics of real activations, not the init's 0 and 1
+        for _ in range(2):
+            model(torch.randn(8, 3, 12, 12, generator=g))
+    model.eval()
+    calib = [(torch.randn(1, 3, 12, 12, generator=g),) for _ in range(8)]
+    return model, calib[0], calib
+
+
+def test_batch_norm_not_after_a_conv_becomes_its_affine_map() -> None:
+    model, example, _ = _pre_activation()
+    before, after, applied = _rewrite(model, example)
+    bn = "aten.batch_norm.default"
+    assert before.count(bn) == 4 and after.count(bn) == 1  # the conv's BN is left to PT2E
+    assert after.count("aten.conv2d.default") == before.count("aten.conv2d.default") + 2  # depthwise 1x1
+    assert {"aten.mul.Tensor", "aten.add.Tensor"} <= set(after)  # the 2-D BatchNorm1d
+    assert "StandaloneBatchNorm" in applied
+
+
+@pytest.mark.parametrize("target", (*NPU_TARGETS, "cortex-m33"))
+def test_pre_activation_batch_norm_compiles_and_verifies(target: str) -> None:
+    """Left alone, these reach the lowering as ``native_batch_norm``: no NPU converter and no
+    CPU kernel library takes it, and the compile failed (torchvision's densenet121)."""
+    model, example, calib = _pre_activation()
+    compiled = etforge.compile(model, example, target, calibration=calib)
+    if target in NPU_TARGETS:
+        assert len(compiled.report["partitions"]) == 1
+        assert all(n["placement"] == "npu" for n in compiled.report["nodes"])
+    v = compiled.verify(samples=SAMPLES)
+    assert v.ok, v.failures
+
+
 def test_hardsigmoid_and_hardswish_become_add_relu6_mul() -> None:
     before, after, applied = _rewrite(Gate(), (torch.randn(1, 4, 5, 5),))
     for op in ("aten.hardsigmoid.default", "aten.hardswish.default"):

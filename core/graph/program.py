@@ -73,7 +73,7 @@ def program_from_graph(
     env: dict[Node, Node] = {}
     holders, specs = _lifted_placeholders(graph, params, buffers, non_persistent)
     for node in gm.graph.find_nodes(op="placeholder"):
-        env[node] = graph.placeholder(node.name)
+        env[node] = _placeholder(graph, node.name)
         env[node].meta = _kept_meta(node)
         specs.append(InputSpec(InputKind.USER_INPUT, TensorArgument(env[node].name), None))
     outputs: list[OutputSpec] = []
@@ -99,6 +99,15 @@ def program_from_graph(
     )
 
 
+def _placeholder(graph: Graph, name: str) -> Node:
+    """A placeholder whose target is its name, as ``torch.export`` makes them: fx snake-cases
+    the name (``p_Conv2d_1a_weight`` becomes ``p_conv2d_1a_weight``) but not the target, and
+    passes that look placeholders up by target (ExecuTorch's) must find the spec's name."""
+    node = graph.placeholder(name)
+    node.target = node.name
+    return node
+
+
 def _lifted_placeholders(
     graph: Graph, params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor], non_persistent: set[str]
 ) -> tuple[dict[str, Node], list[InputSpec]]:
@@ -106,10 +115,10 @@ def _lifted_placeholders(
     holders: dict[str, Node] = {}
     specs: list[InputSpec] = []
     for fqn in params:
-        holders[fqn] = graph.placeholder(_placeholder_name("p_", fqn))
+        holders[fqn] = _placeholder(graph, _placeholder_name("p_", fqn))
         specs.append(InputSpec(InputKind.PARAMETER, TensorArgument(holders[fqn].name), fqn))
     for fqn in buffers:
-        holders[fqn] = graph.placeholder(_placeholder_name("b_", fqn))
+        holders[fqn] = _placeholder(graph, _placeholder_name("b_", fqn))
         specs.append(
             InputSpec(
                 InputKind.BUFFER, TensorArgument(holders[fqn].name), fqn, persistent=fqn not in non_persistent

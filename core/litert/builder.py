@@ -263,12 +263,64 @@ def refusal(model_bytes: bytes) -> tuple[str, str] | None:
     return None
 
 
+#: LiteRT builtins that move or select data: their output has their first input's element
+#: type. LiteRT checks this for some (STRIDED_SLICE) at prepare, not for all (RESHAPE), and
+#: XNNPACK then reads and writes the wrong number of bytes at invoke.
+DATA_MOVEMENT = frozenset(
+    {
+        "RESHAPE",
+        "STRIDED_SLICE",
+        "SLICE",
+        "TRANSPOSE",
+        "CONCATENATION",
+        "PAD",
+        "PADV2",
+        "MIRROR_PAD",
+        "SQUEEZE",
+        "EXPAND_DIMS",
+        "GATHER",
+        "SPLIT",
+        "BROADCAST_TO",
+    }
+)
+
+
+def type_change(model_bytes: bytes, operators: list[str]) -> tuple[int, str, str] | None:
+    """(op index, input type, output type) of the first data-movement op whose output's element
+    type is not its input's; None when there is none."""
+    from ai_edge_litert import schema_py_generated as schema
+
+    names = {v: k for k, v in vars(schema.TensorType).items() if not k.startswith("_")}
+    graph = schema.Model.GetRootAsModel(model_bytes, 0).Subgraphs(0)
+    for index, builtin in enumerate(operators):
+        if builtin not in DATA_MOVEMENT or index >= graph.OperatorsLength():
+            continue
+        op = graph.Operators(index)
+        if op.InputsLength() == 0 or op.Inputs(0) < 0:
+            continue
+        src = graph.Tensors(op.Inputs(0)).Type()
+        for j in range(op.OutputsLength()):
+            dst = graph.Tensors(op.Outputs(j)).Type()
+            if dst != src:
+                return index, names.get(src, str(src)), names.get(dst, str(dst))
+    return None
+
+
 def check_loads(name: str, model_bytes: bytes, operators: list[str], op_nodes: dict[int, list[str]]) -> None:
     """A partition LiteRT refuses is a compile error naming its op and node, never an artifact."""
     import re
 
     from etforge.core.common.errors import EtforgeError
 
+    changed = type_change(model_bytes, operators)
+    if changed is not None:
+        index, src, dst = changed
+        nodes = ", ".join(op_nodes.get(index, [])) or "?"
+        raise EtforgeError(
+            f"NPU partition {name}: its op {index} ({operators[index]}, from node {nodes}) turns "
+            f"{src} into {dst}, which a data-movement op cannot; nothing written (a converter "
+            "plugin produced a model LiteRT would run out of bounds)"
+        )
     refused = refusal(model_bytes)
     if refused is None:
         return

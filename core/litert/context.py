@@ -279,18 +279,29 @@ class ConversionContext:
         return act, user
 
     def output(
-        self, node: Node, perm: Sequence[int] | None = None, shape: Sequence[int] | None = None
+        self,
+        node: Node,
+        perm: Sequence[int] | None = None,
+        shape: Sequence[int] | None = None,
+        like: Value | None = None,
     ) -> Value:
         """Create the LiteRT tensor that ``node`` produces, stored in layout ``perm``.
 
         Quantized when the node feeds a quantize node (whose qparams it adopts); that
-        quantize node and its dequantize users become aliases of this value.
+        quantize node and its dequantize users become aliases of this value. ``like``: the
+        value a data-movement op (reshape, slice, select) moves; without a quantize user its
+        output keeps that value's dtype and qparams. Such an output is the middle of an int8
+        chain (``DQ -> slice -> squeeze -> Q``, a decomposed matmul's ``view``): the
+        partitioner admits an int8 node only when every user of an unquantized output is on
+        the NPU too.
         """
         logical = tuple(shape) if shape is not None else shape_of(node)
         perm = tuple(perm) if perm is not None else layout.identity(len(logical))
         q_users = [u for u in node.users if is_quantize(u)]
         if q_users:
             quant, dtype = self.qdq_quant(q_users[0]), "int8"
+        elif like is not None and like.dtype == "int8":
+            quant, dtype = like.quant, "int8"
         else:
             val = tensor_meta(node)
             quant, dtype = None, TORCH_DTYPES.get(val.dtype, "float32") if val is not None else "float32"

@@ -1,4 +1,5 @@
-"""Data movement: view / reshape / flatten / squeeze / unsqueeze, permute, cat, slice, pad, clone.
+"""Data movement: view / reshape / flatten / squeeze / unsqueeze, permute, cat, slice, select,
+pad, clone, same-shape expand.
 
 A permute relabels the stored layout (no op); reshapes need the logical order, so a
 channels-last input is transposed back first unless only size-1 dims move.
@@ -87,12 +88,12 @@ class Reshape(OpConverter):
 
                 order = np.arange(int(np.prod(v.shape[1:]))).reshape(v.shape[1:])
                 cols = order.transpose([p - 1 for p in v.perm[1:]]).ravel()
-                y = ctx.output(node)
+                y = ctx.output(node, like=v)
                 ctx.reshape(v, y, out_shape)
                 y.columns = tuple(int(c) for c in cols)
                 return
             v = ctx.input(node.args[0], layout.identity(v.rank))
-        y = ctx.output(node)
+        y = ctx.output(node, like=v)
         ctx.reshape(v, y, out_shape)
 
 
@@ -287,12 +288,60 @@ class Slice(OpConverter):
         begin, stop, strides = [0] * v.rank, list(v.stored_shape), [1] * v.rank
         pos = v.perm.index(dim)
         begin[pos], stop[pos], strides[pos] = start, end, step
-        y = ctx.output(node, v.perm)
+        y = ctx.output(node, v.perm, like=v)
         consts = [
             ctx.add_constant(np.asarray(a, np.int32), "int32", n)
             for a, n in ((begin, "begin"), (stop, "end"), (strides, "strides"))
         ]
         ctx.emit("STRIDED_SLICE", [v, *consts], [y], options("StridedSliceOptions"))
+
+
+class Select(OpConverter):
+    """select_copy(dim, i): STRIDED_SLICE of index ``i`` in stored coordinates, then a RESHAPE
+    that drops the (now size-1) axis, which keeps every other axis in its stored order.
+
+    ``nn.MultiheadAttention`` picks q, k and v out of its packed in-projection this way."""
+
+    ops = ("aten.select_copy.int", "aten.select.int")
+    constraints = (Constraint("rank <= npu max_rank", _rank_ok),)
+
+    def convert(self, node: Node, ctx: ConversionContext) -> None:
+        import numpy as np
+
+        from etforge.sdk import layout, options, shape_of
+
+        v = ctx.value(node.args[0])
+        dim = int(node.args[1]) % v.rank
+        index = int(node.args[2]) % v.shape[dim]
+        pos = v.perm.index(dim)
+        begin, stop = [0] * v.rank, list(v.stored_shape)
+        begin[pos], stop[pos] = index, index + 1
+        kept = [*v.stored_shape]
+        kept[pos] = 1
+        sliced = ctx.temp(kept, v.dtype, "select", v.quant)
+        consts = [
+            ctx.add_constant(np.asarray(a, np.int32), "int32", n)
+            for a, n in ((begin, "begin"), (stop, "end"), ([1] * v.rank, "strides"))
+        ]
+        ctx.emit("STRIDED_SLICE", [v, *consts], [sliced], options("StridedSliceOptions"))
+        perm = tuple(p - (p > dim) for p in v.perm if p != dim)
+        y = ctx.output(node, perm, like=v)
+        ctx.reshape(sliced, y, layout.apply(shape_of(node), perm))
+
+
+def _same_shape(node: Node, target: TargetSpec) -> bool | str:
+    from etforge.sdk import shape_of
+
+    src, dst = tuple(shape_of(node.args[0])), tuple(shape_of(node))
+    return src == dst or f"broadcasts {list(src)} to {list(dst)} (only a same-shape expand has an NPU form)"
+
+
+class Expand(Identity):
+    """expand_copy to the input's own shape: the output is the input (a matmul on 4-D
+    operands reaches the Edge program as ``expand`` + ``view`` + ``bmm``)."""
+
+    ops = ("aten.expand_copy.default", "aten.expand.default")
+    constraints = (Constraint("output shape equals the input shape", _same_shape),)
 
 
 def _pad_non_negative(node: Node, target: TargetSpec) -> bool | str:
@@ -375,7 +424,7 @@ class ReflectPad(OpConverter):
 
 @hookimpl
 def etforge_op_converters() -> list[OpConverter]:
-    return [Reshape(), Permute(), Identity(), Cat(), Slice(), ConstantPad(), ReflectPad()]
+    return [Reshape(), Permute(), Identity(), Expand(), Cat(), Slice(), Select(), ConstantPad(), ReflectPad()]
 
 
 @hookimpl
@@ -395,6 +444,8 @@ def etforge_quantizer_rules() -> list[QuantRule]:
                 "aten.transpose.int",
                 "aten.t.default",
                 "aten.slice.Tensor",
+                "aten.select.int",
+                "aten.expand.default",
                 "aten.clone.default",
                 "aten.contiguous.default",
                 "aten.constant_pad_nd.default",

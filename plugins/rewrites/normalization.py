@@ -1,18 +1,27 @@
-"""LayerNorm as mean, sub, mul, rsqrt, add — ops the NPU runs in int8.
+"""Normalizations in the forms the NPU and the CPU kernel libraries run.
 
-LiteRT has no LayerNorm builtin; decomposed, each step is one int8 NPU op with its own
-quantization (the mean and variance over the normalized dims keep their dims so the
-broadcasts stay elementwise).
+LayerNorm as mean, sub, mul, rsqrt, add: LiteRT has no LayerNorm builtin; decomposed, each
+step is one int8 NPU op with its own quantization (the mean and variance over the normalized
+dims keep their dims so the broadcasts stay elementwise).
+
+A BatchNorm in eval mode that does not follow a convolution (DenseNet's BN-ReLU-conv on a
+concatenation, a BN after a pooling or at a model's input) is a per-channel affine map with
+constants from its running statistics: on a 4-D input a depthwise 1x1 convolution (per-channel
+int8 weights, one op the NPU runs and a following ReLU fuses into), otherwise a MUL and an ADD.
+Left alone it reaches the lowering as ``native_batch_norm``, which no NPU converter and no CPU
+kernel library takes. A BatchNorm after a convolution is PT2E's to fold into the weights.
 """
 
 from __future__ import annotations
 
+import operator
 from typing import TYPE_CHECKING
 
 from etforge.sdk import Rewrite, hookimpl
 
 if TYPE_CHECKING:
-    from torch.fx import GraphModule
+    import torch
+    from torch.fx import GraphModule, Node
 
     from etforge.sdk import TargetSpec
 
@@ -53,6 +62,111 @@ class LayerNorm(Rewrite):
         return changed
 
 
+#: Ops whose output PT2E folds a following BatchNorm into (``_fuse_conv_bn_``).
+_CONVS = (
+    "aten.conv1d.default",
+    "aten.conv2d.default",
+    "aten.conv3d.default",
+    "aten.conv1d.padding",
+    "aten.conv2d.padding",
+    "aten.conv_transpose1d.default",
+    "aten.conv_transpose2d.input",
+    "aten.convolution.default",
+)
+
+
+class StandaloneBatchNorm(Rewrite):
+    description = (
+        "eval batch_norm not after a convolution -> its per-channel affine map "
+        "(a depthwise 1x1 conv on 4-D inputs, else mul + add)"
+    )
+
+    def apply(self, gm: GraphModule, target: TargetSpec) -> bool:
+        import torch
+
+        from etforge.sdk import call, calls, constant, val
+
+        aten = torch.ops.aten
+        changed = False
+        for node in calls(gm, aten.batch_norm.default, aten._native_batch_norm_legit_no_training.default):
+            x = node.args[0]
+            v = val(x)
+            if v is None or not v.is_floating_point() or v.dim() < 2 or _after_conv(x):
+                continue
+            affine = _affine(gm, node)
+            if affine is None:
+                continue
+            scale, shift = (t.to(v.dtype) for t in affine)
+            c = v.shape[1]
+            if v.dim() == 4:
+                w = constant(gm, scale.reshape(c, 1, 1, 1), "bn_weight", node)
+                b = constant(gm, shift, "bn_bias", node)
+                out = call(gm, aten.conv2d.default, (x, w, b, [1, 1], [0, 0], [1, 1], c), node)
+            else:
+                per_channel = (c,) + (1,) * (v.dim() - 2)
+                out = call(
+                    gm, aten.mul.Tensor, (x, constant(gm, scale.reshape(per_channel), "bn_scale", node)), node
+                )
+                out = call(
+                    gm,
+                    aten.add.Tensor,
+                    (out, constant(gm, shift.reshape(per_channel), "bn_shift", node)),
+                    node,
+                )
+            if node.target is aten.batch_norm.default:
+                node.replace_all_uses_with(out)
+            else:  # (output, save_mean, save_invstd): only the output is used in eval
+                users = list(node.users)
+                if any(u.target is not operator.getitem or u.args[1] != 0 for u in users if u.users):
+                    continue
+                for u in users:
+                    u.replace_all_uses_with(out)
+            changed = True
+        return changed
+
+
+def _after_conv(x: object) -> bool:
+    from etforge.sdk import node_op
+
+    return getattr(x, "op", None) == "call_function" and node_op(x) in _CONVS
+
+
+def _attr(gm: GraphModule, node: object) -> torch.Tensor | None:
+    """The tensor a ``get_attr`` node reads (a parameter or buffer of ``gm``), else None."""
+    if getattr(node, "op", None) != "get_attr":
+        return None
+    obj: object = gm
+    for part in str(node.target).split("."):  # type: ignore[attr-defined]
+        obj = getattr(obj, part, None)
+    import torch
+
+    return obj.detach() if isinstance(obj, torch.Tensor) else None
+
+
+def _affine(gm: GraphModule, node: Node) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(scale, shift) of an eval BatchNorm, computed in float64; None when it trains or a
+    statistic is not a constant."""
+    import torch
+
+    args = list(node.args)
+    if node.target is torch.ops.aten.batch_norm.default:
+        names = ("input", "weight", "bias", "running_mean", "running_var", "training", "momentum", "eps")
+    else:
+        names = ("input", "weight", "bias", "running_mean", "running_var", "momentum", "eps")
+    given = dict(zip(names, args, strict=False)) | dict(node.kwargs)
+    if given.get("training", False):
+        return None
+    mean, var = _attr(gm, given.get("running_mean")), _attr(gm, given.get("running_var"))
+    if mean is None or var is None:
+        return None
+    weight = _attr(gm, given.get("weight")) if given.get("weight") is not None else torch.ones_like(mean)
+    bias = _attr(gm, given.get("bias")) if given.get("bias") is not None else torch.zeros_like(mean)
+    if weight is None or bias is None:
+        return None
+    scale = weight.double() / torch.sqrt(var.double() + float(given.get("eps", 1e-5)))
+    return scale, bias.double() - mean.double() * scale
+
+
 @hookimpl
 def etforge_rewrites() -> list[Rewrite]:
-    return [LayerNorm()]
+    return [LayerNorm(), StandaloneBatchNorm()]
