@@ -108,11 +108,13 @@ class CortexMBackend(CpuBackend):
         from executorch.backends.cortex_m.passes.cortex_m_pass_manager import CortexMPassManager
 
         from etforge.plugins.targets.cortex_m_passes import transform
+        from etforge.plugins.targets.cortex_m_unfused import with_unfused_activations
 
         logging.getLogger("executorch.exir.pass_manager").setLevel(logging.ERROR)
         config = target_config(target, options)
         try:
-            lowered = transform(copy_program(ep), CortexMPassManager.legacy_pass_list, config)
+            passes = with_unfused_activations(list(CortexMPassManager.legacy_pass_list))
+            lowered = transform(copy_program(ep), passes, config)
         except Exception as exc:  # an upstream pass failing on a graph it does not expect
             first = exc
         else:
@@ -132,7 +134,7 @@ class CortexMBackend(CpuBackend):
             f"the usual pass order{pass_failure(first, ep)}",
         )
 
-        passes = list(CortexMPassManager.pass_list)
+        passes = with_unfused_activations(list(CortexMPassManager.pass_list))
         at = next(i for i, p in enumerate(passes) if p.__name__ == "FoldAndAnnotateQParamsPass") + 1
         passes.insert(at, AtenToCortexMPass)
         try:

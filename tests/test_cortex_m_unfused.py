@@ -1,0 +1,45 @@
+"""A ReLU ExecuTorch's Cortex-M lowering cannot fuse keeps its conv quantized
+(plugins/targets/cortex_m_unfused.py).
+
+A U-Net skip: ``conv -> relu`` feeds a ``cat`` with a transposed conv's output, so the
+ReLU's output shares qparams whose zero point is above -128 and ``ActivationFusionPass``
+refuses the fusion. Without the pass the conv stayed an ``aten.convolution`` on int8 values
+(the portable kernel computing on raw int8 numbers: 134 steps off the quantized model).
+With it the conv is CMSIS-NN's and the output is within one step of the quantized reference
+(CMSIS-NN's requantization rounds twice). verify's exact per-op gates still flag that step:
+their reference takes PT2E's fused conv+ReLU as one float op (an open modeling gap).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import etforge
+
+
+class SkipHead(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.e1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.e2 = nn.Conv2d(8, 16, 3, stride=2, padding=1)
+        self.up = nn.ConvTranspose2d(16, 8, 2, stride=2)
+        self.head = nn.Conv2d(16, 4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a = F.relu(self.e1(x), inplace=True)
+        u = torch.cat([self.up(self.e2(a)), a], 1)  # a's qparams shared with the cat's
+        return self.head(u)
+
+
+def test_an_unfused_relu_keeps_its_conv_quantized() -> None:
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(1)
+    calib = [(torch.randn(1, 3, 16, 16, generator=g),) for _ in range(8)]
+    compiled = etforge.compile(SkipHead().eval(), calib[0], "cortex-m33", calibration=calib)
+    ops = [str(n.target) for n in compiled.result.host_program.graph.nodes if n.op == "call_function"]
+    assert not [op for op in ops if "aten.convolution" in op], ops
+    v = compiled.verify(samples=4)
+    assert v.max_steps is not None and v.max_steps <= 1.0 + 1e-3, v.failures
+    assert v.cpu_op_max_steps is not None and v.cpu_op_max_steps <= 1, v.failures
