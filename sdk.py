@@ -11,7 +11,7 @@ Op converters (``etforge_op_converters``)
 Quantizer rules (``etforge_quantizer_rules``)
     QuantRule
 Rewrites (``etforge_rewrites``) and their graph-editing helpers
-    Rewrite, calls, call, constant, val
+    Rewrite, calls, call, constant, val, attribute, batch_norm_affine
 Targets (``etforge_targets``), CPU backends, NPU compilers, partition checks
     TargetSpec, NpuSpec, OptionSpec, CpuBackend, KernelLibrary, LOWERING_NOTES_KEY,
     NpuCompiler, NpuPayload, PartitionIo, PartitionCheck, ProposedPartition
@@ -55,7 +55,7 @@ from etforge.core.contracts.hookspecs import hookimpl
 from etforge.core.contracts.npu_compiler import NpuCompiler, NpuPayload, PartitionIo
 from etforge.core.contracts.partition_check import PartitionCheck, ProposedPartition
 from etforge.core.contracts.quant_rule import QuantRule
-from etforge.core.contracts.rewrite import Rewrite, call, calls, constant, val
+from etforge.core.contracts.rewrite import Rewrite, attribute, batch_norm_affine, call, calls, constant, val
 from etforge.core.contracts.target import NpuSpec, OptionSpec, TargetSpec
 from etforge.core.graph import layout
 
@@ -135,6 +135,8 @@ __all__ = [
     "Rewrite",
     "Support",
     "TargetSpec",
+    "attribute",
+    "batch_norm_affine",
     "call",
     "calls",
     "constant",

@@ -89,6 +89,46 @@ def val(node: object) -> torch.Tensor | None:
     return v if isinstance(v, torch.Tensor) else None
 
 
+def attribute(gm: GraphModule, node: object) -> torch.Tensor | None:
+    """The tensor a ``get_attr`` node reads (a parameter or buffer of ``gm``); None for
+    anything else."""
+    import torch
+
+    if getattr(node, "op", None) != "get_attr":
+        return None
+    value: Any = gm
+    for atom in str(node.target).split("."):  # type: ignore[attr-defined]
+        value = getattr(value, atom, None)
+    return value if isinstance(value, torch.Tensor) else None
+
+
+def batch_norm_affine(gm: GraphModule, bn: Node) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(scale, shift), in float64, with ``bn(x) == x * scale + shift`` per channel, of an eval
+    ``batch_norm`` or ``_native_batch_norm_legit_no_training`` whose statistics (and weight
+    and bias, when given) are constants; None otherwise (training, a statistic computed)."""
+    import torch
+
+    aten = torch.ops.aten
+    if bn.target is aten.batch_norm.default:
+        names = ("input", "weight", "bias", "running_mean", "running_var", "training", "momentum", "eps")
+    elif bn.target is aten._native_batch_norm_legit_no_training.default:
+        names = ("input", "weight", "bias", "running_mean", "running_var", "momentum", "eps")
+    else:
+        return None
+    given = dict(zip(names, bn.args, strict=False)) | dict(bn.kwargs)
+    if given.get("training", False):
+        return None
+    mean, var = attribute(gm, given.get("running_mean")), attribute(gm, given.get("running_var"))
+    if mean is None or var is None:
+        return None
+    weight = torch.ones_like(mean) if given.get("weight") is None else attribute(gm, given["weight"])
+    bias = torch.zeros_like(mean) if given.get("bias") is None else attribute(gm, given["bias"])
+    if weight is None or bias is None:
+        return None
+    scale = weight.detach().double() / torch.sqrt(var.detach().double() + float(given.get("eps", 1e-5)))
+    return scale, bias.detach().double() - mean.detach().double() * scale
+
+
 def constant(gm: GraphModule, value: torch.Tensor, hint: str, before: Node) -> Node:
     """A ``get_attr`` node reading ``value`` as a new buffer of ``gm``, inserted before ``before``.
 

@@ -13,7 +13,7 @@ nothing fuses it and it would stay on the CPU.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from etforge.sdk import Rewrite, hookimpl
 
@@ -27,22 +27,12 @@ if TYPE_CHECKING:
 _DEFAULTS = (None, 1, 0, 1, 1)
 
 
-def _attr(gm: GraphModule, node: object) -> torch.Tensor | None:
-    """The tensor a ``get_attr`` node reads (None for anything else)."""
-    if getattr(node, "op", None) != "get_attr":
-        return None
-    value: Any = gm
-    for atom in str(node.target).split("."):  # type: ignore[attr-defined]
-        value = getattr(value, atom, None)
-    import torch
-
-    return value if isinstance(value, torch.Tensor) else None
-
-
 def _folded_batch_norm(gm: GraphModule, conv: Node) -> tuple[Node, torch.Tensor, torch.Tensor] | None:
     """(the batch norm, scale, shift) when ``conv``'s only user is an eval-mode batch norm
     with constant parameters: ``bn(y) == y * scale + shift`` per channel."""
     import torch
+
+    from etforge.sdk import batch_norm_affine
 
     users = list(conv.users)
     if len(users) != 1:
@@ -50,18 +40,8 @@ def _folded_batch_norm(gm: GraphModule, conv: Node) -> tuple[Node, torch.Tensor,
     bn = users[0]
     if bn.op != "call_function" or bn.target != torch.ops.aten.batch_norm.default or bn.args[0] is not conv:
         return None
-    _, weight, bias, mean, var, training, _, eps = bn.args[:8]
-    stats = [_attr(gm, a) for a in (mean, var)]
-    if training or any(s is None for s in stats):
-        return None
-    mean_t, var_t = stats
-    assert mean_t is not None and var_t is not None
-    gamma = _attr(gm, weight) if weight is not None else torch.ones_like(mean_t)
-    beta = _attr(gm, bias) if bias is not None else torch.zeros_like(mean_t)
-    if gamma is None or beta is None:
-        return None
-    scale = gamma.double() / torch.sqrt(var_t.double() + float(eps))
-    return bn, scale, beta.double() - mean_t.double() * scale
+    affine = batch_norm_affine(gm, bn)
+    return None if affine is None else (bn, *affine)
 
 
 class SplitGroupedConv(Rewrite):
@@ -74,7 +54,7 @@ class SplitGroupedConv(Rewrite):
     def apply(self, gm: GraphModule, target: TargetSpec) -> bool:
         import torch
 
-        from etforge.sdk import call, calls, constant, val
+        from etforge.sdk import attribute, call, calls, constant, val
 
         npu = target.npu
         if (
@@ -88,8 +68,8 @@ class SplitGroupedConv(Rewrite):
         for node in calls(gm, aten.conv2d.default, aten.conv1d.default):
             x, w_node, *rest = node.args
             bias_node, stride, padding, dilation, groups = (*rest, *_DEFAULTS[len(rest) :])
-            xv, w = val(x), _attr(gm, w_node)
-            b = _attr(gm, bias_node) if bias_node is not None else None
+            xv, w = val(x), attribute(gm, w_node)
+            b = attribute(gm, bias_node) if bias_node is not None else None
             if xv is None or w is None or (bias_node is not None and b is None) or isinstance(padding, str):
                 continue
             c_in, c_out = xv.shape[1], w.shape[0]

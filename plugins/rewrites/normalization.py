@@ -20,8 +20,7 @@ from typing import TYPE_CHECKING
 from etforge.sdk import Rewrite, hookimpl
 
 if TYPE_CHECKING:
-    import torch
-    from torch.fx import GraphModule, Node
+    from torch.fx import GraphModule
 
     from etforge.sdk import TargetSpec
 
@@ -84,7 +83,7 @@ class StandaloneBatchNorm(Rewrite):
     def apply(self, gm: GraphModule, target: TargetSpec) -> bool:
         import torch
 
-        from etforge.sdk import call, calls, constant, val
+        from etforge.sdk import batch_norm_affine, call, calls, constant, val
 
         aten = torch.ops.aten
         changed = False
@@ -93,7 +92,7 @@ class StandaloneBatchNorm(Rewrite):
             v = val(x)
             if v is None or not v.is_floating_point() or v.dim() < 2 or _after_conv(x):
                 continue
-            affine = _affine(gm, node)
+            affine = batch_norm_affine(gm, node)
             if affine is None:
                 continue
             scale, shift = (t.to(v.dtype) for t in affine)
@@ -129,42 +128,6 @@ def _after_conv(x: object) -> bool:
     from etforge.sdk import node_op
 
     return getattr(x, "op", None) == "call_function" and node_op(x) in _CONVS
-
-
-def _attr(gm: GraphModule, node: object) -> torch.Tensor | None:
-    """The tensor a ``get_attr`` node reads (a parameter or buffer of ``gm``), else None."""
-    if getattr(node, "op", None) != "get_attr":
-        return None
-    obj: object = gm
-    for part in str(node.target).split("."):  # type: ignore[attr-defined]
-        obj = getattr(obj, part, None)
-    import torch
-
-    return obj.detach() if isinstance(obj, torch.Tensor) else None
-
-
-def _affine(gm: GraphModule, node: Node) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """(scale, shift) of an eval BatchNorm, computed in float64; None when it trains or a
-    statistic is not a constant."""
-    import torch
-
-    args = list(node.args)
-    if node.target is torch.ops.aten.batch_norm.default:
-        names = ("input", "weight", "bias", "running_mean", "running_var", "training", "momentum", "eps")
-    else:
-        names = ("input", "weight", "bias", "running_mean", "running_var", "momentum", "eps")
-    given = dict(zip(names, args, strict=False)) | dict(node.kwargs)
-    if given.get("training", False):
-        return None
-    mean, var = _attr(gm, given.get("running_mean")), _attr(gm, given.get("running_var"))
-    if mean is None or var is None:
-        return None
-    weight = _attr(gm, given.get("weight")) if given.get("weight") is not None else torch.ones_like(mean)
-    bias = _attr(gm, given.get("bias")) if given.get("bias") is not None else torch.zeros_like(mean)
-    if weight is None or bias is None:
-        return None
-    scale = weight.double() / torch.sqrt(var.double() + float(given.get("eps", 1e-5)))
-    return scale, bias.double() - mean.double() * scale
 
 
 @hookimpl
