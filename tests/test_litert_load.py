@@ -56,10 +56,11 @@ def build():
 """
 
 
-def test_partition_litert_refuses_is_a_compile_error_and_nothing_is_written(tmp_path: Path) -> None:
-    plugins = write_distribution(
-        tmp_path / "site", "broken-relu", "0.1", {"broken_relu": "broken_relu"}, {"broken_relu": BROKEN}
-    )
+def _compile_with(tmp_path: Path, module: str, source: str) -> tuple[str, Path]:
+    """``etforge compile`` of MODEL with converter plugin ``module`` installed; (stderr, OUT)
+    of a compile that must fail."""
+    dist = module.replace("_", "-")
+    plugins = write_distribution(tmp_path / "site", dist, "0.1", {module: module}, {module: source})
     model = tmp_path / "model.py"
     model.write_text(MODEL)
     out = tmp_path / "out"
@@ -67,7 +68,11 @@ def test_partition_litert_refuses_is_a_compile_error_and_nothing_is_written(tmp_
         "compile", f"{model}:build", "--target", "imxrt700", "-o", str(out), "--no-cache", pythonpath=plugins
     )
     assert proc.returncode != 0, proc.stdout
-    message = proc.stderr
+    return proc.stderr, out
+
+
+def test_partition_litert_refuses_is_a_compile_error_and_nothing_is_written(tmp_path: Path) -> None:
+    message, out = _compile_with(tmp_path, "broken_relu", BROKEN)
     assert "LiteRT refuses" in message and "RELU" in message, message
     assert "from node relu" in message, message  # the node the op came from
     assert "INT8 != FLOAT32" in message, message  # LiteRT's own reason
@@ -103,18 +108,7 @@ def etforge_op_converters():
 
 
 def test_a_data_movement_op_that_changes_the_element_type_is_a_compile_error(tmp_path: Path) -> None:
-    plugins = write_distribution(
-        tmp_path / "site", "broken-flatten", "0.1", {"broken_flatten": "broken_flatten"},
-        {"broken_flatten": RESHAPE_TO_FLOAT},
-    )  # fmt: skip
-    model = tmp_path / "model.py"
-    model.write_text(MODEL)
-    out = tmp_path / "out"
-    proc = run_cli(
-        "compile", f"{model}:build", "--target", "imxrt700", "-o", str(out), "--no-cache", pythonpath=plugins
-    )
-    assert proc.returncode != 0, proc.stdout
-    message = proc.stderr
+    message, out = _compile_with(tmp_path, "broken_flatten", RESHAPE_TO_FLOAT)
     assert "RESHAPE, from node" in message and "turns INT8 into FLOAT32" in message, message
     assert "Traceback" not in message
     assert not out.exists()

@@ -15,7 +15,7 @@ from etforge.sdk import SUPPORTED, Constraint, OpConverter, QuantRule, Support, 
 if TYPE_CHECKING:
     from torch.fx import Node
 
-    from etforge.sdk import Constant, ConversionContext, TargetSpec
+    from etforge.sdk import Constant, ConversionContext, TargetSpec, Value
 
 
 def _rank_ok(node: Node, target: TargetSpec) -> bool | str:
@@ -271,9 +271,7 @@ class Slice(OpConverter):
     )
 
     def convert(self, node: Node, ctx: ConversionContext) -> None:
-        import numpy as np
-
-        from etforge.sdk import arg, options
+        from etforge.sdk import arg
 
         v = ctx.value(node.args[0])
         dim = int(arg(node, 1, "dim", 0)) % v.rank
@@ -285,15 +283,26 @@ class Slice(OpConverter):
         end = size if end is None else int(end)
         start = max(start + size, 0) if start < 0 else min(start, size)
         end = max(end + size, 0) if end < 0 else min(end, size)
-        begin, stop, strides = [0] * v.rank, list(v.stored_shape), [1] * v.rank
-        pos = v.perm.index(dim)
-        begin[pos], stop[pos], strides[pos] = start, end, step
-        y = ctx.output(node, v.perm, like=v)
-        consts = [
-            ctx.add_constant(np.asarray(a, np.int32), "int32", n)
-            for a, n in ((begin, "begin"), (stop, "end"), (strides, "strides"))
-        ]
-        ctx.emit("STRIDED_SLICE", [v, *consts], [y], options("StridedSliceOptions"))
+        _strided_slice(ctx, v, dim, (start, end, step), ctx.output(node, v.perm, like=v))
+
+
+def _strided_slice(
+    ctx: ConversionContext, v: Value, dim: int, bounds: tuple[int, int, int], out: int | Value
+) -> None:
+    """STRIDED_SLICE of ``v`` along logical ``dim`` (``bounds``: start, end, step), every
+    other axis whole, in ``v``'s stored coordinates."""
+    import numpy as np
+
+    from etforge.sdk import options
+
+    begin, stop, strides = [0] * v.rank, list(v.stored_shape), [1] * v.rank
+    pos = v.perm.index(dim)
+    begin[pos], stop[pos], strides[pos] = bounds
+    consts = [
+        ctx.add_constant(np.asarray(a, np.int32), "int32", n)
+        for a, n in ((begin, "begin"), (stop, "end"), (strides, "strides"))
+    ]
+    ctx.emit("STRIDED_SLICE", [v, *consts], [out], options("StridedSliceOptions"))
 
 
 class Select(OpConverter):
@@ -306,24 +315,15 @@ class Select(OpConverter):
     constraints = (Constraint("rank <= npu max_rank", _rank_ok),)
 
     def convert(self, node: Node, ctx: ConversionContext) -> None:
-        import numpy as np
-
-        from etforge.sdk import layout, options, shape_of
+        from etforge.sdk import layout, shape_of
 
         v = ctx.value(node.args[0])
         dim = int(node.args[1]) % v.rank
         index = int(node.args[2]) % v.shape[dim]
-        pos = v.perm.index(dim)
-        begin, stop = [0] * v.rank, list(v.stored_shape)
-        begin[pos], stop[pos] = index, index + 1
         kept = [*v.stored_shape]
-        kept[pos] = 1
+        kept[v.perm.index(dim)] = 1
         sliced = ctx.temp(kept, v.dtype, "select", v.quant)
-        consts = [
-            ctx.add_constant(np.asarray(a, np.int32), "int32", n)
-            for a, n in ((begin, "begin"), (stop, "end"), ([1] * v.rank, "strides"))
-        ]
-        ctx.emit("STRIDED_SLICE", [v, *consts], [sliced], options("StridedSliceOptions"))
+        _strided_slice(ctx, v, dim, (index, index + 1, 1), sliced)
         perm = tuple(p - (p > dim) for p in v.perm if p != dim)
         y = ctx.output(node, perm, like=v)
         ctx.reshape(sliced, y, layout.apply(shape_of(node), perm))

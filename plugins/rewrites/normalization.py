@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from etforge.sdk import Rewrite, hookimpl
 
 if TYPE_CHECKING:
-    from torch.fx import GraphModule
+    from torch.fx import GraphModule, Node
 
     from etforge.sdk import TargetSpec
 
@@ -93,7 +93,7 @@ class StandaloneBatchNorm(Rewrite):
             if v is None or not v.is_floating_point() or v.dim() < 2 or _after_conv(x):
                 continue
             affine = batch_norm_affine(gm, node)
-            if affine is None:
+            if affine is None or not _only_output_used(node):
                 continue
             scale, shift = (t.to(v.dtype) for t in affine)
             c = v.shape[1]
@@ -114,14 +114,21 @@ class StandaloneBatchNorm(Rewrite):
                 )
             if node.target is aten.batch_norm.default:
                 node.replace_all_uses_with(out)
-            else:  # (output, save_mean, save_invstd): only the output is used in eval
-                users = list(node.users)
-                if any(u.target is not operator.getitem or u.args[1] != 0 for u in users if u.users):
-                    continue
-                for u in users:
+            else:
+                for u in list(node.users):
                     u.replace_all_uses_with(out)
             changed = True
         return changed
+
+
+def _only_output_used(bn: Node) -> bool:
+    """``batch_norm`` returns its output; the ``_native_batch_norm_legit_no_training`` triple
+    (output, save_mean, save_invstd) may be replaced only if just the output is read."""
+    import torch
+
+    if bn.target is not torch.ops.aten._native_batch_norm_legit_no_training.default:
+        return True
+    return all(u.target is operator.getitem and u.args[1] == 0 for u in bn.users if u.users)
 
 
 def _after_conv(x: object) -> bool:

@@ -16,14 +16,16 @@ before it or after it at the quantized bounds gives the same int8 value.
 from __future__ import annotations
 
 import copy
+import functools
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from executorch.exir.pass_base import ExportPass
 
 
+@functools.cache
 def unfused_activation_pass() -> type[ExportPass]:
-    """The pass class (built on first use: it imports ExecuTorch)."""
+    """The pass class (built once, on first use: it imports ExecuTorch)."""
     from executorch.exir.dialects._ops import ops as exir_ops
     from executorch.exir.pass_base import ExportPass
     from torch.fx import GraphModule
