@@ -77,11 +77,29 @@ _MOVES = {
     "aten.split_with_sizes.default", "aten.split.Tensor", "aten.split_copy.Tensor", "aten.chunk.default",
     "aten.unbind.int", "aten.dropout.default", "aten.feature_dropout.default", "aten.contiguous.default",
 }  # fmt: skip
+#: Moves of one input that only relabel or pick its codes: converted in the input's qparams,
+#: their quantize node requantizes after them (``convert_quantize``), like any requantize.
+_RELABELS = {
+    "aten.view_copy.default", "aten.view.default", "aten._unsafe_view.default", "aten.reshape.default",
+    "aten.permute_copy.default", "aten.permute.default", "aten.transpose_copy.int", "aten.t_copy.default",
+    "aten.squeeze_copy.dims", "aten.squeeze_copy.dim", "aten.unsqueeze_copy.default",
+    "aten.expand_copy.default", "aten.expand.default", "aten.clone.default", "aten.alias_copy.default",
+    "aten._to_copy.default", "aten.slice_copy.Tensor", "aten.slice.Tensor", "aten.select_copy.int",
+    "aten.select.int",
+}  # fmt: skip
 #: Activations a kernel fuses (clamp of the output codes) and their real bounds.
 _ACTIVATIONS = {
     "aten.relu.default", "aten.relu_.default", "aten.hardtanh.default", "aten.hardtanh_.default",
     "aten.clamp.default", "aten.relu6.default", "aten.relu6_.default",
 }  # fmt: skip
+
+
+def _relabels_only(node: Node) -> bool:
+    """``node`` and the moves feeding it, back to their dequantizes, are all relabels."""
+    if node_op(node) not in _RELABELS:
+        return False
+    src = node.args[0]
+    return is_dequantize(src) or (isinstance(src, Node) and _relabels_only(src))
 
 
 def _bounds(node: Node) -> tuple[float | None, float | None]:
@@ -210,7 +228,19 @@ class Reference:
         return np.clip(codes, lo, hi)
 
     def _move(self, node: Node, out: Out, index: int = 0) -> np.ndarray:
-        """Copy/select ops: the op on the codes, when every input is on the output's grid."""
+        """Copy/select ops: the op on the codes of inputs that share one grid; a single-input
+        relabel (view, slice, select, permute, clone) onto another grid is then requantized
+        as its quantize node is lowered (``_requantize``)."""
+        codes, (scale, zero_point) = self._moved(node, index)
+        if scale == out.scale and zero_point == out.zero_point:
+            return codes
+        if not _relabels_only(node):
+            raise NotExact(f"{node_op(node)}: an input's qparams differ from the output's")
+        return self._requantize(Q(codes, np.asarray(scale), np.asarray(zero_point)), out)
+
+    def _moved(self, node: Node, index: int = 0) -> tuple[np.ndarray, tuple[float, int]]:
+        """A move's int8 codes and the one grid (scale, zero point) its inputs share."""
+        grids: set[tuple[float, int]] = set()
 
         def codes(a: Any) -> Any:
             if isinstance(a, (list, tuple)):
@@ -218,21 +248,26 @@ class Reference:
             if not isinstance(a, Node):
                 return a
             if not is_dequantize(a) and node_op(a) in _MOVES:  # a chain of moves in float (view of clone)
-                return torch.from_numpy(self._move(a, out).astype(np.float64))
+                inner, grid = self._moved(a)
+                grids.add(grid)
+                return torch.from_numpy(inner.astype(np.float64))
             x = self.operand(a)
             if not isinstance(x, Q):
                 raise NotExact(f"{node_op(node)}: an operand is not an int8 value")
-            if x.axis is not None or float(x.scale) != out.scale or int(x.zero_point) != out.zero_point:
-                raise NotExact(f"{node_op(node)}: an input's qparams differ from the output's")
+            if x.axis is not None:
+                raise NotExact(f"{node_op(node)}: a per-channel operand")
+            grids.add((float(x.scale), int(x.zero_point)))
             return torch.from_numpy(x.codes.astype(np.float64))
 
         args = codes(list(node.args))
         kwargs = {k: codes(v) for k, v in node.kwargs.items()}
+        if len(grids) != 1:
+            raise NotExact(f"{node_op(node)}: inputs on different grids")
         with torch.no_grad():
             res = node.target(*args, **kwargs)
         if isinstance(res, (tuple, list)):
             res = res[index]
-        return res.round().to(torch.int64).numpy()
+        return res.round().to(torch.int64).numpy(), grids.pop()
 
     def _pad(self, node: Node, out: Out) -> np.ndarray:
         x = self.operand(node.args[0])

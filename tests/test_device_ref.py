@@ -122,7 +122,20 @@ class _Reflect(torch.nn.Module):
         return torch.abs(x) + F.pad(x, (1, 1, 2, 2), mode="reflect")[..., 2:-2, :-2]
 
 
+class _Recurrent(torch.nn.Module):
+    """an LSTM: its per-step slices of one projection land on other qparams (a requantize
+    after a relabel), its gates are sigmoid, tanh, mul and add."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rnn = torch.nn.LSTM(8, 12, batch_first=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.rnn(x)[0][:, -1]
+
+
 CASES = {
+    "recurrent": (_Recurrent, (1, 5, 8)),
     "reflect": (_Reflect, (1, 4, 6, 6)),
     "convs": (_Convs, (1, 3, 10, 10)),
     "pools": (_Pools, (1, 8, 9, 9)),
@@ -145,6 +158,7 @@ COVERS = {
     "matrix": {"bmm", "mm", "addmm", "prelu", "amax", "amin", "neg"},
     "resample": {"upsample_bilinear2d", "upsample_nearest2d", "convolution", "cat", "slice", "view"},
     "reflect": {"pad", "abs", "add"},
+    "recurrent": {"squeeze", "linear", "sigmoid", "tanh", "mul", "add"},
 }
 #: Where a target converts differently (imxrt700cm: a global mean is an AVERAGE_POOL_2D).
 COVERS_ON = {("pools", "imxrt700cm"): {"avg_pool2d", "getitem", "add"}}

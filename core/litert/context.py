@@ -289,8 +289,8 @@ class ConversionContext:
 
         Quantized when the node feeds a quantize node (whose qparams it adopts); that
         quantize node and its dequantize users become aliases of this value. ``like``: the
-        value a data-movement op (reshape, slice, select) moves; without a quantize user its
-        output keeps that value's dtype and qparams. Such an output is the middle of an int8
+        value a data-movement op (reshape, slice, select) moves: an int8 output keeps its
+        qparams (a quantize user with others requantizes after it). Such an output is the middle of an int8
         chain (``DQ -> slice -> squeeze -> Q``, a decomposed matmul's ``view``): the
         partitioner admits an int8 node only when every user of an unquantized output is on
         the NPU too.
@@ -298,10 +298,13 @@ class ConversionContext:
         logical = tuple(shape) if shape is not None else shape_of(node)
         perm = tuple(perm) if perm is not None else layout.identity(len(logical))
         q_users = [u for u in node.users if is_quantize(u)]
-        if q_users:
-            quant, dtype = self.qdq_quant(q_users[0]), "int8"
-        elif like is not None and like.dtype == "int8":
+        if like is not None and like.dtype == "int8":
+            # Data movement cannot rescale: a quantize user with other qparams stays its own
+            # op (convert_quantize requantizes), as in the PT2E graph.
             quant, dtype = like.quant, "int8"
+            q_users = [q for q in q_users[:1] if self.qdq_quant(q) == quant]
+        elif q_users:
+            quant, dtype = self.qdq_quant(q_users[0]), "int8"
         else:
             val = tensor_meta(node)
             quant, dtype = None, TORCH_DTYPES.get(val.dtype, "float32") if val is not None else "float32"

@@ -25,6 +25,7 @@ from etforge.core.common import fallbacks
 from etforge.core.common.errors import first_line
 from etforge.core.contracts.npu_compiler import NpuPayload
 from etforge.core.contracts.target import TargetSpec
+from etforge.core.graph.dequant_copies import split_shared_dequantizes, split_shared_dequantizes_pass
 from etforge.core.graph.utils import clone_program
 from etforge.core.litert.convert import Converted
 from etforge.core.lower import delegate_stubs
@@ -165,9 +166,15 @@ def _lower_classic(
         # preserve_ops, which to_edge_transform_and_lower ignores once a partitioner is
         # given: decompose once with both sets preserved, then delegate.
         config = dataclasses.replace(config, preserve_ops=_kept_whole(config, partitioner))
-        return to_edge(ep, compile_config=config).to_backend(partitioner)
+        edge = to_edge(ep, compile_config=config).transform([split_shared_dequantizes_pass])
+        return edge.to_backend(partitioner)
     try:
-        return to_edge_transform_and_lower(ep, partitioner=[partitioner], compile_config=config)
+        return to_edge_transform_and_lower(
+            ep,
+            transform_passes=[split_shared_dequantizes_pass],
+            partitioner=[partitioner],
+            compile_config=config,
+        )
     except RuntimeError as exc:
         # ExecuTorch refuses a program where an op kept whole (ops_to_not_decompose) was not
         # delegated. The partitioner's own decisions say whether that happened (a
@@ -185,7 +192,12 @@ def _lower_classic(
         )
         low.partitions.clear()
         partitioner.preserve = False
-        return to_edge_transform_and_lower(ep, partitioner=[partitioner], compile_config=config)
+        return to_edge_transform_and_lower(
+            ep,
+            transform_passes=[split_shared_dequantizes_pass],
+            partitioner=[partitioner],
+            compile_config=config,
+        )
 
 
 def _kept_whole_on_cpu(partitioner: EtforgePartitioner) -> list[str]:
@@ -239,6 +251,7 @@ def _lower_early(
     )
     try:
         early.prepare(work, keep, {k: v for k, v in full.items() if k not in keep})
+        split_shared_dequantizes(work.graph_module)
         if target.npu is None:  # nothing to delegate: the decomposition alone is the gain
             return _to_edge_decomposed(work, config, why)
         handles = early.handles_by_ancestor(work.graph_module)

@@ -167,12 +167,7 @@ class Permute(OpConverter):
         inv_q = layout.inverse(q)
         out_perm = tuple(inv_q[p] for p in v.perm)
         out = Value(v.tensor, shape_of(node), out_perm, v.dtype, v.quant)
-        requant = ctx.output_quant(node)
-        if requant is not None and requant != v.quant:
-            y = ctx.output(node, out_perm)
-            ctx.emit("QUANTIZE", [v], [y])
-            return
-        ctx.alias(node, out)
+        ctx.alias(node, out)  # a quantize user on other qparams requantizes after it
 
 
 class Identity(OpConverter):
@@ -199,12 +194,7 @@ class Identity(OpConverter):
         return SUPPORTED
 
     def convert(self, node: Node, ctx: ConversionContext) -> None:
-        v = ctx.value(node.args[0])
-        if ctx.output_quant(node) not in (None, v.quant):
-            y = ctx.output(node, v.perm)
-            ctx.emit("QUANTIZE", [v], [y])
-            return
-        ctx.alias(node, v)
+        ctx.alias(node, ctx.value(node.args[0]))  # a quantize user on other qparams requantizes after it
 
 
 class Cat(OpConverter):
