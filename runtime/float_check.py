@@ -24,7 +24,7 @@ from etforge.runtime import litert_run
 from etforge.runtime.host import program_inputs, stored_inputs
 
 #: Largest |LiteRT - Edge| of one op's float values, relative to the largest |Edge value| of
-#: that op. float32 evaluation-order noise is ~1e-7..1e-6 of the range on one op (a few
+#: that op (for a sum, or the largest |summed term|: ``_terms``). float32 evaluation-order noise is ~1e-7..1e-6 of the range on one op (a few
 #: thousand products summed); a wrong constant is far above it (tanh-approximate GELU for
 #: exact GELU: 5e-4 at x = 2.7, ~1e-4 of a [-4, 4] range). 1e-5 sits between them.
 FLOAT_REL_TOL = 1e-5
@@ -60,7 +60,7 @@ def float_op_check(lowered: Any, args: Sequence[torch.Tensor]) -> list[FloatOp]:
             ours = torch.from_numpy(np.array(it.get_tensor(index))).permute(layout.inverse(perm))
             if tuple(ours.shape) != tuple(ref.shape):
                 return ref
-            scale = float(ref.abs().max()) if ref.numel() else 0.0
+            scale = max(float(ref.abs().max()), _terms(n, self)) if ref.numel() else 0.0
             err = float((ours.double() - ref.double()).abs().max()) if ref.numel() else 0.0
             found.append(FloatOp(blob.partition, n.name, err / scale if scale else err, ref.numel()))
             return ours.to(ref.dtype)
@@ -69,6 +69,31 @@ def float_op_check(lowered: Any, args: Sequence[torch.Tensor]) -> list[FloatOp]:
     with torch.no_grad():
         Forced(program.graph_module).run(*program_inputs(program, list(args)))
     return found
+
+
+#: Ops whose output is a sum of terms: it can cancel to ~0 (a LayerNorm's mean over an input
+#: already normalized to mean 0), while float32 summation noise stays relative to the terms.
+_SUMS = {
+    "aten.add.Tensor": "add", "aten.sub.Tensor": "add", "aten.mean.dim": "same", "aten.sum.dim_IntList": "same",
+}  # fmt: skip
+
+
+def _terms(n: torch.fx.Node, interp: torch.fx.Interpreter) -> float:
+    """The largest |summed term| of a summing op (0 for any other op): the scale its float32
+    rounding noise is relative to. Measured on the op's own inputs, so a wrong constant (a
+    divisor, an alpha) still shows against it."""
+    from etforge.core.graph.utils import node_op
+
+    how = _SUMS.get(node_op(n))
+    if how is None:
+        return 0.0
+    args, kwargs = interp.fetch_args_kwargs_from_env(n)
+    if how == "add":
+        a, b = (x.abs() if isinstance(x, torch.Tensor) else abs(x) for x in args[:2])
+        terms = a + b * abs(kwargs.get("alpha", 1))
+    else:
+        terms = n.target(args[0].abs(), *args[1:], **kwargs)
+    return float(torch.as_tensor(terms).abs().max())
 
 
 def float_target(target: Any) -> Any:

@@ -181,6 +181,9 @@ def _int8_result(node: torch.fx.Node) -> torch.fx.Node | None:
     return None
 
 
+#: Portable int8 clamps: an activation applied to another kernel's output codes.
+_CLAMPS = {"aten.clamp.default", "aten.relu.default", "aten.hardtanh.default"}
+
 #: Which kernel computes a CPU op's value, and so which arithmetic its reference follows.
 CORTEX_M = "cortex_m"  # CMSIS-NN: integer arithmetic, the device-exact rule (``device_ref``)
 PORTABLE = "portable"  # ExecuTorch's portable kernels: dequantize, float op, quantize (torch's)
@@ -257,11 +260,19 @@ class HostInt8Values:
         """The observed values keyed by the quantize node of ``reference`` holding them."""
         by_name = {n.name: n for n in reference.graph.nodes}
         forced: dict[str, Produced] = {}
-        for name, item in self.produced.items():
+        for name, item in self.produced.items():  # host graph order
             src = by_name.get(name) or by_name.get(self.aliases.get(name, ""))
             q = _int8_result(src) if src is not None else None
-            if q is not None:
-                forced[q.name] = item
+            if q is None:
+                continue
+            before = forced.get(q.name)
+            if before is not None and before[1] == CORTEX_M and item[2] in _CLAMPS:
+                # A Cortex-M op, then a portable clamp of its int8 output: the activation
+                # ExecuTorch could not fuse, run as its own kernel on the op's codes (on the
+                # activation's qparams: plugins/targets/cortex_m_unfused.py). Together they
+                # are the PT2E op with its activation: the op's CMSIS-NN reference.
+                item = (item[0], CORTEX_M, before[2], item[3])
+            forced[q.name] = item
         return forced
 
     def kinds(self, reference: torch.fx.GraphModule) -> dict[str, tuple[str, str]]:

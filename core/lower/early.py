@@ -100,13 +100,16 @@ def _signature(node: Node) -> Any:
     return (node.target, str(spec), tuple(key(a) for a in flat))
 
 
-def _trace(node: Node, table: dict[Any, Any]) -> GraphModule:
+def _trace(node: Node, table: dict[Any, Any], contiguous: bool = False) -> GraphModule:
     from torch._guards import detect_fake_mode
     from torch.fx.experimental.proxy_tensor import make_fx
 
     flat, spec = pytree.tree_flatten((node.args, node.kwargs))
     where = [i for i, a in enumerate(flat) if isinstance(a, Node)]
     values = [flat[i].meta["val"] for i in where]
+    if contiguous and values:
+        with detect_fake_mode(values) or contextlib.nullcontext():
+            values = [v.contiguous() if isinstance(v, torch.Tensor) else v for v in values]
 
     def call(*tensors: torch.Tensor) -> Any:
         args = list(flat)
@@ -129,6 +132,25 @@ def _graph_fake_mode(node: Node) -> Any:
     return detect_fake_mode([v for v in vals if isinstance(v, torch.Tensor)])
 
 
+def _mutates(nodes: list[Node]) -> bool:
+    return any(isinstance(n.target, torch._ops.OpOverload) and n.target._schema.is_mutable for n in nodes)
+
+
+def _same_layout(sub: GraphModule, node: Node) -> bool:
+    """``sub``'s outputs have ``node``'s shapes and strides (on dims of size > 1)."""
+    (result,) = (n.args[0] for n in sub.graph.nodes if n.op == "output")
+    got = [n.meta.get("val") if isinstance(n, Node) else n for n in pytree.tree_leaves(result)]
+    want = pytree.tree_leaves(node.meta.get("val"))
+    if len(got) != len(want):
+        return False
+    for a, b in zip(got, want, strict=True):
+        if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor) or a.shape != b.shape:
+            return False
+        if any(n > 1 and x != y for n, x, y in zip(a.shape, a.stride(), b.stride(), strict=True)):
+            return False
+    return True
+
+
 def _decompose(gm: GraphModule, node: Node, table: dict[Any, Any], memo: dict[Any, Any]) -> None:
     key = _signature(node)
     if key not in memo:
@@ -139,10 +161,16 @@ def _decompose(gm: GraphModule, node: Node, table: dict[Any, Any], memo: dict[An
         return  # already in its Edge form
     if any(n.op != "call_function" for n in inner):
         raise NotExact(f"decomposing {node.name} ({node.target}) creates constants")
-    if any(isinstance(n.target, torch._ops.OpOverload) and n.target._schema.is_mutable for n in inner):
+    if _mutates(inner):
         # e.g. a channels-last adaptive_avg_pool2d restores its strides with as_strided_:
-        # to_edge functionalizes that away, a node-by-node decomposition cannot.
-        raise NotExact(f"decomposing {node.name} ({node.target}) mutates a tensor")
+        # to_edge functionalizes that away, a node-by-node decomposition cannot. Values do
+        # not depend on strides: traced on contiguous inputs, the decomposition is exact
+        # when it then mutates nothing and lays its output out as the node did (a global
+        # pool's [N, C, 1, 1] is one layout in either order).
+        memo[key] = sub = _trace(node, table, contiguous=True)
+        inner = [n for n in sub.graph.nodes if n.op not in ("placeholder", "output")]
+        if _mutates(inner) or not _same_layout(sub, node):
+            raise NotExact(f"decomposing {node.name} ({node.target}) mutates a tensor")
     inputs = [a for a in pytree.tree_leaves((node.args, node.kwargs)) if isinstance(a, Node)]
     env: dict[Node, Any] = {}
     placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
