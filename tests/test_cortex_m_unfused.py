@@ -13,11 +13,13 @@ value exact, the whole program equal to its device simulation.
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 import etforge
+from etforge.core.common.errors import EtforgeError
 
 
 class SkipHead(nn.Module):
@@ -44,3 +46,17 @@ def test_an_unfused_relu_keeps_its_conv_quantized() -> None:
     v = compiled.verify(samples=4)
     assert v.ok, v.failures
     assert v.cpu_op_max_steps == 0, v.failures
+
+
+def test_an_aten_op_left_on_int8_codes_is_a_compile_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without the pass, ExecuTorch leaves the conv an ``aten.convolution`` on int8 codes:
+    ``core/lower/int8_codes.py`` refuses that program, naming the node, instead of writing it."""
+    from etforge.plugins.targets import cortex_m_unfused
+
+    monkeypatch.setattr(cortex_m_unfused, "with_unfused_activations", lambda passes: passes)
+    g = torch.Generator().manual_seed(1)
+    calib = [(torch.randn(1, 3, 16, 16, generator=g),) for _ in range(4)]
+    with pytest.raises(
+        EtforgeError, match=r"int8 codes as if they were real values: \w+ \(aten\.convolution"
+    ):
+        etforge.compile(SkipHead().eval(), calib[0], "cortex-m33", calibration=calib)
