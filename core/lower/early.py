@@ -167,10 +167,11 @@ def _decompose(gm: GraphModule, node: Node, table: dict[Any, Any], memo: dict[An
         # not depend on strides: traced on contiguous inputs, the decomposition is exact
         # when it then mutates nothing and lays its output out as the node did (a global
         # pool's [N, C, 1, 1] is one layout in either order).
-        memo[key] = sub = _trace(node, table, contiguous=True)
+        sub = _trace(node, table, contiguous=True)
         inner = [n for n in sub.graph.nodes if n.op not in ("placeholder", "output")]
         if _mutates(inner) or not _same_layout(sub, node):
             raise NotExact(f"decomposing {node.name} ({node.target}) mutates a tensor")
+        memo[key] = sub
     inputs = [a for a in pytree.tree_leaves((node.args, node.kwargs)) if isinstance(a, Node)]
     env: dict[Node, Any] = {}
     placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
