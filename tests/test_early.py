@@ -18,6 +18,7 @@ from ai_edge_litert import schema_py_generated as schema
 from etforge.core.build import pipeline
 from etforge.core.graph.utils import node_op
 from etforge.core.lower import driver
+from etforge.core.lower import early as early_module
 from etforge.core.registry.manager import registry
 from etforge.runtime.host import run_program
 
@@ -203,17 +204,37 @@ def test_decomposition_dict_reads_the_table_without_materializing_it() -> None:
     assert {k for k in full if k.namespace == "aten"} == {k for k in ours if k.namespace == "aten"}
 
 
-def test_a_decomposition_that_mutates_falls_back_to_the_classic_path() -> None:
-    """A channels-last adaptive average pool decomposes to mean + ``as_strided_``: to_edge
-    functionalizes that, a node-by-node decomposition cannot, so the early path steps aside
-    (before, the program failed ExecuTorch's functional-IR check)."""
-    from etforge.core.build.session import compile_model
-
+def _channels_last_head() -> tuple[torch.nn.Module, list[tuple[torch.Tensor, ...]]]:
     from support import conv_head
 
     model, batches = conv_head(calibration=3)
     model = model.to(memory_format=torch.channels_last)
-    calib = [tuple(t.to(memory_format=torch.channels_last) for t in batch) for batch in batches]
+    return model, [tuple(t.to(memory_format=torch.channels_last) for t in batch) for batch in batches]
+
+
+def test_a_channels_last_global_pool_takes_the_early_path() -> None:
+    """A channels-last adaptive average pool decomposes to mean + ``as_strided_`` (restoring
+    its strides); traced again on contiguous inputs it is a plain mean with the same [N, C,
+    1, 1] layout, so the early path keeps it (convnext's pool) and the program verifies."""
+    import etforge
+
+    model, calib = _channels_last_head()
+    compiled = etforge.compile(model, calib[0], target="litert", calibration=calib)
+    assert compiled.report["lowering"]["path"] == "early", compiled.report["lowering"]
+    ops = {str(n.target) for n in compiled.result.host_program.graph.nodes if n.op == "call_function"}
+    assert not [op for op in ops if "as_strided" in op], ops
+    verification = compiled.verify(samples=3)
+    assert verification.ok, verification.failures
+
+
+def test_a_decomposition_that_mutates_falls_back_to_the_classic_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """When the contiguous re-trace would lay the output out differently, the mutation
+    stays, and the early path steps aside (before, the program failed ExecuTorch's
+    functional-IR check): recorded as a fallback, the classic path's bytes."""
+    from etforge.core.build.session import compile_model
+
+    monkeypatch.setattr(early_module, "_same_layout", lambda sub, node: False)
+    model, calib = _channels_last_head()
     early = compile_model(model, calib[0], "litert", calibration=calib)
     classic = compile_model(model, calib[0], "litert", calibration=calib, early=False)
     assert early.pte == classic.pte
