@@ -50,7 +50,7 @@ def test_an_unfused_relu_keeps_its_conv_quantized() -> None:
 
 def test_an_aten_op_left_on_int8_codes_is_a_compile_error(monkeypatch: pytest.MonkeyPatch) -> None:
     """Without the pass, ExecuTorch leaves the conv an ``aten.convolution`` on int8 codes:
-    ``core/lower/int8_codes.py`` refuses that program, naming the node, instead of writing it."""
+    ``plugins/targets/cortex_m_int8_codes.py`` refuses that program, naming the node, instead of writing it."""
     from etforge.plugins.targets import cortex_m_unfused
 
     monkeypatch.setattr(cortex_m_unfused, "with_unfused_activations", lambda passes: passes)

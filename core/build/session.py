@@ -47,7 +47,7 @@ from etforge.core.front import signature
 from etforge.core.front.export import Front, front_end
 from etforge.core.graph.deferred_code import deferred_code
 from etforge.core.graph.shared_provenance import shared_provenance
-from etforge.core.lower import boundaries, int8_codes, kernel_check
+from etforge.core.lower import boundaries, kernel_check
 from etforge.core.lower.partitioner import Decision, EtforgePartitioner
 from etforge.core.registry.manager import Registry, registry
 
@@ -198,7 +198,6 @@ class CompileSession:
             built = self._build(float_ep, calib)
             missing = kernel_check.missing_kernels(built.edge.exported_program(), libraries)
             if not missing:
-                int8_codes.check(built.edge.exported_program(), self.target.name)
                 return float_ep, built
             table = kernel_check.next_decomposition(
                 missing, float_ep, decomposed, libraries, self.target.name

@@ -118,7 +118,7 @@ class CortexMBackend(CpuBackend):
         except Exception as exc:  # an upstream pass failing on a graph it does not expect
             first = exc
         else:
-            return _aligned(lowered)
+            return _checked(_aligned(lowered), target)
         # The passes after the q/dq folding re-trace the graph with fake tensors: a folded
         # linear (int8 x int8 + int32 bias) traces to int32, and an int8 op that takes it
         # (bmm) fails to trace. Substituting the CMSIS-NN ops once right after the folding
@@ -141,7 +141,15 @@ class CortexMBackend(CpuBackend):
             lowered = transform(ep, passes, config)
         except Exception:
             raise lowering_error(first, ep, target) from None
-        return _aligned(lowered)
+        return _checked(_aligned(lowered), target)
+
+
+def _checked(ep: ExportedProgram, target: TargetSpec) -> ExportedProgram:
+    """``ep``, once no ATen arithmetic op in it reads int8 codes (``cortex_m_int8_codes.py``)."""
+    from etforge.plugins.targets.cortex_m_int8_codes import check
+
+    check(ep, target.name)
+    return ep
 
 
 def _aligned(ep: ExportedProgram) -> ExportedProgram:

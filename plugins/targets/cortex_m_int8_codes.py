@@ -1,11 +1,11 @@
-"""No ATen arithmetic op left on the CPU computes on int8 codes as if they were real values.
+"""After ExecuTorch's Cortex-M passes, no ATen arithmetic op computes on int8 codes as if they were real values.
 
-A quantized program's CPU ops are the CPU backend's quantized kernels (CMSIS-NN's), or
-portable ops between a dequantize and a quantize, or ops exact on codes (views, max pools,
-clamps at quantized bounds). When ExecuTorch's lowering refuses a pattern it may only log it
-and leave, say, an ``aten.convolution`` reading int8 codes: the program runs and is wrong
-(a U-Net head was 134 steps off before ``plugins/targets/cortex_m_unfused.py``). This check
-makes any such leftover a compile error naming the node, before anything is written.
+A quantized program's CPU ops are then CMSIS-NN's quantized kernels, portable ops between a
+dequantize and a quantize, or ops exact on codes (views, max pools, clamps at quantized
+bounds). When a pass refuses a pattern it may only log it and leave, say, an
+``aten.convolution`` reading int8 codes: the program runs and is wrong (a U-Net head was 134
+steps off before ``cortex_m_unfused.py``). ``CortexMBackend.lower`` makes any such leftover a
+compile error naming the node, before anything is written.
 """
 
 from __future__ import annotations
@@ -13,8 +13,7 @@ from __future__ import annotations
 import torch
 from torch.export import ExportedProgram
 
-from etforge.core.common.errors import EtforgeError
-from etforge.core.graph.utils import node_op
+from etforge.sdk import EtforgeError, node_op
 
 #: ATen ops whose result on int8 codes is not the codes of their result on the real values
 #: (sums, products, averages, nonlinear functions, anything with a real constant).
@@ -58,6 +57,6 @@ def check(program: ExportedProgram, target: str) -> None:
     listed = ", ".join(f"{name} ({op})" for name, op in found[:4]) + (" …" if len(found) > 4 else "")
     raise EtforgeError(
         f"{target}: {len(found)} CPU op(s) would compute on int8 codes as if they were real values: "
-        f"{listed}. The CPU backend's lowering left them unconverted (a pattern it refused); "
+        f"{listed}. ExecuTorch's Cortex-M passes left them unconverted (a pattern it refused); "
         "nothing written (etforge cannot run them right; please report the model)."
     )
