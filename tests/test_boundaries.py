@@ -185,3 +185,37 @@ def test_an_nchw_exported_program_on_a_cortex_m_target_is_noted() -> None:
     cl = tuple(t.to(memory_format=torch.channels_last) for t in x)
     nhwc = torch.export.export(model.to(memory_format=torch.channels_last), cl)
     assert compile_model(None, cl, "imxrt700cm", program=nhwc, calibration=[cl]).notes == []
+
+
+class _UpsamplingPool(torch.nn.Module):
+    """AlexNet's classifier head at a small input: ``adaptive_avg_pool2d`` from 1x1 up to
+    6x6 has no NPU form, so a portable pool sits between two NPU partitions."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.fc = torch.nn.Linear(8 * 36, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.nn.functional.max_pool2d(torch.relu(self.conv(x)), 8)
+        return self.fc(torch.flatten(torch.nn.functional.adaptive_avg_pool2d(x, (6, 6)), 1))
+
+
+def test_a_portable_pool_between_partitions_keeps_their_dim_orders() -> None:
+    """``to_executorch`` copies a channels-last pool input to contiguous and keeps the
+    contiguous result (ExecuTorch's LegalizePortableDimOrderPass): the next partition, built
+    for channels-last, was then handed NCHW bytes, and the compile failed its dim-order check.
+    ``dim_orders.align`` now runs such a pool on a contiguous copy itself, its result copied
+    back to channels-last."""
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(2)
+    calibration = [(torch.randn(1, 3, 8, 8, generator=g),) for _ in range(4)]
+    result = compile_model(_UpsamplingPool().eval(), calibration[0], "imxrt700cm", calibration=calibration)
+    assert len(result.partitions) == 2
+    assert result.partitions[1].converted.input_dim_orders[0] == (0, 2, 3, 1)
+    _assert_matches_reference(result, _inputs_like(calibration[0]))
+
+
+def _inputs_like(example: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(7)
+    return tuple(torch.randn(t.shape, generator=g).to(memory_format=torch.channels_last) for t in example)

@@ -207,7 +207,7 @@ def _qdq_dtype(node: Node, args: Sequence[Any], kwargs: dict[str, Any]) -> torch
     if name in ("quantize_per_tensor.default", "quantize_per_channel.default"):
         return args[-1] if x.dtype == torch.float32 and isinstance(args[-1], torch.dtype) else None
     if name in ("dequantize_per_tensor.default", "dequantize_per_channel.default"):
-        return kwargs.get("out_dtype") or torch.float32 if not x.is_floating_point() else None
+        return (kwargs.get("out_dtype") or torch.float32) if not x.is_floating_point() else None
     return None
 
 

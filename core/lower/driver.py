@@ -157,6 +157,18 @@ def _quantized(ep: ExportedProgram) -> bool:
     return any(is_quantize(n) for n in ep.graph_module.graph.nodes)
 
 
+#: Edge passes of the classic path, before the partitioner sees the graph (it may not edit it).
+_TRANSFORMS = (split_shared_dequantizes_pass,)
+
+
+def _transform_and_lower(
+    ep: ExportedProgram, partitioner: EtforgePartitioner, config: EdgeCompileConfig
+) -> EdgeProgramManager:
+    return to_edge_transform_and_lower(
+        ep, transform_passes=list(_TRANSFORMS), partitioner=[partitioner], compile_config=config
+    )
+
+
 def _lower_classic(
     ep: ExportedProgram, partitioner: EtforgePartitioner, config: EdgeCompileConfig, low: backend.Lowering
 ) -> EdgeProgramManager:
@@ -166,15 +178,10 @@ def _lower_classic(
         # preserve_ops, which to_edge_transform_and_lower ignores once a partitioner is
         # given: decompose once with both sets preserved, then delegate.
         config = dataclasses.replace(config, preserve_ops=_kept_whole(config, partitioner))
-        edge = to_edge(ep, compile_config=config).transform([split_shared_dequantizes_pass])
+        edge = to_edge(ep, compile_config=config).transform(list(_TRANSFORMS))
         return edge.to_backend(partitioner)
     try:
-        return to_edge_transform_and_lower(
-            ep,
-            transform_passes=[split_shared_dequantizes_pass],
-            partitioner=[partitioner],
-            compile_config=config,
-        )
+        return _transform_and_lower(ep, partitioner, config)
     except RuntimeError as exc:
         # ExecuTorch refuses a program where an op kept whole (ops_to_not_decompose) was not
         # delegated. The partitioner's own decisions say whether that happened (a
@@ -192,12 +199,7 @@ def _lower_classic(
         )
         low.partitions.clear()
         partitioner.preserve = False
-        return to_edge_transform_and_lower(
-            ep,
-            transform_passes=[split_shared_dequantizes_pass],
-            partitioner=[partitioner],
-            compile_config=config,
-        )
+        return _transform_and_lower(ep, partitioner, config)
 
 
 def _kept_whole_on_cpu(partitioner: EtforgePartitioner) -> list[str]:

@@ -406,6 +406,23 @@ def _still_broken(node: Node, op: str) -> bool:
     return (_view_problem(after) if _becomes_view(node) else problem(_op(node) or op, after)) is not None
 
 
+def _legalized_later(node: Node) -> str | None:
+    """Why ExecuTorch's ``LegalizePortableDimOrderPass`` (run by ``to_executorch``) would
+    change this call, else None. It copies the input of a few portable ops (pools, mean,
+    sum, expand) to contiguous when torch's ``dim_order()`` of it is not the default, and
+    does not copy the result back: the op's output, and every tensor after it, would change
+    layout after this pass and every check had run (an NPU partition or a CMSIS-NN kernel
+    reading them in the order they were built for would read other bytes)."""
+    from executorch.exir.passes.legalize_portable_dim_order_pass import LegalizePortableDimOrderPass
+
+    if node.target not in LegalizePortableDimOrderPass._target_ops or not node.args:
+        return None
+    v = _val(node.args[0])
+    if v is None or tuple(int(d) for d in v.dim_order()) == tuple(range(v.dim())):
+        return None
+    return "to_executorch would run it on a contiguous copy and keep the contiguous result"
+
+
 def align(ep: ExportedProgram) -> list[str]:
     """Rewrite ``ep`` (in place) so every kernel call meets ``problem``'s rules.
 
@@ -424,6 +441,7 @@ def align(ep: ExportedProgram) -> list[str]:
         if op is None or args is None:
             continue
         why = _view_problem(args) if _becomes_view(node) else problem(op, args)
+        why = why or _legalized_later(node)
         if why is None:
             continue
         ns, _, name = op.rpartition("::")
@@ -438,7 +456,7 @@ def align(ep: ExportedProgram) -> list[str]:
         else:
             _contiguous_run(graph, node, copies)
             how = "run on contiguous copies"
-        if _still_broken(node, op):
+        if _still_broken(node, op) or _legalized_later(node):
             notes.append(f"{node.name} ({op}) not aligned: {why}")
             continue
         notes.append(f"{node.name} ({op}): {how}")
