@@ -83,6 +83,11 @@ class OpConverter:
     #: constant (a permute of a weight is a permuted weight): the core counts such a node as
     #: a constant (``is_constant``) and asks :meth:`fold_constant` for its value.
     folds: ClassVar[tuple[str, ...]] = ()
+    #: The op only moves or relabels values (reshape, permute, expand, clone, slice ...): on
+    #: int8 codes it gives codes on the same grid. The partitioner then sees int8 values
+    #: through a chain of such ops from a dequantize or to a quantize, as a decomposition
+    #: after quantization leaves them (``matmul`` -> expand, clone, view, bmm, view).
+    moves_codes: ClassVar[bool] = False
 
     @property
     def name(self) -> str:
@@ -211,3 +216,8 @@ def elementwise(
         },
     )
     return cls()
+
+
+def moving_ops(table: dict[str, list[OpConverter]]) -> frozenset[str]:
+    """The ops of ``table`` (op -> converters) some converter says only move codes."""
+    return frozenset(op for op, convs in table.items() if any(c.moves_codes for c in convs))

@@ -81,11 +81,21 @@ def tensor_inputs(node: Node) -> list[Node]:
     return [a for a in node.all_input_nodes if tensor_meta(a) is not None]
 
 
+#: Node meta key: the node moves int8 codes between a dequantize and a quantize (see
+#: :func:`mark_moved_codes`).
+MOVED_CODES_KEY = "etforge_moved_codes"
+
+
+def _moved(node: Node) -> bool:
+    return bool(node.meta.get(MOVED_CODES_KEY))
+
+
 def node_dtype(node: Node) -> str:
-    """'int8' for a node computing on quantized values (Q/DQ around it), else its float dtype."""
-    if any(is_dequantize(a) for a in tensor_inputs(node)):
+    """'int8' for a node computing on quantized values (Q/DQ around it, possibly through
+    marked data movement: :func:`mark_moved_codes`), else its float dtype."""
+    if _moved(node) or any(is_dequantize(a) or _moved(a) for a in tensor_inputs(node)):
         return "int8"
-    if node.users and all(is_quantize(u) for u in node.users):
+    if node.users and all(is_quantize(u) or _moved(u) for u in node.users):
         return "int8"
     val = tensor_meta(node)
     if val is None and node.users:
@@ -95,6 +105,49 @@ def node_dtype(node: Node) -> str:
     if val is None:
         return "unknown"
     return str(val.dtype).removeprefix("torch.")
+
+
+def mark_moved_codes(graph: Any, moves: Collection[str]) -> None:
+    """Mark the nodes of ops in ``moves`` (converters' ``moves_codes``) that carry int8 codes:
+    fed, through such nodes, by a dequantize, or feeding, through such nodes, only quantizes.
+
+    A decomposition after quantization (``matmul`` -> expand, clone, view, bmm, view) puts
+    several moves between a dequantize and its consumer; PT2E gave them no Q/DQ of their
+    own, yet on the codes they compute the same codes. One tensor input, same dtype in and
+    out (a dtype cast is no move)."""
+
+    def is_move(n: Node) -> bool:
+        if n.op != "call_function" or node_op(n) not in moves or len(tensor_inputs(n)) != 1:
+            return False
+        a, v = tensor_meta(tensor_inputs(n)[0]), tensor_meta(n)
+        return a is not None and v is not None and a.dtype == v.dtype and v.is_floating_point()
+
+    nodes = list(graph.nodes)
+    for n in nodes:
+        n.meta.pop(MOVED_CODES_KEY, None)
+    for n in nodes:  # forward: from a dequantize
+        if is_move(n):
+            src = tensor_inputs(n)[0]
+            if is_dequantize(src) or _moved(src):
+                n.meta[MOVED_CODES_KEY] = True
+    for n in reversed(nodes):  # backward: to quantizes only
+        if is_move(n) and n.users and all(is_quantize(u) or _moved(u) for u in n.users):
+            n.meta[MOVED_CODES_KEY] = True
+
+
+def quantize_through_moves(node: Node) -> Node | None:
+    """The first quantize node reached from ``node``'s output through marked moves only
+    (None unless every path ends in one)."""
+    users = list(node.users)
+    if not users:
+        return None
+    found = None
+    for u in users:
+        q = u if is_quantize(u) else quantize_through_moves(u) if _moved(u) else None
+        if q is None:
+            return None
+        found = found or q
+    return found
 
 
 CONSTANT_KEY = "etforge_constant"

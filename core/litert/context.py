@@ -21,7 +21,14 @@ from etforge.core.common.errors import ConversionError
 from etforge.core.contracts.converter import OpConverter, folding
 from etforge.core.contracts.target import TargetSpec
 from etforge.core.graph import layout
-from etforge.core.graph.utils import is_dequantize, is_quantize, node_op, shape_of, tensor_meta
+from etforge.core.graph.utils import (
+    is_dequantize,
+    is_quantize,
+    node_op,
+    quantize_through_moves,
+    shape_of,
+    tensor_meta,
+)
 from etforge.core.litert.builder import LiteRTBuilder, Quant, enum, options
 
 if TYPE_CHECKING:
@@ -305,6 +312,9 @@ class ConversionContext:
             q_users = [q for q in q_users[:1] if self.qdq_quant(q) == quant]
         elif q_users:
             quant, dtype = self.qdq_quant(q_users[0]), "int8"
+        elif (moved_to := quantize_through_moves(node)) is not None:
+            # e.g. a decomposed matmul's bmm -> view -> Q: the view moves these codes on
+            quant, dtype = self.qdq_quant(moved_to), "int8"
         else:
             val = tensor_meta(node)
             quant, dtype = None, TORCH_DTYPES.get(val.dtype, "float32") if val is not None else "float32"

@@ -20,7 +20,7 @@ from torch.export import ExportedProgram
 from torch.fx import Node
 
 from etforge.core.common.errors import ConversionError, PluginError
-from etforge.core.contracts.converter import OpConverter, Support
+from etforge.core.contracts.converter import OpConverter, Support, moving_ops
 from etforge.core.contracts.target import TargetSpec
 from etforge.core.graph import layout
 from etforge.core.graph.utils import (
@@ -28,6 +28,7 @@ from etforge.core.graph.utils import (
     is_dequantize,
     is_quantize,
     mark_constants,
+    mark_moved_codes,
     node_op,
     tensor_meta,
 )
@@ -193,6 +194,7 @@ def convert_program(
     start = time.perf_counter()
     ctx = ConversionContext(ep, target, name, converters)
     mark_constants(ep, ctx._folds)
+    mark_moved_codes(ep.graph_module.graph, moving_ops(converters))
     graph = ep.graph_module.graph
     output_names: list[str] = []
     input_names: list[str] = []

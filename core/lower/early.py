@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import operator
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -318,7 +319,10 @@ def _scalars_to_tensors(gm: GraphModule) -> None:
                 name = f"_etforge_scalar_constant{count}"
                 count += 1
                 setattr(gm, name, torch.tensor(value))
-                with gm.graph.inserting_before(node):
+                with gm.graph.inserting_before(node), warnings.catch_warnings():
+                    # a plain tensor attribute, as ScalarToTensorPass makes it: lifted to a
+                    # constant right after (_lift_constants); torch warns it is no buffer
+                    warnings.filterwarnings("ignore", "Attempted to insert a get_attr Node")
                     const = gm.graph.get_attr(name)
                 const.meta = {k: v for k, v in node.meta.items() if k != "val"}
                 if positional:

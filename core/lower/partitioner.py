@@ -21,13 +21,14 @@ from torch.fx import Node
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
 
-from etforge.core.contracts.converter import OpConverter, Support, folding
+from etforge.core.contracts.converter import OpConverter, Support, folding, moving_ops
 from etforge.core.contracts.target import TargetSpec
 from etforge.core.graph.utils import (
     is_constant,
     is_dequantize,
     is_quantize,
     mark_constants,
+    mark_moved_codes,
     node_dtype,
     node_op,
     tensor_inputs,
@@ -168,6 +169,7 @@ class EtforgePartitioner(Partitioner):
         self.preserve = True
         self.seconds = 0.0  # time spent deciding and tagging (for the benchmarks)
         self._table = self.registry.converters_for(target)
+        self._moves = moving_ops(self._table)
         #: Ops a converter computes at compile time from a constant (of every converter, NPU or
         #: not: a folded weight is no CPU node's input either).
         self._folds = frozenset(folding(self.registry.converters))
@@ -226,6 +228,7 @@ class EtforgePartitioner(Partitioner):
         """Pick the NPU nodes; record a Decision (with reason) for every compute node."""
         self.decisions = []
         mark_constants(ep, self._folds)
+        mark_moved_codes(ep.graph_module.graph, self._moves)
         blocked = set(self.options.get("operators_not_to_delegate", ()))
         chosen: dict[Node, Decision] = {}
         for node in _compute_nodes(ep):
@@ -263,7 +266,13 @@ class EtforgePartitioner(Partitioner):
         """``select_converter``, asked once per node: ExecuTorch asks which ops to keep whole
         more than once, on copies of the graph, and the kept node is decided again after
         ``to_edge``; the answer rides in the node's meta (plain data, so copies keep it)."""
-        key = (id(self.registry), self.target.name, node_op(node), tuple(c.name for c in candidates))
+        key = (
+            id(self.registry),
+            self.target.name,
+            node_op(node),
+            node_dtype(node),
+            tuple(c.name for c in candidates),
+        )
         cached = node.meta.get(_SUPPORT_KEY)
         if cached is not None and cached[0] == key:
             _, name, reason = cached

@@ -60,6 +60,7 @@ def _shared(flag: str, every_input: bool = False) -> Callable[[Node, TargetSpec]
 class Reshape(OpConverter):
     """Every view-like op: RESHAPE to the node's output shape."""
 
+    moves_codes = True
     ops = (
         "aten.view_copy.default",
         "aten.view.default",
@@ -122,6 +123,7 @@ def _flatten_into_fc(
 class Permute(OpConverter):
     """permute: no data moves; the output is the input's tensor with a relabelled layout."""
 
+    moves_codes = True
     ops = (
         "aten.permute_copy.default",
         "aten.permute.default",
@@ -173,6 +175,7 @@ class Permute(OpConverter):
 class Identity(OpConverter):
     """clone / alias / contiguous copies: the output is the input."""
 
+    moves_codes = True
     ops = (
         "aten.clone.default",
         "aten.alias_copy.default",
@@ -255,6 +258,7 @@ def _slice_limits(node: Node, target: TargetSpec) -> bool | str:
 class Slice(OpConverter):
     """slice_copy -> STRIDED_SLICE in stored coordinates."""
 
+    moves_codes = True
     ops = ("aten.slice_copy.Tensor", "aten.slice.Tensor")
     constraints = (
         Constraint("step 1 (npu slice_unit_step), start < end (npu slice_nonempty)", _slice_limits),
@@ -301,6 +305,7 @@ class Select(OpConverter):
 
     ``nn.MultiheadAttention`` picks q, k and v out of its packed in-projection this way."""
 
+    moves_codes = True
     ops = ("aten.select_copy.int", "aten.select.int")
     constraints = (Constraint("rank <= npu max_rank", _rank_ok),)
 
