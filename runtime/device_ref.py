@@ -18,6 +18,7 @@ interpreter bit for bit in ``tests/test_device_ref.py``.
 
 from __future__ import annotations
 
+import functools
 import operator
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ import torch
 from torch.fx import Node
 
 from etforge.core.graph.utils import is_dequantize, is_quantize, node_op
+from etforge.core.registry.manager import Registry, registry
 from etforge.runtime import tflite_int as ti
 
 
@@ -77,16 +79,6 @@ _MOVES = {
     "aten.split_with_sizes.default", "aten.split.Tensor", "aten.split_copy.Tensor", "aten.chunk.default",
     "aten.unbind.int", "aten.dropout.default", "aten.feature_dropout.default", "aten.contiguous.default",
 }  # fmt: skip
-#: Moves of one input that only relabel or pick its codes: converted in the input's qparams,
-#: their quantize node requantizes after them (``convert_quantize``), like any requantize.
-_RELABELS = {
-    "aten.view_copy.default", "aten.view.default", "aten._unsafe_view.default", "aten.reshape.default",
-    "aten.permute_copy.default", "aten.permute.default", "aten.transpose_copy.int", "aten.t_copy.default",
-    "aten.squeeze_copy.dims", "aten.squeeze_copy.dim", "aten.unsqueeze_copy.default",
-    "aten.expand_copy.default", "aten.expand.default", "aten.clone.default", "aten.alias_copy.default",
-    "aten._to_copy.default", "aten.slice_copy.Tensor", "aten.slice.Tensor", "aten.select_copy.int",
-    "aten.select.int",
-}  # fmt: skip
 #: Activations a kernel fuses (clamp of the output codes) and their real bounds.
 _ACTIVATIONS = {
     "aten.relu.default", "aten.relu_.default", "aten.hardtanh.default", "aten.hardtanh_.default",
@@ -94,9 +86,17 @@ _ACTIVATIONS = {
 }  # fmt: skip
 
 
+@functools.lru_cache(maxsize=4)
+def _relabel_ops(reg: Registry) -> frozenset[str]:
+    """Moves of one input that only relabel or pick its codes: the ops whose converters say
+    so (``moves_codes``, the same flag the partitioner reads). They convert in the input's
+    qparams and their quantize node requantizes after them (``convert_quantize``)."""
+    return frozenset(op for c in reg.converters if c.moves_codes for op in c.ops)
+
+
 def _relabels_only(node: Node) -> bool:
     """``node`` and the moves feeding it, back to their dequantizes, are all relabels."""
-    if node_op(node) not in _RELABELS:
+    if node_op(node) not in _relabel_ops(registry()):
         return False
     src = node.args[0]
     return is_dequantize(src) or (isinstance(src, Node) and _relabels_only(src))
@@ -210,7 +210,7 @@ class Reference:
         not consistent with each other), i.e. (x - zp) * 127 by s_in * (1/127) / s_out."""
         if not isinstance(x, Q) or x.axis is not None:
             raise NotExact("requantize of a non-per-tensor operand")
-        real = float(x.scale) * float(ti.f32(1 / 127)) / out.scale
+        real = ti.mul_multiplier(float(x.scale), float(ti.f32(1 / 127)), out.scale)
         return out.zero_point + ti.requantize((x.codes - x.zero_point) * 127, real)
 
     def _relu_requantize(self, x: Any, out: Out) -> np.ndarray:
@@ -315,7 +315,7 @@ class Reference:
         return self._finish(acc, x, w, bias, out, axis=1)
 
     def _linear(self, node: Node, out: Out) -> np.ndarray:
-        """FULLY_CONNECTED: int32 sums, bias, MBQM (per-tensor or per-channel)."""
+        """FULLY_CONNECTED: int32 sums, bias, a double multiplier (per-tensor or per-channel)."""
         x, w = self.operand(node.args[0]), self.operand(node.args[1])
         bias = self.operand(node.args[2]) if len(node.args) > 2 else None
         acc = self._accumulate(x, w, lambda a, b: a @ b.T)
@@ -350,9 +350,8 @@ class Reference:
                 raise NotExact("bias is neither quantized nor a constant")
             acc = acc + np.round(bias.reshape(-1) / acc_scale).astype(np.int64).reshape(shape)
         real = (acc_scale / out.scale).reshape(shape)
-        if axis == -1:  # LiteRT's FULLY_CONNECTED requantizes with one rounding (proved in tests)
-            m, sh = ti.multipliers(real)
-            return out.zero_point + ti.multiply_by_quantized_multiplier_single(acc, m, sh)
+        if axis == -1:  # LiteRT's FULLY_CONNECTED: a double multiplier (proved in tests)
+            return out.zero_point + ti.fc_requantize(acc, real)
         return out.zero_point + ti.requantize(acc, real)
 
     def _binary(self, node: Node) -> tuple[Q, Q]:
@@ -390,9 +389,9 @@ class Reference:
         return self._add(node, out, -1)
 
     def _mul(self, node: Node, out: Out) -> np.ndarray:
-        """MUL: the product of offset inputs, one MBQM by s1 * s2 / s_out."""
+        """MUL: the product of offset inputs, one MBQM by s1 * s2 / s_out (in float32)."""
         a, b = self._binary(node)
-        real = float(a.scale) * float(b.scale) / out.scale
+        real = ti.mul_multiplier(float(a.scale), float(b.scale), out.scale)
         return out.zero_point + ti.requantize((a.codes - a.zero_point) * (b.codes - b.zero_point), real)
 
     def _avg_pool(self, node: Node, out: Out) -> np.ndarray:

@@ -219,13 +219,14 @@ def _rsqrt(ref: Reference, node: Node, out: Out) -> np.ndarray:
 def _neg(ref: Reference, node: Node, out: Out) -> np.ndarray:
     """NEG as etforge lowers int8: MUL by code -127 at scale 1/127."""
     x = _per_tensor(ref, node)
-    real = float(x.scale) * float(ti.f32(1 / 127)) / out.scale
+    real = ti.mul_multiplier(float(x.scale), float(ti.f32(1 / 127)), out.scale)
     return out.zero_point + ti.requantize((x.codes - x.zero_point) * -127, real)
 
 
 def _matmul(ref: Reference, node: Node, out: Out) -> np.ndarray:
     """mm / bmm / addmm: int32 sums of offset codes, + bias, one requantization: the
-    FULLY_CONNECTED kernel's (one rounding) for a constant right operand, else BATCH_MATMUL's."""
+    FULLY_CONNECTED kernel's (a double multiplier) for a constant right operand, else
+    BATCH_MATMUL's (MBQM, two roundings)."""
     op = node_op(node)
     addmm = op.startswith("aten.addmm")
     ia, ib = (1, 2) if addmm else (0, 1)
@@ -247,10 +248,10 @@ def _matmul(ref: Reference, node: Node, out: Out) -> np.ndarray:
             acc = acc + np.round(bias / acc_scale).astype(np.int64)
         else:
             raise NotExact("addmm bias is neither quantized nor a constant")
-    m, s = ti.quantize_multiplier(acc_scale / out.scale)
-    if constant_rhs:
-        res = ti.multiply_by_quantized_multiplier_single(acc, m, s)
+    if constant_rhs:  # FULLY_CONNECTED
+        res = ti.fc_requantize(acc, acc_scale / out.scale)
     else:
+        m, s = ti.quantize_multiplier(acc_scale / out.scale)
         res = ti.multiply_by_quantized_multiplier(acc, m, s)
     return np.clip(res + out.zero_point, out.qmin, out.qmax)
 

@@ -91,11 +91,17 @@ def multiply_by_quantized_multiplier(x: Any, multiplier: Any, shift: Any) -> np.
     return rounding_divide_by_pot(srdhm(x, multiplier), right)
 
 
-def multiply_by_quantized_multiplier_single(x: Any, multiplier: Any, shift: Any) -> np.ndarray:
-    """The single-rounding form (TFLITE_SINGLE_ROUNDING): (x * M + 2^(k-1)) >> k, k = 31 - shift."""
-    total = 31 - np.asarray(shift, np.int64)
-    x = np.asarray(x, np.int64) * np.asarray(multiplier, np.int64)
-    return (x + (np.int64(1) << (total - 1))) >> total
+def mul_multiplier(s1: float, s2: float, s_out: float) -> float:
+    """MUL's real multiplier as its Prepare computes it: the float32 scales multiplied and
+    divided in float32 (not double), which moves the Q31 multiplier on some qparams."""
+    return float(np.float32(s1) * np.float32(s2) / np.float32(s_out))
+
+
+def fc_requantize(acc: Any, real: Any) -> np.ndarray:
+    """FULLY_CONNECTED's int8 output step as LiteRT computes it: the accumulator times the
+    double multiplier, halves away from zero. Neither MBQM form (one or two roundings of a
+    Q31 multiplier) matches it on every accumulator; this does (``tests/test_device_ref.py``)."""
+    return round_away(np.asarray(acc, np.int64) * np.asarray(real, np.float64)).astype(np.int64)
 
 
 def requantize(acc: Any, real: Any) -> np.ndarray:

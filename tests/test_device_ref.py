@@ -288,3 +288,90 @@ def test_fixed_point_functions_approximate_the_math() -> None:
         m, shift = fp.inv_sqrt_multiplier(n, -1)
         value = m / 2**31 * 2.0**shift
         assert abs(value * np.sqrt(n) - 1) < FIXED_POINT_TOL * 16, n
+
+
+def _edge_value(
+    op: Any, operands: list[tuple[float, int, torch.dtype]], out: tuple[float, int], codes: list[np.ndarray]
+) -> np.ndarray:
+    """``Reference``'s value of ``q(op(dq(x0), dq(x1), ...))`` built as an Edge-style graph."""
+    import torchao.quantization.pt2e  # noqa: F401 (registers quantized_decomposed)
+
+    from etforge.runtime.device_ref import Reference
+
+    qd = torch.ops.quantized_decomposed
+    g = torch.fx.Graph()
+    env: dict[Any, torch.Tensor] = {}
+    dqs = []
+    for i, ((scale, zp, dtype), c) in enumerate(zip(operands, codes, strict=True)):
+        p = g.placeholder(f"x{i}")
+        env[p] = torch.from_numpy(c)
+        info = torch.iinfo(dtype)
+        dqs.append(
+            g.call_function(qd.dequantize_per_tensor.default, (p, scale, zp, info.min, info.max, dtype))
+        )
+    q = g.call_function(
+        qd.quantize_per_tensor.default, (g.call_function(op, tuple(dqs)), *out, -128, 127, torch.int8)
+    )
+    return Reference(env.__getitem__)(q).numpy()
+
+
+def _litert_value(
+    builtin: str, opts: str, tensors: list[tuple[list[int], str, Any, Any]], inputs: list[np.ndarray]
+) -> np.ndarray:
+    """One LiteRT operator (tensors: shape, dtype, qparams, constant data or None; the last is
+    the output) run by the reference kernels on ``inputs`` (the non-constant tensors)."""
+    from etforge.core.litert.builder import LiteRTBuilder, Quant, options
+    from etforge.runtime.litert_run import run
+
+    b = LiteRTBuilder()
+    ids = [
+        b.add_tensor(shape, dtype, f"t{i}", data=data, quant=Quant.per_tensor(*qp))
+        for i, (shape, dtype, qp, data) in enumerate(tensors)
+    ]
+    b.add_operator(builtin, ids[:-1], ids[-1:], options(opts))
+    b.inputs = [i for i, t in zip(ids[:-1], tensors, strict=False) if t[3] is None]
+    b.outputs = ids[-1:]
+    return run(b.finish(), inputs, "reference")[0]
+
+
+def test_mul_multiplier_is_computed_in_float32() -> None:
+    """MUL's Prepare multiplies and divides the scales in float32: in double, 7 of the 65,536
+    code pairs of mobilevit_xxs's layer-norm MUL (qparams below) come out one step off."""
+    s1, s2, out = (0.053363192826509476, 10), (0.009516499005258083, -128), (0.029421431943774223, -12)
+    a = np.repeat(np.arange(-128, 128, dtype=np.int8), 256)
+    b = np.tile(np.arange(-128, 128, dtype=np.int8), 256)
+    litert = _litert_value(
+        "MUL",
+        "MulOptions",
+        [([65536], "int8", s1, None), ([65536], "int8", s2, None), ([65536], "int8", out, None)],
+        [a, b],
+    )
+    ours = _edge_value(torch.ops.aten.mul.Tensor, [(*s1, torch.int8), (*s2, torch.int8)], out, [a, b])
+    assert int((litert != ours).sum()) == 0
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_fully_connected_requantizes_at_double_precision(seed: int) -> None:
+    """FULLY_CONNECTED's output step is acc * (double) multiplier, halves away: a Q31
+    multiplier with one rounding is one step off on rare accumulators (here swin_t's qparams:
+    1 of 262,144 values at seed 0)."""
+    sx, sw, out = (0.031401198357343674, -6), 0.00050456275, (0.018074171617627144, 1)
+    rng = np.random.default_rng(seed)
+    x = rng.integers(-128, 128, (4096, 768), dtype=np.int8)
+    w = rng.integers(-127, 128, (64, 768), dtype=np.int8)
+    bias = rng.integers(-20000, 20000, (64,), dtype=np.int32)
+    bscale = float(np.float32(sx[0])) * float(np.float32(sw))
+    litert = _litert_value(
+        "FULLY_CONNECTED",
+        "FullyConnectedOptions",
+        [
+            ([4096, 768], "int8", sx, None),
+            ([64, 768], "int8", (sw, 0), w),
+            ([64], "int32", (bscale, 0), bias),
+            ([4096, 64], "int8", out, None),
+        ],
+        [x],
+    )
+    operands = [(*sx, torch.int8), (sw, 0, torch.int8), (bscale, 0, torch.int32)]
+    ours = _edge_value(torch.ops.aten.linear.default, operands, out, [x, w, bias])
+    assert int((litert != ours).sum()) == 0
