@@ -149,6 +149,12 @@ class Reference:
             per_channel = "per_channel" in node_op(a)
             scale, zp = ti.f32(self._num(a.args[1])), self._num(a.args[2]).astype(np.int64)
             return Q(np.asarray(codes, np.int64), scale, zp, int(a.args[3]) if per_channel else None)
+        if isinstance(a, Node) and a.op == "call_function" and node_op(a) in _MOVES:
+            try:  # int8 codes moved in float (a decomposed matmul's expand -> view -> bmm)
+                codes, (scale, zp) = self._moved(a, None)
+                return Q(codes, np.asarray(scale), np.asarray(zp, np.int64))
+            except NotExact:
+                pass
         if isinstance(a, Node):
             v = self.value(a)
             if isinstance(v, torch.Tensor) and v.is_floating_point():
@@ -231,15 +237,20 @@ class Reference:
         """Copy/select ops: the op on the codes of inputs that share one grid; a single-input
         relabel (view, slice, select, permute, clone) onto another grid is then requantized
         as its quantize node is lowered (``_requantize``)."""
-        codes, (scale, zero_point) = self._moved(node, index)
+        codes, (scale, zero_point) = self._moved(node, out, index)
         if scale == out.scale and zero_point == out.zero_point:
             return codes
         if not _relabels_only(node):
             raise NotExact(f"{node_op(node)}: an input's qparams differ from the output's")
         return self._requantize(Q(codes, np.asarray(scale), np.asarray(zero_point)), out)
 
-    def _moved(self, node: Node, index: int = 0) -> tuple[np.ndarray, tuple[float, int]]:
-        """A move's int8 codes and the one grid (scale, zero point) its inputs share."""
+    def _moved(self, node: Node, out: Out | None, index: int = 0) -> tuple[np.ndarray, tuple[float, int]]:
+        """A move's int8 codes and the one grid (scale, zero point) its inputs share.
+
+        An input computed in float (a matmul decomposed after quantization: ``bmm -> view ->
+        quantize``) is the device's int8 value on the quantize node's grid: the conversion
+        takes that quantize through the moves (``quantize_through_moves``); ``out`` None: no
+        such input (an operand read through moves)."""
         grids: set[tuple[float, int]] = set()
 
         def codes(a: Any) -> Any:
@@ -248,9 +259,13 @@ class Reference:
             if not isinstance(a, Node):
                 return a
             if not is_dequantize(a) and node_op(a) in _MOVES:  # a chain of moves in float (view of clone)
-                inner, grid = self._moved(a)
+                inner, grid = self._moved(a, out)
                 grids.add(grid)
                 return torch.from_numpy(inner.astype(np.float64))
+            if out is not None and a.op == "call_function" and not is_dequantize(a) and self._has_rule(a):
+                grids.add((out.scale, out.zero_point))
+                value = np.clip(self.compute(a, out), out.qmin, out.qmax)  # the device's int8 tensor
+                return torch.from_numpy(np.asarray(value, np.float64))
             x = self.operand(a)
             if not isinstance(x, Q):
                 raise NotExact(f"{node_op(node)}: an operand is not an int8 value")
@@ -268,6 +283,11 @@ class Reference:
         if isinstance(res, (tuple, list)):
             res = res[index]
         return res.round().to(torch.int64).numpy(), grids.pop()
+
+    @staticmethod
+    def _has_rule(node: Node) -> bool:
+        op = node_op(node)
+        return op in _RULES or op in _nonlinear_rules()
 
     def _pad(self, node: Node, out: Out) -> np.ndarray:
         x = self.operand(node.args[0])

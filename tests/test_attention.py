@@ -200,3 +200,26 @@ def test_multihead_attention_compiles_and_verifies(target: str) -> None:
     r = c.result
     v = compare(r.host_program, r.float_program, r.quantized_program, c.report, samples=8)
     assert v.ok, v.failures
+
+
+class TransposedKeys(nn.Module):
+    """Heads as hand-written attention spells them: one tensor permuted two ways (``q`` and
+    its transpose ``k^T``), both read by matmuls after a reshape."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q = x.view(1, 8, 2, 8).transpose(1, 2)
+        s = torch.softmax(torch.matmul(q, q.transpose(-1, -2)), -1)
+        return torch.matmul(s, q).transpose(1, 2).reshape(1, 8, 16)
+
+
+@pytest.mark.parametrize("target", ["imxrt700", "imxrt700cm"])
+def test_two_permutes_of_one_tensor_get_their_own_transposes(target: str) -> None:
+    """A permute moves no data (it relabels its input's tensor): two permutes of one tensor
+    each need their own TRANSPOSE before a reshape. One cached by tensor and layout alone fed
+    ``k^T``'s reshape ``q``'s bytes (max error 4.1 on this model)."""
+    from etforge.testing import check_op
+
+    torch.manual_seed(0)
+    result = check_op(TransposedKeys().eval(), (torch.randn(1, 8, 16),), target, quantize=False,
+                      expect_delegated=False)  # fmt: skip
+    assert "TRANSPOSE" in result.litert_ops and result.delegated  # the permutes ran in LiteRT

@@ -134,7 +134,19 @@ class _Recurrent(torch.nn.Module):
         return self.rnn(x)[0][:, -1]
 
 
+class _Heads(torch.nn.Module):
+    """4-D matmuls of two runtime operands (attention heads): Edge decomposes them after
+    quantization into expand, view, bmm, view, so the quantize node follows a view of the
+    bmm's float output (moved codes)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q = x.view(1, 8, 2, 8).transpose(1, 2)
+        s = torch.softmax(torch.matmul(q, q.transpose(-1, -2)), -1)
+        return torch.matmul(s, q).transpose(1, 2).reshape(1, 8, 16)
+
+
 CASES = {
+    "heads": (_Heads, (1, 8, 16)),
     "recurrent": (_Recurrent, (1, 5, 8)),
     "reflect": (_Reflect, (1, 4, 6, 6)),
     "convs": (_Convs, (1, 3, 10, 10)),
@@ -156,6 +168,7 @@ COVERS = {
     "nonlinear": _NONLINEAR,
     "nonlinear_4d": _NONLINEAR,
     "matrix": {"bmm", "mm", "addmm", "prelu", "amax", "amin", "neg"},
+    "heads": {"view", "_softmax"},
     "resample": {"upsample_bilinear2d", "upsample_nearest2d", "convolution", "cat", "slice", "view"},
     "reflect": {"pad", "abs", "add"},
     "recurrent": {"squeeze", "linear", "sigmoid", "tanh", "mul", "add"},

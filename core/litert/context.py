@@ -121,7 +121,7 @@ class ConversionContext:
         self.current: Node | None = None
         self.debug_map: dict[int, list[int]] = {}
         self.op_nodes: dict[int, list[str]] = {}
-        self._transposes: dict[tuple[int, tuple[int, ...]], int] = {}
+        self._transposes: dict[tuple[int, tuple[int, ...], tuple[int, ...]], int] = {}
         self._group: list[Node] = []
         self._accepts_columns = False
         self.input_dim_orders: list[tuple[int, ...]] = []
@@ -243,8 +243,10 @@ class ConversionContext:
         return self.relayout(v, tuple(perm))
 
     def relayout(self, v: Value, perm: tuple[int, ...]) -> Value:
-        """Insert (once per tensor and layout) a TRANSPOSE or a free RESHAPE."""
-        key = (v.tensor, perm)
+        """Insert (once per stored tensor, its layout and the new one) a TRANSPOSE or a free
+        RESHAPE. The key holds ``v.perm``: aliases of one tensor (a permute relabels, moving
+        no data) store it under other layouts, and each needs its own transpose."""
+        key = (v.tensor, v.perm, perm)
         if key in self._transposes:
             return Value(self._transposes[key], v.shape, perm, v.dtype, v.quant)
         shape = layout.apply(v.shape, perm)
@@ -409,7 +411,7 @@ class ConversionContext:
             new = sum(
                 1
                 for v in values
-                if v.rank == rank and v.perm != perm and (v.tensor, perm) not in self._transposes
+                if v.rank == rank and v.perm != perm and (v.tensor, v.perm, perm) not in self._transposes
             )
             return new, perm != layout.channels_last(rank)
 
