@@ -2,7 +2,8 @@
 
 ``x * torch.ones(...)``: the early path decomposes ``ones`` (a node with no tensor inputs)
 in the program's own fake mode. An SE gate ``x * gate`` with ``gate`` [N, C, 1, 1]
-broadcast over H x W runs as CMSIS-NN's channel-broadcast ``quantized_mul`` on cortex-m33.
+broadcast over H x W runs as CMSIS-NN's channel-broadcast ``quantized_mul`` on cortex-m33,
+also when the gated map is a channel slice (ghostnet).
 A full reduction (``mean()``, ``sum`` over every dim) hands an NPU partition 0-d tensors:
 numpy turns those into scalars or [1] arrays unless told not to, and verify crashed.
 """
@@ -62,6 +63,31 @@ def test_a_product_with_torch_ones_compiles_and_verifies_on_imxrt700() -> None:
 def test_an_se_gate_broadcast_over_hxw_runs_as_cmsis_nn_mul_on_cortex_m33() -> None:
     torch.manual_seed(0)
     c, v = _compile_and_compare(SqueezeExcite(), "cortex-m33")
+    assert v.ok, v.failures
+    assert c.report["cpu_ops"].get("cortex_m.quantized_mul.default") == 1
+
+
+class GhostSqueezeExcite(nn.Module):
+    """ghostnet's form: the gated map is a channel slice of a concatenation, a result the
+    channels-last export does not keep channels-last."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.cheap = nn.Conv2d(8, 8, 3, padding=1, groups=8)
+        self.fc1 = nn.Conv2d(12, 4, 1)
+        self.fc2 = nn.Conv2d(4, 12, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a = F.relu(self.conv(x))
+        y = torch.cat([a, F.relu(self.cheap(a))], 1)[:, :12]
+        return y * torch.sigmoid(self.fc2(F.relu(self.fc1(y.mean((2, 3), keepdim=True)))))
+
+
+def test_an_se_gate_on_a_channel_slice_runs_as_cmsis_nn_mul_on_cortex_m33() -> None:
+    """ExecuTorch's Cortex-M lowering asserted (broadcasting "not yet supported") on a
+    contiguous gated map; its codes are now copied channels-last first."""
+    c, v = _compile_and_compare(GhostSqueezeExcite(), "cortex-m33")
     assert v.ok, v.failures
     assert c.report["cpu_ops"].get("cortex_m.quantized_mul.default") == 1
 

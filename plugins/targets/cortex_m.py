@@ -107,6 +107,7 @@ class CortexMBackend(CpuBackend):
 
         from executorch.backends.cortex_m.passes.cortex_m_pass_manager import CortexMPassManager
 
+        from etforge.plugins.targets.cortex_m_broadcast import channels_last_broadcasts
         from etforge.plugins.targets.cortex_m_passes import transform
         from etforge.plugins.targets.cortex_m_unfused import with_unfused_activations
 
@@ -114,7 +115,9 @@ class CortexMBackend(CpuBackend):
         config = target_config(target, options)
         try:
             passes = with_unfused_activations(list(CortexMPassManager.legacy_pass_list))
-            lowered = transform(copy_program(ep), passes, config)
+            work = copy_program(ep)
+            channels_last_broadcasts(work)
+            lowered = transform(work, passes, config)
         except Exception as exc:  # an upstream pass failing on a graph it does not expect
             first = exc
         else:
@@ -138,6 +141,7 @@ class CortexMBackend(CpuBackend):
         at = next(i for i, p in enumerate(passes) if p.__name__ == "FoldAndAnnotateQParamsPass") + 1
         passes.insert(at, AtenToCortexMPass)
         try:
+            channels_last_broadcasts(ep)
             lowered = transform(ep, passes, config)
         except Exception:
             raise lowering_error(first, ep, target) from None
