@@ -61,7 +61,8 @@ def channels_last_broadcasts(ep: ExportedProgram) -> list[str]:
             copy = graph.call_function(
                 exir_ops.edge.dim_order_ops._to_dim_order_copy.default, (q,), {"dim_order": [0, 2, 3, 1]}
             )
-        copy.meta = {**q.meta, "val": q.meta["val"].contiguous(memory_format=torch.channels_last)}
+        # No provenance: the copy is no op of the quantized program (verify pairs ops by it)
+        copy.meta["val"] = q.meta["val"].contiguous(memory_format=torch.channels_last)
         a.replace_input_with(q, copy)
         changed.append(q.name)
     if changed:
