@@ -3,7 +3,7 @@
 CMSIS-NN's ``quantized_mul`` / ``quantized_add`` broadcast an [N, C, 1, 1] operand over H x W
 only when both operands are channels-last (ExecuTorch asserts ``is_channel_broadcast``). The
 program is exported channels-last, but a few ops give a contiguous result (a ``slice_copy``
-over channels after a ``cat``: ghostnet's ghost module), and the lowering then fails on an SE
+over channels after a ``cat``, for one; ghostnet_100 has such a map), and the lowering then fails on an SE
 gate that torchvision's form passes. Such an operand's int8 codes are copied to the
 channels-last dim order here (``_to_dim_order_copy``, a portable kernel), before the
 lowering; ``dim_orders.align`` checks every kernel's dim orders after it, as for any copy.
