@@ -9,8 +9,14 @@ calibration tensors (``tests/models/torchvision_families.py``, 8 seeded samples)
 flow is bench/bare_flow.py (export, PT2E with ExecuTorch's XNNPACK quantizer, a
 partitioner-free ``to_edge_transform_and_lower``, ``to_executorch``, the ``.pte`` written);
 etforge is ``etforge compile FILE.py:build --target T --no-cache -o OUT`` (report, partitions,
-codegen inputs and ``.pte`` written). ``--repeat N`` alternates the two (ABBA) and keeps the
+codegen inputs and ``.pte`` written). ``--repeat N`` alternates the three (ABC, CBA, ...) and keeps the
 fastest of each. bench/realworld.py gives the in-process figures beside the rest of the table.
+
+The floor column is a third process that does only what any flow from this model file to a
+``.pte`` must do and the bare flow does too: start Python, import torch and ExecuTorch's
+``exir``, run the model file (its imports: torchvision, which imports ``torch._dynamo``) and
+one ``torch.export``. floor / bare is the lowest ratio any tool could reach on that model as
+a process; the smaller the model, the closer it is to the bare flow's own time.
 """
 
 from __future__ import annotations
@@ -42,6 +48,18 @@ def build():
 
 BARE = str(Path(__file__).resolve().parent / "bare_flow.py")
 
+#: What every flow's process must do before its own work: imports, the model, one export.
+FLOOR = """import importlib.util, os, sys
+import torch
+import executorch.exir
+spec = importlib.util.spec_from_file_location("model", sys.argv[1])
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+model, example, _ = module.build()
+torch.export.export(model, example, strict=False)
+os._exit(0)
+"""
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -58,8 +76,10 @@ def main() -> None:
     print(
         f"torchvision families on {args.target}, {args.resolution}x{args.resolution}, whole processes, {runs}"
     )
-    print("| family | bare ExecuTorch process s | etforge compile process s | ratio |")
-    print("|---|---|---|---|")
+    print(
+        "| family | bare ExecuTorch process s | etforge compile process s | ratio | floor s | floor ratio |"
+    )
+    print("|---|---|---|---|---|---|")
     for family in args.families.split(","):
         model = tmp / f"{family}.py"
         model.write_text(MODEL_FILE.format(tests=str(TESTS), family=family, resolution=args.resolution))
@@ -68,13 +88,20 @@ def main() -> None:
             *(sys.executable, "-m", "etforge", "compile", f"{model}:build", "--target", args.target),
             *("--no-cache", "-o", str(tmp / f"{family}-{args.target}")),
         ]
-        tools = {"bare": bare_argv, "etforge": etforge_argv}
-        walls: dict[str, list[float]] = {"bare": [], "etforge": []}
+        tools = {
+            "bare": bare_argv,
+            "etforge": etforge_argv,
+            "floor": [sys.executable, "-c", FLOOR, str(model)],
+        }
+        walls: dict[str, list[float]] = {name: [] for name in tools}
         for i in range(max(1, args.repeat)):
             for name in tools if i % 2 == 0 else reversed(tools):  # ABBA: drift hits both alike
                 walls[name].append(measure(tools[name], env)[0])
-        bare, ours = min(walls["bare"]), min(walls["etforge"])
-        print(f"| {family} | {bare:.1f} | {ours:.1f} | {ours / bare:.2f} |", flush=True)
+        bare, ours, floor = (min(walls[name]) for name in tools)
+        print(
+            f"| {family} | {bare:.1f} | {ours:.1f} | {ours / bare:.2f} | {floor:.1f} | {floor / bare:.2f} |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

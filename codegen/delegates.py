@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from etforge.core.litert import payload
 
@@ -24,12 +25,14 @@ class DelegateInfo:
     host_only: bool
 
 
-def read_delegates(pte: Path) -> list[DelegateInfo]:
-    """Every delegate of every method, in program order (``pte`` is known to parse)."""
+def read_delegates(pte: Path, program: Any = None) -> list[DelegateInfo]:
+    """Every delegate of every method, in program order (``pte`` is known to parse;
+    ``program``: its schema ``Program`` when already parsed)."""
     from executorch.exir._serialize._program import deserialize_pte_binary
     from executorch.exir.schema import DataLocation
 
-    program = deserialize_pte_binary(pte.read_bytes()).program
+    if program is None:
+        program = deserialize_pte_binary(pte.read_bytes()).program
     out = []
     for plan in program.execution_plan:
         for i, d in enumerate(plan.delegates):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from etforge.core.common.errors import EtforgeError
 
@@ -42,6 +43,8 @@ class ProgramInfo:
     path: str
     size: int
     methods: list[MethodInfo] = field(default_factory=list)
+    #: The parsed schema ``Program``, for readers of the same file (one parse per codegen).
+    program: Any = field(default=None, repr=False, compare=False)
 
     @property
     def operators(self) -> list[str]:
@@ -73,7 +76,7 @@ def read_program(path: Path) -> ProgramInfo:
         raise EtforgeError(
             f"{path}: cannot read the program (truncated or corrupt?): {type(exc).__name__}: {exc}"
         ) from None
-    info = ProgramInfo(str(path), len(data))
+    info = ProgramInfo(str(path), len(data), program=program)
     for plan in program.execution_plan:
         ops = [f"{o.name}.{o.overload}" if o.overload else o.name for o in plan.operators]
         info.methods.append(

@@ -236,9 +236,9 @@ class CompileSession:
             ),
             host_program,
         )
-        from executorch.exir._serialize._program import deserialize_pte_binary
-
-        program = deserialize_pte_binary(et.buffer).program  # read once, for both checks
+        # The emitted program the bytes were serialized from (to_executorch serializes it): its
+        # operator table and values are what the .pte holds, without parsing the bytes back.
+        program = et.executorch_program
         boundaries.check_delegate_dim_orders(program, _delegate_layouts(host_program, built.partitions))
         libraries = kernel_check.libraries_for(self.registry.cpu_backend(self.target))
         kernel_check.check_pte(program, libraries, self.target.name)

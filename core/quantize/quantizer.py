@@ -250,8 +250,13 @@ def prepare(model: GraphModule, quantizer: Quantizer, qat: bool = False) -> Grap
     """prepare_pt2e / prepare_qat_pt2e (one place that knows torchao's entry points)."""
     from torchao.quantization.pt2e.quantize_pt2e import prepare_pt2e, prepare_qat_pt2e
 
+    from etforge.core.quantize.conv_bn import fold_conv_batch_norms
+
     with one_thread():
-        return prepare_qat_pt2e(model, quantizer) if qat else prepare_pt2e(model, quantizer)
+        if qat:
+            return prepare_qat_pt2e(model, quantizer)
+        fold_conv_batch_norms(model)  # what prepare_pt2e does first, without its quadratic cost
+        return prepare_pt2e(model, quantizer)
 
 
 def convert(model: GraphModule) -> GraphModule:
