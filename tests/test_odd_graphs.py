@@ -113,3 +113,31 @@ def test_zero_dim_partition_inputs_verify_on_every_target() -> None:
         assert compiled.report["outputs"][0]["shape"] == ([] if target == "imxrt700" else [1])
         verification = compiled.verify(samples=2)
         assert verification.ok, (target, verification.failures)
+
+
+class PowLayerNorm(nn.Module):
+    """The channels-first LayerNorm of ConvNeXt's and EdgeNeXt's reference code: a variance
+    written ``(x - u).pow(2)``. The float ``pow`` runs on the CPU's portable kernel."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.weight = nn.Parameter(torch.linspace(0.5, 1.5, 8))
+        self.bias = nn.Parameter(torch.linspace(-0.2, 0.2, 8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.conv(x)
+        u = x.mean(1, keepdim=True)
+        s = (x - u).pow(2).mean(1, keepdim=True)
+        x = (x - u) / torch.sqrt(s + 1e-6)
+        return self.weight[:, None, None] * x + self.bias[:, None, None]
+
+
+def test_a_float_pow_has_the_portable_kernel_on_every_target() -> None:
+    """The kernel check asked ExecuTorch's to_out_variant, which refuses every aten::pow (two
+    int overloads share a signature), so edgenext failed to compile: "no kernel for
+    aten::pow.Tensor_Scalar (no out variant)"; to_executorch itself finds pow's out variant."""
+    for target in ("imxrt700", "imxrt700cm", "cortex-m33"):
+        c, v = _compile_and_compare(PowLayerNorm(), target)
+        assert v.ok, (target, v.failures)
+        assert c.report["cpu_ops"].get("aten.pow.Tensor_Scalar") == 1, (target, c.report["cpu_ops"])

@@ -109,14 +109,22 @@ def _qualified(op: torch._ops.OpOverload) -> str:
 def registered_name(op: torch._ops.OpOverload) -> tuple[str, bool]:
     """The operator name the ``.pte`` registers for ``op`` (its out variant) and whether one exists."""
     import executorch.kernels.quantized  # noqa: F401  (registers quantized_decomposed out variants)
+    from executorch.exir.dialects.edge.op.api import to_variant
     from executorch.exir.operator.convert import to_out_variant
+    from torchgen.model import SchemaKind
 
     if any(a.is_out for a in op._schema.arguments):
         return _qualified(op), True
     try:
         out, _ = to_out_variant(op)
-    except Exception:  # no out variant registered (a custom op without one)
-        return _qualified(op), False
+    except Exception:
+        # to_out_variant groups every schema of the name and refuses a name with two of one
+        # signature (aten::pow's int overloads): to_executorch finds an Edge op's out variant
+        # by to_variant, and so does this.
+        try:
+            out = to_variant(op, SchemaKind.out)
+        except Exception:  # no out variant registered (a custom op without one)
+            return _qualified(op), False
     return _qualified(out), True
 
 
