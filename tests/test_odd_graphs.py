@@ -12,11 +12,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 import etforge
+from etforge.core.common.errors import EtforgeError
 from etforge.runtime.verify import compare
 
 
@@ -141,3 +143,43 @@ def test_a_float_pow_has_the_portable_kernel_on_every_target() -> None:
         c, v = _compile_and_compare(PowLayerNorm(), target)
         assert v.ok, (target, v.failures)
         assert c.report["cpu_ops"].get("aten.pow.Tensor_Scalar") == 1, (target, c.report["cpu_ops"])
+
+
+class ContextBlocks(nn.Module):
+    """An attention-style block under ``autocast(enabled=False)`` (efficientvit's LiteMLA), a
+    ``no_grad`` block nested inside it and one beside it."""
+
+    def __init__(self, autocast_cpu: bool = False) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.proj = nn.Conv2d(8, 8, 1)
+        self.device_type = "cpu" if autocast_cpu else "cuda"
+        self.enabled = autocast_cpu
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.relu(self.conv(x))
+        with torch.autocast(device_type=self.device_type, enabled=self.enabled, dtype=torch.bfloat16):
+            z = y * torch.sigmoid(y)
+            with torch.no_grad():
+                z = self.proj(z) + y
+        with torch.no_grad():
+            z = F.relu(z)
+        return z
+
+
+def test_autocast_and_no_grad_blocks_compile_and_verify_on_every_target() -> None:
+    """export keeps each block as a higher-order op over a submodule; the lowering crashed on
+    it ("unexpected KeyError: 'val'"). The blocks' ops now stand in the graph itself."""
+    for target in ("imxrt700", "imxrt700cm", "cortex-m33"):
+        c, v = _compile_and_compare(ContextBlocks(), target)
+        assert v.ok, (target, v.failures)
+        assert any("autocast / grad-mode" in n for n in c.report["notes"]), c.report["notes"]
+        if target != "cortex-m33":
+            assert len(c.report["partitions"]) == 1, target
+
+
+def test_an_enabled_cpu_autocast_is_refused_naming_the_node() -> None:
+    with pytest.raises(
+        EtforgeError, match=r"\(wrap_with_autocast\): .*torch\.autocast\('cpu', dtype=torch\.bfloat16\)"
+    ):
+        _compile_and_compare(ContextBlocks(autocast_cpu=True), "imxrt700")

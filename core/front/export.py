@@ -17,6 +17,7 @@ from torch.export import ExportedProgram
 
 from etforge.core.common.errors import EtforgeError
 from etforge.core.contracts.target import TargetSpec
+from etforge.core.front.context_regions import inline_context_regions
 from etforge.core.front.functionalize import functionalize
 from etforge.core.front.load import as_float32, has_float64, refuse_float64
 from etforge.core.front.signature import check_example
@@ -150,8 +151,9 @@ def front_end(
         refuse_float64(program, what)
         if reg.cpu_backend(target).channels_last:
             notes += nchw_program_note(program, target)
-        program, mutations = functionalize(program, owned=False)
-        return Front(program, tuple(example), calib, notes + mutations)
+        program, regions = inline_context_regions(program, owned=False)
+        program, mutations = functionalize(program, owned=not regions)
+        return Front(program, tuple(example), calib, notes + regions + mutations)
     assert module is not None
     if not owned and (
         reg.cpu_backend(target).channels_last or has_float64([*module.parameters(), *module.buffers()])
@@ -168,5 +170,6 @@ def front_end(
     module, example, calib = adapt_layout(module, example, calib, target, options, reg)
     # In-place ops (nn.ReLU(inplace=True), +=) leave the front end as their functional forms:
     # every later stage, on every target and lowering path, sees functional ops only.
-    program, mutations = functionalize(export(module, example, what))
-    return Front(program, tuple(example), calib, notes + mutations)
+    program, regions = inline_context_regions(export(module, example, what))
+    program, mutations = functionalize(program)
+    return Front(program, tuple(example), calib, notes + regions + mutations)
