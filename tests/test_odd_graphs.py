@@ -183,3 +183,28 @@ def test_an_enabled_cpu_autocast_is_refused_naming_the_node() -> None:
         EtforgeError, match=r"\(wrap_with_autocast\): .*torch\.autocast\('cpu', dtype=torch\.bfloat16\)"
     ):
         _compile_and_compare(ContextBlocks(autocast_cpu=True), "imxrt700")
+
+
+class GlobalResponseNorm(nn.Module):
+    """timm's GRN (convnextv2): ``x + torch.addcmul(bias, weight, x * x_n)``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.weight = nn.Parameter(torch.linspace(0.5, 1.5, 8))
+        self.bias = nn.Parameter(torch.linspace(-0.2, 0.2, 8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.conv(x)
+        x_g = x.norm(p=2, dim=(2, 3), keepdim=True)
+        x_n = x_g / (x_g.mean(dim=1, keepdim=True) + 1e-6)
+        return x + torch.addcmul(self.bias.view(1, -1, 1, 1), self.weight.view(1, -1, 1, 1), x * x_n)
+
+
+def test_addcmul_is_split_before_quantization_and_verifies_on_every_target() -> None:
+    """to_edge decomposed the unannotated addcmul after quantization, and its products reached
+    the NPU with float values between them: "LiteRT refuses its op MUL … FLOAT32 != INT8"."""
+    for target in ("imxrt700", "imxrt700cm", "cortex-m33"):
+        c, v = _compile_and_compare(GlobalResponseNorm(), target)
+        assert v.ok, (target, v.failures)
+        assert "FusedMultiplyAdd" in " ".join(c.report["notes"]), c.report["notes"]

@@ -79,6 +79,39 @@ class IntScalarAsFloat(Rewrite):
         return changed
 
 
+class FusedMultiplyAdd(Rewrite):
+    """``addcmul`` / ``addcdiv`` as the products, quotient and sum they compute.
+
+    No quantizer rule annotates them, and ``to_edge`` decomposes them after quantization, so
+    their products reached the NPU with float values between them (timm's GRN,
+    ``torch.addcmul(bias, weight, x)``: convnextv2 failed to compile). Split before
+    quantization, each piece is quantized like any other mul, div and add."""
+
+    description = (
+        "addcmul(a, b, c, value) -> a + (b * c) * value; addcdiv(a, b, c, value) -> a + (b / c) * value"
+    )
+
+    def apply(self, gm: GraphModule, target: TargetSpec) -> bool:
+        import torch
+
+        from etforge.sdk import call, calls
+
+        aten = torch.ops.aten
+        changed = False
+        for node in calls(gm, aten.addcmul.default, aten.addcdiv.default):
+            if len(node.args) != 3 or set(node.kwargs) - {"value"}:
+                continue
+            a, b, c = node.args
+            value = node.kwargs.get("value", 1)
+            inner = aten.mul.Tensor if node.target == aten.addcmul.default else aten.div.Tensor
+            term = call(gm, inner, (b, c), node)
+            if value != 1:
+                term = call(gm, aten.mul.Tensor, (term, float(value)), node)
+            node.replace_all_uses_with(call(gm, aten.add.Tensor, (a, term), node))
+            changed = True
+        return changed
+
+
 @hookimpl
 def etforge_rewrites() -> list[Rewrite]:
-    return [DivByConstant(), IntScalarAsFloat()]
+    return [DivByConstant(), IntScalarAsFloat(), FusedMultiplyAdd()]
