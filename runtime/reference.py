@@ -50,6 +50,8 @@ class Float64(torch.fx.Interpreter):
         return out
 
     def call_function(self, target: Any, args: Any, kwargs: Any) -> Any:
+        if target is torch.ops.aten._assert_tensor_metadata.default:
+            return None  # it checks a float32 dtype the float64 evaluation does not keep (edgenext)
         name = op_name(target).split(".")
         if name[0] != "quantized_decomposed" or len(name) < 2:
             return super().call_function(target, args, kwargs)

@@ -208,3 +208,25 @@ def test_addcmul_is_split_before_quantization_and_verifies_on_every_target() -> 
         c, v = _compile_and_compare(GlobalResponseNorm(), target)
         assert v.ok, (target, v.failures)
         assert "FusedMultiplyAdd" in " ".join(c.report["notes"]), c.report["notes"]
+
+
+class NoOpCast(nn.Module):
+    """A constant branch cast to the dtype it already has (edgenext's positional encoding:
+    ``pos.to(dtype)``): export keeps an ``_assert_tensor_metadata`` checking float32."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        pos = torch.arange(8, dtype=torch.float32).reshape(1, 8, 1, 1) / 8
+        return self.conv(x) + pos.to(self.conv.weight.dtype)
+
+
+def test_a_no_op_cast_verifies() -> None:
+    """verify's float64 evaluation of the quantized program failed the assertion ("Tensor
+    dtype mismatch! Expected: Float, Got: double")."""
+    c, v = _compile_and_compare(NoOpCast(), "imxrt700cm")
+    assert v.ok, v.failures
+    ops = {str(n.target) for n in c.result.quantized_program.graph.nodes}
+    assert "aten._assert_tensor_metadata.default" in ops
