@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from torch.fx import Node
 
+from etforge.core.contracts.converter import moving_ops
 from etforge.core.graph.utils import is_dequantize, is_quantize, node_op
 from etforge.core.registry.manager import Registry, registry
 from etforge.runtime import tflite_int as ti
@@ -91,7 +92,7 @@ def _relabel_ops(reg: Registry) -> frozenset[str]:
     """Moves of one input that only relabel or pick its codes: the ops whose converters say
     so (``moves_codes``, the same flag the partitioner reads). They convert in the input's
     qparams and their quantize node requantizes after them (``convert_quantize``)."""
-    return frozenset(op for c in reg.converters if c.moves_codes for op in c.ops)
+    return moving_ops(reg.converters)
 
 
 def _relabels_only(node: Node) -> bool:
@@ -202,7 +203,7 @@ class Reference:
             if index and node_op(node) not in _MOVES:
                 raise NotExact(f"output {index} of {node_op(node)}")
         op = node_op(node)
-        rule = _RULES.get(op) or _nonlinear_rules().get(op)
+        rule = _rule_for(op)
         if rule is not None:
             return rule(self, node, out)
         if op in _MOVES:
@@ -262,7 +263,12 @@ class Reference:
                 inner, grid = self._moved(a, out)
                 grids.add(grid)
                 return torch.from_numpy(inner.astype(np.float64))
-            if out is not None and a.op == "call_function" and not is_dequantize(a) and self._has_rule(a):
+            if (
+                out is not None
+                and a.op == "call_function"
+                and not is_dequantize(a)
+                and _rule_for(node_op(a)) is not None
+            ):
                 grids.add((out.scale, out.zero_point))
                 value = np.clip(self.compute(a, out), out.qmin, out.qmax)  # the device's int8 tensor
                 return torch.from_numpy(np.asarray(value, np.float64))
@@ -283,11 +289,6 @@ class Reference:
         if isinstance(res, (tuple, list)):
             res = res[index]
         return res.round().to(torch.int64).numpy(), grids.pop()
-
-    @staticmethod
-    def _has_rule(node: Node) -> bool:
-        op = node_op(node)
-        return op in _RULES or op in _nonlinear_rules()
 
     def _pad(self, node: Node, out: Out) -> np.ndarray:
         x = self.operand(node.args[0])
@@ -510,6 +511,11 @@ class Reference:
         if float(x.scale) != out.scale or int(x.zero_point) != out.zero_point:
             raise NotExact(f"{node_op(node)}: input and output qparams differ")
         return x
+
+
+def _rule_for(op: str) -> Callable[[Reference, Node, Out], np.ndarray] | None:
+    """The device-exact rule of ``op``, if there is one."""
+    return _RULES.get(op) or _nonlinear_rules().get(op)
 
 
 def _nonlinear_rules() -> dict[str, Callable[[Reference, Node, Out], np.ndarray]]:

@@ -218,6 +218,7 @@ def elementwise(
     return cls()
 
 
-def moving_ops(table: dict[str, list[OpConverter]]) -> frozenset[str]:
-    """The ops of ``table`` (op -> converters) some converter says only move codes."""
-    return frozenset(op for op, convs in table.items() if any(c.moves_codes for c in convs))
+def moving_ops(converters: Iterable[OpConverter]) -> frozenset[str]:
+    """The ops of the ``converters`` that say they only move codes (:attr:`OpConverter.moves_codes`):
+    one list for the partitioner, the conversion and verify's device-exact reference."""
+    return frozenset(op for c in converters if c.moves_codes for op in c.ops)

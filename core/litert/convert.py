@@ -194,7 +194,7 @@ def convert_program(
     start = time.perf_counter()
     ctx = ConversionContext(ep, target, name, converters)
     mark_constants(ep, ctx._folds)
-    mark_moved_codes(ep.graph_module.graph, moving_ops(converters))
+    mark_moved_codes(ep.graph_module.graph, moving_ops(c for cs in converters.values() for c in cs))
     graph = ep.graph_module.graph
     output_names: list[str] = []
     input_names: list[str] = []

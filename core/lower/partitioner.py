@@ -169,7 +169,7 @@ class EtforgePartitioner(Partitioner):
         self.preserve = True
         self.seconds = 0.0  # time spent deciding and tagging (for the benchmarks)
         self._table = self.registry.converters_for(target)
-        self._moves = moving_ops(self._table)
+        self._moves = moving_ops(c for cs in self._table.values() for c in cs)
         #: Ops a converter computes at compile time from a constant (of every converter, NPU or
         #: not: a folded weight is no CPU node's input either).
         self._folds = frozenset(folding(self.registry.converters))
