@@ -9,7 +9,6 @@ device backend (``NeutronBackend`` ...) was given.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from etforge.core.litert import payload
@@ -25,14 +24,11 @@ class DelegateInfo:
     host_only: bool
 
 
-def read_delegates(pte: Path, program: Any = None) -> list[DelegateInfo]:
-    """Every delegate of every method, in program order (``pte`` is known to parse;
-    ``program``: its schema ``Program`` when already parsed)."""
-    from executorch.exir._serialize._program import deserialize_pte_binary
+def read_delegates(program: Any) -> list[DelegateInfo]:
+    """Every delegate of every method of ``program`` (a ``.pte``'s parsed schema ``Program``:
+    ``ProgramInfo.program``), in program order."""
     from executorch.exir.schema import DataLocation
 
-    if program is None:
-        program = deserialize_pte_binary(pte.read_bytes()).program
     out = []
     for plan in program.execution_plan:
         for i, d in enumerate(plan.delegates):

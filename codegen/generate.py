@@ -137,7 +137,7 @@ def generate(
         "neutron": f"{base}_neutron_kernels.c",
     }
     selections, neutron_status = _neutron(out_dir, report, pte.parent)
-    delegates = read_delegates(pte, program.program)
+    delegates = read_delegates(program.program)
     host_only = [d.partition for d in delegates if d.host_only]
     if missing:
         neutron_status += f"; operators without a kernel library: {', '.join(missing)}"

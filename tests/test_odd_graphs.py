@@ -117,15 +117,19 @@ def test_zero_dim_partition_inputs_verify_on_every_target() -> None:
         assert verification.ok, (target, verification.failures)
 
 
-class PowLayerNorm(nn.Module):
-    """The channels-first LayerNorm of ConvNeXt's and EdgeNeXt's reference code: a variance
-    written ``(x - u).pow(2)``. The float ``pow`` runs on the CPU's portable kernel."""
+class ConvAffine(nn.Module):
+    """A conv and a per-channel weight and bias for a normalization written by hand after it."""
 
     def __init__(self) -> None:
         super().__init__()
         self.conv = nn.Conv2d(3, 8, 3, padding=1)
         self.weight = nn.Parameter(torch.linspace(0.5, 1.5, 8))
         self.bias = nn.Parameter(torch.linspace(-0.2, 0.2, 8))
+
+
+class PowLayerNorm(ConvAffine):
+    """The channels-first LayerNorm of ConvNeXt's and EdgeNeXt's reference code: a variance
+    written ``(x - u).pow(2)``. The float ``pow`` runs on the CPU's portable kernel."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.conv(x)
@@ -185,14 +189,8 @@ def test_an_enabled_cpu_autocast_is_refused_naming_the_node() -> None:
         _compile_and_compare(ContextBlocks(autocast_cpu=True), "imxrt700")
 
 
-class GlobalResponseNorm(nn.Module):
+class GlobalResponseNorm(ConvAffine):
     """timm's GRN (convnextv2): ``x + torch.addcmul(bias, weight, x * x_n)``."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.conv = nn.Conv2d(3, 8, 3, padding=1)
-        self.weight = nn.Parameter(torch.linspace(0.5, 1.5, 8))
-        self.bias = nn.Parameter(torch.linspace(-0.2, 0.2, 8))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.conv(x)

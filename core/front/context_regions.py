@@ -12,7 +12,6 @@ compute in bfloat16 or float16: refused, naming the node.
 
 from __future__ import annotations
 
-import dataclasses
 import operator
 from typing import Any
 
@@ -21,6 +20,7 @@ from torch.export import ExportedProgram
 from torch.fx import GraphModule, Node
 
 from etforge.core.common.errors import EtforgeError
+from etforge.core.graph.utils import clone_program, sync_output_specs
 
 #: The higher-order ops that only set a context, and the position of their submodule argument.
 SUBMODULE_ARG = {"wrap_with_autocast": 4, "wrap_with_set_grad_enabled": 1}
@@ -50,13 +50,8 @@ def inline_context_regions(ep: ExportedProgram, owned: bool = True) -> tuple[Exp
     """``ep`` with every autocast / grad-mode block's ops in its own graph, and a note for the
     user when there was one. ``owned``: ``ep`` is the compile's own (edited in place); else a
     copy is edited."""
-    from etforge.core.graph.utils import clone_program
-
-    found = [n for n in ep.graph_module.graph.nodes if _region(n)]
-    if not found:
+    if not any(_region(n) for n in ep.graph_module.graph.nodes):
         return ep, []
-    for node in found:
-        _check(node)
     if not owned:
         ep = clone_program(ep)
     gm = ep.graph_module
@@ -66,7 +61,7 @@ def inline_context_regions(ep: ExportedProgram, owned: bool = True) -> tuple[Exp
             _check(node)
             _inline(gm, node)
             count += 1
-    _sync_outputs(ep)
+    sync_output_specs(ep)
     gm.graph.lint()
     gm.recompile()
     return ep, [
@@ -118,18 +113,9 @@ def _inline(gm: GraphModule, node: Node) -> None:
 
 
 def _free_name(gm: GraphModule, base: str) -> str:
-    name, i = base.replace(".", "_"), 0
+    base = base.replace(".", "_")
+    name, i = base, 0
     while hasattr(gm, name):
         i += 1
-        name = f"{base.replace('.', '_')}_{i}"
+        name = f"{base}_{i}"
     return name
-
-
-def _sync_outputs(ep: ExportedProgram) -> None:
-    """Output specs name the nodes they return; an inlined block's output has a new node."""
-    (out,) = (n for n in ep.graph_module.graph.nodes if n.op == "output")
-    values = torch.utils._pytree.tree_leaves(out.args[0])
-    for spec, value in zip(ep.graph_signature.output_specs, values, strict=False):
-        name = getattr(spec.arg, "name", None)
-        if isinstance(value, Node) and name is not None and name != value.name:
-            spec.arg = dataclasses.replace(spec.arg, name=value.name)

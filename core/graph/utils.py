@@ -184,6 +184,17 @@ def is_constant(arg: object) -> bool:
     return isinstance(arg, Node) and (arg.op == "get_attr" or bool(arg.meta.get(CONSTANT_KEY)))
 
 
+def sync_output_specs(ep: ExportedProgram) -> None:
+    """Output specs name the nodes they return: a pass that replaced an output node (a
+    decomposition, an inlined block) leaves them naming the old one."""
+    (out,) = (n for n in ep.graph_module.graph.nodes if n.op == "output")
+    values = torch.utils._pytree.tree_leaves(out.args[0])
+    for spec, value in zip(ep.graph_signature.output_specs, values, strict=False):
+        name = getattr(spec.arg, "name", None)
+        if isinstance(value, Node) and name is not None and name != value.name:
+            spec.arg = dataclasses.replace(spec.arg, name=value.name)
+
+
 def clone_program(ep: ExportedProgram) -> ExportedProgram:
     """A structural copy (new graph, shared tensors) to edit without touching the caller's program:
     the front end rewrites in place, ``to_executorch`` rewrites graphs in place, and the lowered

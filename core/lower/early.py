@@ -27,6 +27,8 @@ from torch.export import ExportedProgram
 from torch.fx import GraphModule, Node
 from torch.utils import _pytree as pytree
 
+from etforge.core.graph.utils import sync_output_specs
+
 
 class NotExact(Exception):
     """The early path cannot reproduce ``to_edge`` for this program; lower the classic way."""
@@ -57,22 +59,10 @@ def decompose(
         if node.op == "call_function" and _needs_decomposition(node.target, keep, table):
             _decompose(gm, node, table, memo)
     _views_to_copies(gm)
-    _sync_outputs(ep)
+    sync_output_specs(ep)
     if recompile:
         gm.graph.eliminate_dead_code()
         gm.recompile()
-
-
-def _sync_outputs(ep: ExportedProgram) -> None:
-    """Output specs name the nodes they return: a decomposed output node has a new name."""
-    import dataclasses
-
-    (out,) = (n for n in ep.graph_module.graph.nodes if n.op == "output")
-    values = pytree.tree_leaves(out.args[0])
-    for spec, value in zip(ep.graph_signature.output_specs, values, strict=False):
-        name = getattr(spec.arg, "name", None)
-        if isinstance(value, Node) and name is not None and name != value.name:
-            spec.arg = dataclasses.replace(spec.arg, name=value.name)
 
 
 def _needs_decomposition(target: Any, keep: set[Any], table: dict[Any, Any]) -> bool:
