@@ -109,3 +109,52 @@ def test_eval_dropout_shares_its_input_qparams_so_the_npu_never_requantizes() ->
         drop = next(n for n in q.nodes if node_op(n) == "aten.dropout.default")
         src, (dst,) = drop.args[0], list(drop.users)
         assert (src.args[1], src.args[2]) == (dst.args[1], dst.args[2])  # one scale, one zero point
+
+
+class _Constants(torch.nn.Module):
+    """Weights (conv, linear), a buffer added to an activation and a value computed from it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+        self.fc = torch.nn.Linear(6, 5)
+        self.register_buffer("offset", torch.linspace(-2, 3, 6))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.conv(x)).mean((1, 2)) + self.offset * 0.5
+        return self.fc(y) + self.offset[:5]
+
+
+def test_calibrate_observes_each_constant_once_to_the_same_qparams() -> None:
+    """calibrate() stops observing weights after one batch and convert() asks each observer
+    once: the observers end where a plain loop leaves them, and the converted graph and its
+    constants are the plain flow's, on the NPU rules and on the Cortex-M quantizer alike."""
+    from etforge.core.quantize.ptq import quantizer_for
+    from etforge.core.quantize.quantizer import _constant_min_max_observers, calibrate
+
+    torch.manual_seed(0)
+    model = _Constants().eval()
+    gen = torch.Generator().manual_seed(2)
+    batches = [(torch.randn(1, 3, 6, 6, generator=gen) * (i + 1),) for i in range(4)]
+    reg = registry()
+    for target in ("imxrt700", "cortex-m33"):
+        ep = pipeline.export(model, batches[0])
+        plain = prepare(ep.module(check_guards=False), quantizer_for(reg.target(target), reg=reg))
+        ours = prepare(ep.module(check_guards=False), quantizer_for(reg.target(target), reg=reg))
+        assert _constant_min_max_observers(ours), target  # the weights' observers, at least
+        with torch.no_grad():
+            for batch in batches:
+                plain(*batch)
+        calibrate(ours, batches)
+        plain_state, ours_state = plain.state_dict(), ours.state_dict()
+        assert plain_state.keys() == ours_state.keys()
+        for name, value in plain_state.items():
+            assert torch.equal(ours_state[name], value), (target, name)
+        from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e
+
+        theirs, mine = convert_pt2e(plain), convert(ours)
+        assert str(mine.graph) == str(theirs.graph), target
+        for (name, value), (_, other) in zip(
+            theirs.state_dict().items(), mine.state_dict().items(), strict=True
+        ):
+            assert torch.equal(value, other), (target, name)

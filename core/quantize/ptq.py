@@ -10,10 +10,9 @@ import torch
 from torch.export import ExportedProgram
 
 from etforge.core.common.errors import EtforgeError
-from etforge.core.common.threads import one_thread
 from etforge.core.contracts.target import TargetSpec
 from etforge.core.graph.utils import node_op
-from etforge.core.quantize.quantizer import ComposedQuantizer, convert, prepare
+from etforge.core.quantize.quantizer import ComposedQuantizer, calibrate, convert, prepare
 from etforge.core.registry.manager import Registry, registry
 
 
@@ -118,9 +117,7 @@ def quantize(
 
     example = tuple(ep.example_inputs[0])
     gm = prepare(ep.module(check_guards=False), quantizer_for(target, options, reg))
-    with torch.no_grad(), one_thread():  # the scales must not depend on the thread count
-        for batch in calibration:
-            gm(*batch)
+    calibrate(gm, calibration)
     gm = convert(gm)
     try:
         quantized = program_from_graph(gm, ep, example)
