@@ -290,10 +290,16 @@ def quantize_per_tensor(
     dtype: Any,
     out: torch.Tensor,
 ) -> torch.Tensor:
-    """``op_quantize_per_tensor.cpp``: ``zp + nearbyint(x * (1.0f / (float)scale))`` in float32."""
+    """``op_quantize_per_tensor.cpp``: ``zp + (int32_t)nearbyint(x * (1.0f / (float)scale))`` in float32.
+
+    The C++ cast is undefined beyond int32; the M33's ``VCVT`` saturates (NaN gives 0), so an
+    inf or NaN reaching the CPU (a float division by zero upstream) quantizes as it does there.
+    """
     inv = np.float32(1.0) / np.float32(scale)
     x = raw(_like(input, out)).to(torch.float32).numpy()
-    q = np.rint(x * inv).astype(np.int64) + int(zero_point)
+    with np.errstate(invalid="ignore", over="ignore"):
+        r = np.nan_to_num(np.rint(x * inv).astype(np.float64), nan=0.0, posinf=_I32_MAX, neginf=_I32_MIN)
+    q = np.clip(r, _I32_MIN, _I32_MAX).astype(np.int64) + int(zero_point)
     q = np.clip(q, quant_min, quant_max)
     return write_raw(out, torch.from_numpy(q).to(out.dtype))
 

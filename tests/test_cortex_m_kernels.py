@@ -746,3 +746,17 @@ def test_program_instructions_equal_cmsis_nn(lib: ctypes.CDLL) -> None:
             seen.add(step.name)
             np.testing.assert_array_equal(out, ref, err_msg=f"instruction {step.index} {step.name}")
     assert seen == {"cortex_m::quantized_add.out", "cortex_m::quantized_avg_pool2d.out"}
+
+
+def test_quantize_saturates_inf_and_nan_as_the_m33_does() -> None:
+    """An inf or NaN reaching the CPU quantize (a float division by zero upstream): the C++
+    ``(int32_t)nearbyint(...)`` compiles to the M33's saturating ``VCVT`` (NaN gives 0), so
+    +inf is the top code, not the bottom one numpy's undefined cast gave, and no warning leaks."""
+    import warnings
+
+    x = torch.tensor([float("inf"), float("-inf"), float("nan"), 3e9, -3e9, 0.26], dtype=torch.float32)
+    out = torch.empty(6, dtype=torch.int8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        K.quantize_per_tensor(x, 0.1, 5, -128, 127, torch.int8, out)
+    assert out.tolist() == [127, -128, 5, 127, -128, 8]
