@@ -55,7 +55,16 @@ from etforge.core.contracts.hookspecs import hookimpl
 from etforge.core.contracts.npu_compiler import NpuCompiler, NpuPayload, PartitionIo
 from etforge.core.contracts.partition_check import PartitionCheck, ProposedPartition
 from etforge.core.contracts.quant_rule import QuantRule
-from etforge.core.contracts.rewrite import Rewrite, attribute, batch_norm_affine, call, calls, constant, val
+from etforge.core.contracts.rewrite import (
+    Rewrite,
+    attribute,
+    batch_norm_affine,
+    call,
+    calls,
+    constant,
+    replace,
+    val,
+)
 from etforge.core.contracts.target import NpuSpec, OptionSpec, TargetSpec
 from etforge.core.graph import layout
 
@@ -138,6 +147,7 @@ __all__ = [
     "attribute",
     "batch_norm_affine",
     "call",
+    "replace",
     "calls",
     "constant",
     "elementwise",

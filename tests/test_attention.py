@@ -223,3 +223,60 @@ def test_two_permutes_of_one_tensor_get_their_own_transposes(target: str) -> Non
     result = check_op(TransposedKeys().eval(), (torch.randn(1, 8, 16),), target, quantize=False,
                       expect_delegated=False)  # fmt: skip
     assert "TRANSPOSE" in result.litert_ops and result.delegated  # the permutes ran in LiteRT
+
+
+class ViewedHeads(nn.Module):
+    """Hugging Face's ViT self-attention: heads permuted out of a linear, SDPA, then
+    ``permute(0, 2, 1, 3).contiguous().view(...)``. SDPA's output follows its query's layout,
+    so ``torch.export`` drops the ``contiguous()`` as a no-op and the ``view`` depends on SDPA's
+    strides, which the matmuls replacing it do not have."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv = nn.ModuleList(nn.Linear(16, 16) for _ in range(3))
+        self.out = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = (p(x).view(1, 8, 2, 8).permute(0, 2, 1, 3) for p in self.qkv)
+        a = F.scaled_dot_product_attention(q, k, v)
+        return self.out(a.permute(0, 2, 1, 3).contiguous().view(1, 8, 16))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_view_of_sdpas_strides_compiles_and_verifies(target: str) -> None:
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(1)
+    calib = [(torch.randn(1, 8, 16, generator=g),) for _ in range(8)]
+    c = etforge.compile(ViewedHeads().eval(), calib[0], target, calibration=calib)
+    nodes = c.report["nodes"]
+    assert not any("scaled_dot_product" in n["op"] for n in nodes)
+    if target != "cortex-m33":
+        assert len(c.report["partitions"]) == 1, [
+            (n["op"], n["reason"]) for n in nodes if n["placement"] != "npu"
+        ]
+    r = c.result
+    v = compare(r.host_program, r.float_program, r.quantized_program, c.report, samples=8)
+    assert v.ok, v.failures
+
+
+def test_a_replacement_keeps_the_replaced_values_strides_only_where_a_view_needs_them() -> None:
+    """``sdk.replace`` adds the layout copy for a view that needs it, and nothing otherwise."""
+    from etforge.core.contracts.rewrite import annotate_values
+    from etforge.plugins.rewrites.attention import ScaledDotProductAttention
+
+    class Plain(nn.Module):  # the output is only added to: no view depends on its strides
+        def forward(self, q: torch.Tensor) -> torch.Tensor:
+            h = q.view(1, 8, 2, 8).permute(0, 2, 1, 3)
+            return F.scaled_dot_product_attention(h, h, h) + 1
+
+    target = etforge.core.registry.manager.registry().target("imxrt700")
+    for model, copies in ((ViewedHeads().eval(), 1), (Plain(), 0)):
+        x = (torch.randn(1, 8, 16),)
+        gm = torch.export.export(model, x, strict=False).module(check_guards=False)
+        annotate_values(gm, x)
+        assert ScaledDotProductAttention().apply(gm, target)
+        gm.graph.eliminate_dead_code()
+        gm.recompile()
+        clones = [n for n in gm.graph.nodes if n.target is torch.ops.aten.clone.default]
+        assert len(clones) == copies, type(model).__name__
+        torch.testing.assert_close(gm(*x), model(*x), rtol=1e-5, atol=1e-6)

@@ -149,20 +149,103 @@ def constant(gm: GraphModule, value: torch.Tensor, hint: str, before: Node) -> N
     return node
 
 
-def call(gm: GraphModule, op: Any, args: tuple[Any, ...], before: Node, like: Node | None = None) -> Node:
-    """Insert ``op(*args)`` before ``before``; its ``meta["val"]`` is computed from the arguments'."""
+def call(
+    gm: GraphModule,
+    op: Any,
+    args: tuple[Any, ...],
+    before: Node,
+    like: Node | None = None,
+    kwargs: dict[str, Any] | None = None,
+) -> Node:
+    """Insert ``op(*args, **kwargs)`` before ``before``; its ``meta["val"]`` is computed from
+    the arguments'."""
     import torch
 
     with gm.graph.inserting_before(before):
-        node = gm.graph.call_function(op, args)
+        node = gm.graph.call_function(op, args, kwargs or {})
     src = like if like is not None else before
     for key in ("stack_trace", "nn_module_stack", "source_fn_stack"):
         if key in src.meta:
             node.meta[key] = src.meta[key]
     concrete = torch.fx.node.map_arg(args, lambda n: n.meta.get("val"))
+    concrete_kwargs = torch.fx.node.map_arg(kwargs or {}, lambda n: n.meta.get("val"))
     with torch.no_grad():
-        node.meta["val"] = op(*concrete)
+        node.meta["val"] = op(*concrete, **concrete_kwargs)
     return node
+
+
+def replace(gm: GraphModule, old: Node, new: Node) -> Node:
+    """Hand ``old``'s users ``new`` instead, laid out in memory as ``old`` was; returns what
+    they now read.
+
+    ``torch.export`` leaves out a ``.contiguous()`` that was a no-op on the traced strides, so
+    a ``view`` downstream can depend on them: HF's ViT views SDPA's output, which follows its
+    query's layout, after a permute. A replacement with other strides (the matmuls SDPA is made
+    of give a contiguous result) gets a permute, a contiguous clone and the inverse permute,
+    which the NPU's layout moves absorb.
+    """
+    import torch
+
+    was, now = val(old), val(new)
+    out = new
+    if (
+        was is not None
+        and now is not None
+        and was.shape == now.shape
+        and _strides(was) != _strides(now)
+        and not _views_hold(old, now)
+    ):
+        aten = torch.ops.aten
+        # outermost first: the permutation whose contiguous copy has ``old``'s memory order
+        order = sorted(range(was.dim()), key=lambda d: (-was.stride()[d], d))
+        if not _dense_in(was, order):  # overlapping or gapped (an expand): nothing to match
+            old.replace_all_uses_with(new)
+            return new
+        inverse = sorted(range(was.dim()), key=order.__getitem__)
+        out = call(gm, aten.permute.default, (new, order), old)
+        out = call(gm, aten.clone.default, (out,), old, kwargs={"memory_format": torch.contiguous_format})
+        out = call(gm, aten.permute.default, (out, inverse), old)
+    old.replace_all_uses_with(out)
+    return out
+
+
+def _views_hold(old: Node, now: torch.Tensor) -> bool:
+    """Whether every chain of view ops reading ``old`` still runs on ``now``'s strides."""
+    import torch
+
+    values: dict[Node, torch.Tensor] = {old: now}
+    pending = list(old.users)
+    while pending:
+        user = pending.pop(0)
+        if user in values or not _is_view_op(user) or not user.args or user.args[0] not in values:
+            continue
+        rest = torch.fx.node.map_arg(user.args[1:], lambda n: n.meta.get("val"))
+        try:
+            with torch.no_grad():
+                values[user] = user.target(values[user.args[0]], *rest, **user.kwargs)
+        except RuntimeError:
+            return False
+        pending.extend(user.users)
+    return True
+
+
+def _is_view_op(node: Node) -> bool:
+    target = node.target
+    return node.op == "call_function" and bool(getattr(target, "is_view", False))
+
+
+def _dense_in(t: torch.Tensor, order: list[int]) -> bool:
+    expected = 1
+    for d in reversed(order):
+        if t.shape[d] != 1 and t.stride()[d] != expected:
+            return False
+        expected *= t.shape[d]
+    return True
+
+
+def _strides(t: torch.Tensor) -> tuple[int, ...]:
+    """The strides a view can depend on: those of dims longer than 1."""
+    return tuple(s for s, n in zip(t.stride(), t.shape, strict=True) if n != 1)
 
 
 def annotate_values(gm: GraphModule, example: tuple[Any, ...]) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from etforge.sdk import Rewrite, hookimpl
+from etforge.sdk import Rewrite, hookimpl, replace
 
 if TYPE_CHECKING:
     from torch.fx import GraphModule
@@ -50,7 +50,7 @@ class Hardsigmoid(Rewrite):
             out = call(gm, aten.mul.Tensor, (clipped, sixth), node)
             if node.target in (aten.hardswish.default, aten.hardswish_.default):
                 out = call(gm, aten.mul.Tensor, (x, out), node)
-            node.replace_all_uses_with(out)
+            replace(gm, node, out)
             changed = True
         return changed
 
@@ -79,7 +79,7 @@ class Silu(Rewrite):
             if v is None or not v.is_floating_point():
                 continue
             gate = call(gm, aten.sigmoid.default, (x,), node)
-            node.replace_all_uses_with(call(gm, aten.mul.Tensor, (x, gate), node))
+            replace(gm, node, call(gm, aten.mul.Tensor, (x, gate), node))
             changed = True
         return changed
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from etforge.sdk import Rewrite, hookimpl
+from etforge.sdk import Rewrite, hookimpl, replace
 
 if TYPE_CHECKING:
     from torch.fx import GraphModule
@@ -50,7 +50,7 @@ class DivByConstant(Rewrite):
             else:
                 continue
             out = call(gm, aten.mul.Tensor, (x, constant(gm, recip, "reciprocal", node)), node)
-            node.replace_all_uses_with(out)
+            replace(gm, node, out)
             changed = True
         return changed
 
@@ -107,7 +107,7 @@ class FusedMultiplyAdd(Rewrite):
             term = call(gm, inner, (b, c), node)
             if value != 1:
                 term = call(gm, aten.mul.Tensor, (term, float(value)), node)
-            node.replace_all_uses_with(call(gm, aten.add.Tensor, (a, term), node))
+            replace(gm, node, call(gm, aten.add.Tensor, (a, term), node))
             changed = True
         return changed
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from etforge.sdk import Rewrite, hookimpl
+from etforge.sdk import Rewrite, hookimpl, replace
 
 if TYPE_CHECKING:
     from torch.fx import GraphModule, Node
@@ -52,7 +52,7 @@ class ScaledDotProductAttention(Rewrite):
             scores = call(gm, aten.matmul.default, (q, keys), node)
             scores = call(gm, aten.div.Tensor, (scores, divisor), node)
             weights = call(gm, aten.softmax.int, (scores, -1), node)
-            node.replace_all_uses_with(call(gm, aten.matmul.default, (weights, v), node))
+            replace(gm, node, call(gm, aten.matmul.default, (weights, v), node))
             gm.graph.erase_node(node)  # SDPA is tagged random (dropout): dead-code removal keeps it
             changed = True
         return changed

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from etforge.sdk import Rewrite, hookimpl
+from etforge.sdk import Rewrite, hookimpl, replace
 
 if TYPE_CHECKING:
     import torch
@@ -93,7 +93,7 @@ class SplitGroupedConv(Rewrite):
                 bg = constant(gm, bias[sl].to(w.dtype).contiguous(), f"{w_node.name}_bias_g{g}", node)
                 branches.append(call(gm, node.target, (part, wg, bg, stride, padding, dilation, 1), node))
             out = call(gm, aten.cat.default, (branches, 1), node)
-            replaced.replace_all_uses_with(out)
+            replace(gm, replaced, out)
             changed = True
         return changed
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import operator
 from typing import TYPE_CHECKING
 
-from etforge.sdk import Rewrite, hookimpl
+from etforge.sdk import Rewrite, hookimpl, replace
 
 if TYPE_CHECKING:
     from torch.fx import GraphModule, Node
@@ -56,7 +56,7 @@ class LayerNorm(Rewrite):
                 out = call(gm, aten.mul.Tensor, (out, weight), node)
             if bias is not None:
                 out = call(gm, aten.add.Tensor, (out, bias), node)
-            node.replace_all_uses_with(out)
+            replace(gm, node, out)
             changed = True
         return changed
 
@@ -113,10 +113,10 @@ class StandaloneBatchNorm(Rewrite):
                     node,
                 )
             if node.target is aten.batch_norm.default:
-                node.replace_all_uses_with(out)
+                replace(gm, node, out)
             else:
                 for u in list(node.users):
-                    u.replace_all_uses_with(out)
+                    replace(gm, u, out)
             changed = True
         return changed
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from etforge.sdk import Rewrite, hookimpl
+from etforge.sdk import Rewrite, hookimpl, replace
 
 if TYPE_CHECKING:
     from torch.fx import GraphModule, Node
@@ -89,7 +89,7 @@ class ChannelShuffle(Rewrite):
         woven = call(gm, aten.cat.default, (pieces, 3), last)  # (n, h*w, k, groups)
         back = call(gm, aten.reshape.default, (woven, [n, h, w, c]), last)
         out = call(gm, aten.permute.default, (back, [0, 3, 1, 2]), last)
-        last.replace_all_uses_with(out)
+        replace(gm, last, out)
 
 
 @hookimpl

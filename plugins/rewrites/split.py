@@ -10,7 +10,7 @@ from __future__ import annotations
 import operator
 from typing import TYPE_CHECKING
 
-from etforge.sdk import Rewrite, hookimpl
+from etforge.sdk import Rewrite, hookimpl, replace
 
 if TYPE_CHECKING:
     from torch.fx import GraphModule
@@ -60,7 +60,7 @@ class SplitToSlices(Rewrite):
                 piece = call(gm, aten.slice.Tensor, (x, dim, start, end), user)
                 if unbind:
                     piece = call(gm, aten.squeeze.dim, (piece, dim), user)
-                user.replace_all_uses_with(piece)
+                replace(gm, user, piece)
                 gm.graph.erase_node(user)
             changed = True
         return changed
