@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from etforge.core.graph.utils import is_quantize, node_op
-from etforge.runtime.stepwise import CORTEX_M, PORTABLE
+from etforge.runtime.stepwise import CORTEX_M, PORTABLE, laid_out_as
 
 #: Steps an unruled op's simulated value may be from the compiled program's for the program's
 #: value to be used: one rounding, the rule ``verify`` gates such ops with (``OP_MAX_STEPS``).
@@ -89,14 +89,14 @@ def simulate(
             value = lambda a: self.env[a]  # noqa: E731
             try:
                 rule = cmsis_reference(value, host_op) if kind == CORTEX_M else Reference(value)
-                return _laid_out_as(rule(n), out)
+                return laid_out_as(rule(n), out)
             except NotExact as why:
                 not_exact[n.name] = str(why)
                 ours = program_values.get(n.name)
                 if ours is not None and tuple(ours.shape) == tuple(out.shape):
                     off = (ours.to(torch.int32) - out.to(torch.int32)).abs()
                     if not off.numel() or int(off.max()) <= FORCE_MAX_STEPS:
-                        return _laid_out_as(ours, out)
+                        return laid_out_as(ours, out)
                 if not _copies_codes(n, self.env):
                     unforced[n.name] = str(why)
                 return out
@@ -105,13 +105,6 @@ def simulate(
         out = Device(module, garbage_collect_values=False).run(*inputs)
     outs = list(out) if isinstance(out, (list, tuple)) else [out]
     return Simulation(outs, not_exact, unforced, raw=out)
-
-
-def _laid_out_as(value: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """``value`` with ``out``'s strides: a view downstream may depend on them (torch.export
-    drops a ``.contiguous()`` that was a no-op on the traced strides)."""
-    laid = torch.empty_strided(out.shape, out.stride(), dtype=value.dtype)
-    return laid.copy_(value.reshape(out.shape))
 
 
 def _copies_codes(q: torch.fx.Node, env: Mapping[torch.fx.Node, Any]) -> bool:

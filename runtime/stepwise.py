@@ -130,9 +130,9 @@ def op_parity(
                 exact = Reference(lambda a: self.env[a], perm_of)(n)
             except NotExact as why:
                 found.append(_measure(blob.partition, src.name, ours, ref, reason=str(why), **vs_torch))
-                return ours
+                return laid_out_as(ours, ref)
             found.append(_measure(blob.partition, src.name, ours, exact, device_exact=True, **vs_torch))
-            return ours
+            return laid_out_as(ours, ref)
 
     program = lowered.original_module
     with torch.no_grad():
@@ -307,11 +307,31 @@ class HostInt8Values:
                     found.append(
                         _measure("cpu", host_name, ours, exact, device_exact=not why, reason=why, **vs_torch)
                     )
-                return ours.contiguous()
+                return laid_out_as(ours, ref)
 
         with torch.no_grad():
             Forced(reference, garbage_collect_values=False).run(*inputs)
         return found
+
+
+def laid_out_as(value: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``value`` (an observed or simulated value) with ``like``'s strides, as the interpreter's
+    own value had them: a ``view`` downstream may depend on them (``torch.export`` drops a
+    ``.contiguous()`` that was a no-op on the traced strides: HF's attention heads)."""
+    if like.is_contiguous() or not _dense(like):
+        return value.reshape(like.shape).contiguous()
+    laid = torch.empty_strided(like.shape, like.stride(), dtype=value.dtype)
+    return laid.copy_(value.reshape(like.shape))
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """No element shared (an expand's zero stride) and no gap: a copy can take its strides."""
+    expected = 1
+    for stride, size in sorted((st, sz) for st, sz in zip(t.stride(), t.shape, strict=True) if sz != 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
 
 
 def cpu_op_parity(
