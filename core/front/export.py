@@ -17,6 +17,7 @@ from torch.export import ExportedProgram
 
 from etforge.core.common.errors import EtforgeError
 from etforge.core.contracts.target import TargetSpec
+from etforge.core.front.asserts import drop_metadata_asserts
 from etforge.core.front.context_regions import inline_context_regions
 from etforge.core.front.functionalize import functionalize
 from etforge.core.front.load import as_float32, has_float64, refuse_float64
@@ -151,9 +152,11 @@ def front_end(
         refuse_float64(program, what)
         if reg.cpu_backend(target).channels_last:
             notes += nchw_program_note(program, target)
+        given = program
         program, regions = inline_context_regions(program, owned=False)
         program, mutations = functionalize(program, owned=not regions)
-        return Front(program, tuple(example), calib, notes + regions + mutations)
+        program, asserts = drop_metadata_asserts(program, owned=program is not given)
+        return Front(program, tuple(example), calib, notes + regions + mutations + asserts)
     assert module is not None
     if not owned and (
         reg.cpu_backend(target).channels_last or has_float64([*module.parameters(), *module.buffers()])
@@ -172,4 +175,5 @@ def front_end(
     # every later stage, on every target and lowering path, sees functional ops only.
     program, regions = inline_context_regions(export(module, example, what))
     program, mutations = functionalize(program)
-    return Front(program, tuple(example), calib, notes + regions + mutations)
+    program, asserts = drop_metadata_asserts(program)
+    return Front(program, tuple(example), calib, notes + regions + mutations + asserts)

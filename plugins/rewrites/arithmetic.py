@@ -112,6 +112,59 @@ class FusedMultiplyAdd(Rewrite):
         return changed
 
 
+class SquareAsMul(Rewrite):
+    """``x ** 2`` as ``x * x``: the variance of a hand-written norm (``(x - u).pow(2).mean(1)``,
+    Hugging Face's and timm's channels-first LayerNorm) has no NPU op as a power, and torch
+    computes a square as that product (the same float32 value)."""
+
+    description = "pow(x, 2) -> mul(x, x)"
+
+    def apply(self, gm: GraphModule, target: TargetSpec) -> bool:
+        import torch
+
+        from etforge.sdk import call, calls, val
+
+        aten = torch.ops.aten
+        changed = False
+        for node in calls(gm, aten.pow.Tensor_Scalar):
+            x, exponent = node.args[:2]
+            v = val(x)
+            if v is None or not v.is_floating_point() or exponent != 2 or isinstance(exponent, bool):
+                continue
+            replace(gm, node, call(gm, aten.mul.Tensor, (x, x), node))
+            changed = True
+        return changed
+
+
+class DivBySqrt(Rewrite):
+    """``a / sqrt(b)`` as ``a * rsqrt(b)``: a norm's ``(x - u) / torch.sqrt(var + eps)``. DIV is
+    not an NPU op and int8 SQRT is not a LiteRT kernel; RSQRT and MUL are both (the same
+    value up to float rounding)."""
+
+    description = "div(a, sqrt(b)) -> mul(a, rsqrt(b))"
+
+    def apply(self, gm: GraphModule, target: TargetSpec) -> bool:
+        import torch
+
+        from etforge.sdk import call, calls, val
+
+        aten = torch.ops.aten
+        changed = False
+        for node in calls(gm, aten.div.Tensor):
+            if len(node.args) != 2 or node.kwargs.get("rounding_mode") is not None:
+                continue
+            a, root = node.args
+            if getattr(root, "target", None) is not aten.sqrt.default:
+                continue
+            va, vr = val(a), val(root)
+            if va is None or vr is None or not (va.is_floating_point() and vr.is_floating_point()):
+                continue
+            inverse = call(gm, aten.rsqrt.default, (root.args[0],), node)
+            replace(gm, node, call(gm, aten.mul.Tensor, (a, inverse), node))
+            changed = True
+        return changed
+
+
 @hookimpl
 def etforge_rewrites() -> list[Rewrite]:
-    return [DivByConstant(), IntScalarAsFloat(), FusedMultiplyAdd()]
+    return [DivByConstant(), IntScalarAsFloat(), FusedMultiplyAdd(), SquareAsMul(), DivBySqrt()]
