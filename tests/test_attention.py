@@ -235,8 +235,8 @@ class ViewedHeads(nn.Module):
         super().__init__()
         self.qkv = nn.ModuleList(nn.Linear(16, 16) for _ in range(3))
         self.out = nn.Linear(16, 16)
-        # DistilBERT's padding mask (additive, nothing padded): SDPA is left to its decomposition
-        self.register_buffer("mask", torch.zeros(1, 1, 8, 8) if masked else None)
+        # an additive mask that masks something: SDPA is left to its decomposition
+        self.register_buffer("mask", torch.linspace(-1.0, 0.0, 64).reshape(1, 1, 8, 8) if masked else None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         q, k, v = (p(x).view(1, 8, 2, 8).permute(0, 2, 1, 3) for p in self.qkv)
@@ -285,3 +285,36 @@ def test_a_replacement_keeps_the_replaced_values_strides_only_where_a_view_needs
         clones = [n for n in gm.graph.nodes if n.target is torch.ops.aten.clone.default]
         assert len(clones) == copies, type(model).__name__
         torch.testing.assert_close(gm(*x), model(*x), rtol=1e-5, atol=1e-6)
+
+
+class UnpaddedEncoder(nn.Module):
+    """A Hugging Face encoder exported without a padding mask: it builds one from
+    ``torch.ones`` (additive, ``(1 - mask) * finfo.min``: all zeros) and hands SDPA that."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.heads = ViewedHeads()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        keep = torch.ones(x.shape[0], x.shape[1])
+        mask = (1.0 - keep[:, None, None, :].to(x.dtype)) * torch.finfo(x.dtype).min
+        q, k, v = (p(x).view(1, 8, 2, 8).permute(0, 2, 1, 3) for p in self.heads.qkv)
+        a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.expand(1, 2, 8, 8))
+        return self.heads.out(a.permute(0, 2, 1, 3).contiguous().view(1, 8, 16))
+
+
+def test_a_constant_mask_that_masks_nothing_is_dropped_and_the_attention_takes_the_npu() -> None:
+    """The decomposition's fully-masked-row guard (eq, logical_not, any, where) kept HF BERT's
+    attention float on the CPU (88.9 % of its MACs on the NPU, 5 partitions)."""
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(1)
+    calib = [(torch.randn(1, 8, 16, generator=g),) for _ in range(8)]
+    c = etforge.compile(UnpaddedEncoder().eval(), calib[0], "imxrt700", calibration=calib)
+    nodes = c.report["nodes"]
+    assert all(n["placement"] == "npu" for n in nodes), [
+        (n["op"], n["reason"]) for n in nodes if n["placement"] != "npu"
+    ]
+    assert len(c.report["partitions"]) == 1
+    r = c.result
+    v = compare(r.host_program, r.float_program, r.quantized_program, c.report, samples=8)
+    assert v.ok, v.failures
