@@ -213,10 +213,12 @@ def clone_program(ep: ExportedProgram) -> ExportedProgram:
         root=gm,
         graph=gm.graph,
         graph_signature=signature,
-        state_dict=ep.state_dict,
+        # new dicts, shared tensors: a pass that drops an entry (ExecuTorch's constant
+        # folding, the unused-parameter pass) must not drop it from the caller's program
+        state_dict=dict(ep.state_dict),
         range_constraints=ep.range_constraints,
         module_call_graph=copy.deepcopy(ep.module_call_graph),
         example_inputs=ep.example_inputs,
-        constants=ep.constants,
+        constants=dict(ep.constants),
         verifiers=[ep.verifier],
     )
