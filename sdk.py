@@ -11,7 +11,7 @@ Op converters (``etforge_op_converters``)
 Quantizer rules (``etforge_quantizer_rules``)
     QuantRule
 Rewrites (``etforge_rewrites``) and their graph-editing helpers
-    Rewrite, calls, call, constant, val, attribute, batch_norm_affine
+    Rewrite, calls, call, replace, constant, val, attribute, batch_norm_affine
 Targets (``etforge_targets``), CPU backends, NPU compilers, partition checks
     TargetSpec, NpuSpec, OptionSpec, CpuBackend, KernelLibrary, LOWERING_NOTES_KEY,
     NpuCompiler, NpuPayload, PartitionIo, PartitionCheck, ProposedPartition

@@ -1,4 +1,4 @@
-"""prepare_pt2e's conv/linear + BatchNorm fold: exact on every graph, one dead-code pass.
+"""prepare_pt2e's conv + BatchNorm fold: exact on every graph, one dead-code pass.
 
 torchao's fold (``_fuse_conv_bn_``) has two faults this module exists to avoid:
 
@@ -15,12 +15,12 @@ gets a copy (its own node and weights) for the BatchNorm; a weight shared with c
 will not fold the same BatchNorm next is copied for this conv. A weight shared by convs that
 all fold the same BatchNorm (one module called twice) is folded once and shared on, as
 torchao does. On graphs torchao folds correctly (one conv, one BatchNorm) the result is
-torchao's, tensor for tensor.
+torchao's, tensor for tensor. A BatchNorm after a linear is still torchao's fold, in
+``prepare_pt2e`` (core names no op beyond what torchao's conv fold does).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -31,12 +31,8 @@ _BnKey = tuple[Any, ...]
 
 
 def fold_conv_batch_norms(model: GraphModule) -> None:
-    """Fold every BatchNorm after a conv (or a 2-D linear) into its weights, in place, exactly."""
-    from torchao.quantization.pt2e.utils import (
-        _is_bn_node,
-        fold_bn_weights_into_conv_node,
-        fold_bn_weights_into_linear_node,
-    )
+    """Fold every BatchNorm after a conv into the conv's weights, in place, exactly."""
+    from torchao.quantization.pt2e.utils import _is_bn_node, fold_bn_weights_into_conv_node
 
     graph = model.graph
     if not any(_is_bn_node(n) for n in graph.nodes):
@@ -54,8 +50,7 @@ def fold_conv_batch_norms(model: GraphModule) -> None:
             if bn._erased or not _is_bn_node(bn) or not bn.args:
                 continue
             layer = bn.args[0]
-            fold = _fold_for(layer, fold_bn_weights_into_conv_node, fold_bn_weights_into_linear_node)
-            if fold is None:
+            if not _foldable(layer):
                 continue
             key = _bn_key(bn)
             layer = _exclusive(model, layer, bn, key, folded_into, weight_holds)
@@ -63,7 +58,7 @@ def fold_conv_batch_norms(model: GraphModule) -> None:
             expected = folded_into.get(layer, ()) + (key,)
             fake = weight_holds.get(weight, ()) == expected  # a sharer folded this one already
             bias = layer.args[2] if len(layer.args) > 2 else None
-            fold(layer, layer.args[1], bias, bn, model, fake)
+            fold_bn_weights_into_conv_node(layer, layer.args[1], bias, bn, model, fake)
             folded_into[layer] = weight_holds[weight] = expected
             folded.append(bn)
     finally:
@@ -77,21 +72,12 @@ def fold_conv_batch_norms(model: GraphModule) -> None:
     model.recompile()
 
 
-def _fold_for(
-    layer: Any, conv_fold: Callable[..., None], linear_fold: Callable[..., None]
-) -> Callable[..., None] | None:
-    """torchao's fold for this producer, or None where folding is not the BatchNorm's math."""
-    from torchao.quantization.pt2e.utils import _is_conv_or_conv_transpose_node, _is_linear_node
+def _foldable(layer: Any) -> bool:
+    from torchao.quantization.pt2e.utils import _is_conv_or_conv_transpose_node
 
-    if not isinstance(layer, Node) or not _weights_are_attributes(layer):
-        return None
-    if _is_conv_or_conv_transpose_node(layer):
-        return conv_fold
-    if _is_linear_node(layer):
-        # BatchNorm normalises dim 1 and a linear maps the last dim: one dim only for (N, C).
-        val = layer.args[0].meta.get("val") if isinstance(layer.args[0], Node) else None
-        return linear_fold if isinstance(val, torch.Tensor) and val.ndim <= 2 else None
-    return None
+    return (
+        isinstance(layer, Node) and _is_conv_or_conv_transpose_node(layer) and _weights_are_attributes(layer)
+    )
 
 
 def _weights_are_attributes(layer: Node) -> bool:
