@@ -31,7 +31,7 @@ _F32_EXACT = 2**24
 # -- memory ------------------------------------------------------------------------------------
 
 
-def _dense(t: torch.Tensor) -> bool:
+def dense(t: torch.Tensor) -> bool:
     """The tensor covers exactly ``numel`` consecutive elements of its storage, in some order."""
     dims = sorted((st, sz) for st, sz in zip(t.stride(), t.shape, strict=True) if sz != 1)
     expected = 1
@@ -44,7 +44,7 @@ def _dense(t: torch.Tensor) -> bool:
 
 def raw(t: torch.Tensor) -> torch.Tensor:
     """The tensor's elements in memory order, as a 1-D tensor (a view when it is dense)."""
-    if not _dense(t):
+    if not dense(t):
         t = t.contiguous()
     return torch.empty(0, dtype=t.dtype).set_(t.untyped_storage(), t.storage_offset(), (t.numel(),), (1,))
 
@@ -53,7 +53,7 @@ def write_raw(out: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
     """Store ``flat`` (memory order) into ``out``'s bytes; returns ``out``."""
     if flat.numel() != out.numel():
         raise RuntimeError(f"the kernel produced {flat.numel()} values, the output holds {out.numel()}")
-    if _dense(out):
+    if dense(out):
         raw(out).copy_(flat.reshape(-1))
     else:  # not a device layout; store in logical order
         out.copy_(flat.reshape(out.shape))
@@ -72,7 +72,7 @@ def _nhwc(t: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int, int, int]]:
 def _like(x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     """``x`` in ``out``'s memory layout, so an elementwise kernel can pair their raw buffers
     (on the device both share the program's dim order; a host caller's input may not)."""
-    if tuple(x.shape) != tuple(out.shape) or x.stride() == out.stride() or not _dense(out):
+    if tuple(x.shape) != tuple(out.shape) or x.stride() == out.stride() or not dense(out):
         return x
     y = torch.empty_strided(tuple(out.shape), out.stride(), dtype=x.dtype)
     return y.copy_(x)

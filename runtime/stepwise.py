@@ -31,6 +31,7 @@ from etforge.core.graph.utils import is_quantize
 from etforge.core.litert import payload
 from etforge.core.litert.builder import read_metadata
 from etforge.runtime import litert_run
+from etforge.runtime.cortex_m_kernels import dense
 from etforge.runtime.host import program_inputs, run_program, stored_inputs
 
 
@@ -318,20 +319,10 @@ def laid_out_as(value: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """``value`` (an observed or simulated value) with ``like``'s strides, as the interpreter's
     own value had them: a ``view`` downstream may depend on them (``torch.export`` drops a
     ``.contiguous()`` that was a no-op on the traced strides: HF's attention heads)."""
-    if like.is_contiguous() or not _dense(like):
+    if like.is_contiguous() or not dense(like):
         return value.reshape(like.shape).contiguous()
     laid = torch.empty_strided(like.shape, like.stride(), dtype=value.dtype)
     return laid.copy_(value.reshape(like.shape))
-
-
-def _dense(t: torch.Tensor) -> bool:
-    """No element shared (an expand's zero stride) and no gap: a copy can take its strides."""
-    expected = 1
-    for stride, size in sorted((st, sz) for st, sz in zip(t.stride(), t.shape, strict=True) if sz != 1):
-        if stride != expected:
-            return False
-        expected *= size
-    return True
 
 
 def cpu_op_parity(

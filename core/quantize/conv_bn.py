@@ -26,6 +26,8 @@ from typing import Any
 import torch
 from torch.fx import GraphModule, Node
 
+from etforge.core.contracts.rewrite import attribute
+
 #: A BatchNorm's identity for sharing: its parameter attributes and eps.
 _BnKey = tuple[Any, ...]
 
@@ -142,20 +144,14 @@ def _own_weights(model: GraphModule, layer: Node) -> None:
         if i < len(args) and isinstance(args[i], Node):
             source = args[i]
             name = _free_name(model, str(source.target).replace(".", "_") + "_bn_fold")
-            value = _attr(model, str(source.target))
+            value = attribute(model, source)
+            assert value is not None  # _foldable: every weight is a get_attr of a tensor
             model.register_parameter(name, torch.nn.Parameter(value.detach().clone(), requires_grad=False))
             with model.graph.inserting_before(layer):
                 node = model.graph.get_attr(name)
             node.meta = dict(source.meta)
             args[i] = node
     layer.args = tuple(args)
-
-
-def _attr(model: GraphModule, target: str) -> torch.Tensor:
-    value: Any = model
-    for part in target.split("."):
-        value = getattr(value, part)
-    return value
 
 
 def _free_name(model: GraphModule, base: str) -> str:
