@@ -479,6 +479,12 @@ def compare(
         else (top1_f, "the float model")
     )
     result.failures += check.failures(need, against, max_steps, skip=check.primary)
+    same = report.get("float_equivalence") or {}
+    if same.get("passed") is False:  # the references below are the edited model's, not the user's
+        result.failures.insert(
+            0,
+            f"the compiled model does not compute the exported model: {same.get('why')} (compile's float check)",
+        )
     if check.primary is not None:
         if not check.leaves[check.primary].top1:
             result.top1_required = 0  # one value per row: nothing for top-1 to disagree on

@@ -53,7 +53,11 @@ CASES = {
         Transpose(),
         (X,),
         False,
-        {"NormalizeTransposePass", "ReplaceBrokenOpsWithFunctionalOpsPass"},
+        {
+            "NormalizeTransposePass",
+            "ReplaceBrokenOpsWithFunctionalOpsPass",
+            "ReplaceViewOpsWithViewCopyOpsPass",
+        },
     ),
     "scalar": (Scalar(), (X,), False, {"ScalarToTensorPass"}),
     "mixed": (Mixed(), (X, torch.arange(16).reshape(4, 4)), False, {"RemoveMixedTypeOperators"}),

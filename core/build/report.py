@@ -119,6 +119,9 @@ def build_report(result: CompileResult, reg: Registry, model: str) -> dict[str, 
         },
         "pte_sha256": hashlib.sha256(result.pte).hexdigest(),
         "notes": list(result.notes),
+        # the edited float model (rewrites, folds, quantizer passes) against the exported one on
+        # the first calibration batch (core.build.equivalence); null: nothing edited it
+        "float_equivalence": result.equivalence.as_dict() if result.equivalence is not None else None,
         # second-best paths taken (stage, what, where, why): core.common.fallbacks; --strict refuses them
         "fallbacks": [f.as_dict() for f in result.fallbacks],
         "io_quant": _io_quant(result.host_program),

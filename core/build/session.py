@@ -28,6 +28,7 @@ top by ``etforge.cli``; :func:`compile_model` is the session for one call.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -37,9 +38,11 @@ import torch
 from executorch.exir import EdgeProgramManager, ExecutorchProgramManager
 from torch.export import ExportedProgram
 
-from etforge.core.build import pipeline
+from etforge.core.build import equivalence, pipeline
+from etforge.core.build.equivalence import Equivalence
 from etforge.core.build.pipeline import Partition
 from etforge.core.common import fallbacks
+from etforge.core.common.errors import EtforgeError
 from etforge.core.common.fallbacks import Fallback
 from etforge.core.contracts.cpu_backend import LOWERING_NOTES_KEY
 from etforge.core.contracts.target import TargetSpec
@@ -82,6 +85,8 @@ class CompileResult:
     lowering: dict[str, Any] = field(default_factory=dict)
     #: Second-best paths taken, in order (``core.common.fallbacks``).
     fallbacks: list[Fallback] = field(default_factory=list)
+    #: The edited float model against the exported one (``core.build.equivalence``); None: unedited.
+    equivalence: Equivalence | None = None
 
 
 @dataclass
@@ -133,6 +138,7 @@ class CompileSession:
         self.progress = progress or _no_progress
         self.on_programs = on_programs
         self.times: dict[str, float] = {}
+        self._observed: list[Any] = []  # the observed model's output on the first calibration batch
 
     @contextlib.contextmanager
     def stage(self, name: str) -> Iterator[None]:
@@ -168,6 +174,12 @@ class CompileSession:
                 notes.append(f"graph rewrites applied: {', '.join(rewritten)}")
             calib = list(front.calibration) if front.calibration else [tuple(front.example)]
             float_ep, built = self._build_with_kernels(float_ep, calib)
+            with self.stage("float check"):
+                same = self._equivalence(front.program, float_ep, calib[0], rewritten)
+            if same is not None and not same.passed and self.strict:  # else: the report says it
+                raise EtforgeError(
+                    f"strict: the compiled model does not compute the exported one: {same.why}; nothing written"
+                )
             host_program = built.edge.exported_program()
             notes.extend(host_program.graph_module.meta.get(LOWERING_NOTES_KEY, ()))  # the CPU backend's
             with self.stage("serialize"):
@@ -179,9 +191,43 @@ class CompileSession:
                 notes=notes,
                 input_ranges=signature.input_ranges(front.example, calib),
                 fallbacks=list(log.items),
+                equivalence=same,
             )
             self._check_memory(result)
         return result
+
+    def _equivalence(
+        self,
+        exported: ExportedProgram,
+        float_ep: ExportedProgram,
+        batch: tuple[torch.Tensor, ...],
+        rewritten: list[str],
+    ) -> Equivalence | None:
+        """The edited float model against the exported one on ``batch`` (``core/build/equivalence``);
+        None when nothing edited it. A difference is traced to the rewrites or the quantizer."""
+        if self.quantize and self._observed:
+            edited, what = self._observed[-1], "the observed model"
+        elif float_ep is not exported:
+            edited, what = equivalence.run(float_ep, batch), "the rewritten float program"
+        else:
+            return None
+        reference = equivalence.run(exported, batch)
+        same = equivalence.compare(reference, edited, what)
+        if same.passed:
+            return same
+        float_differs = float_ep is not exported and (
+            what != "the observed model"
+            or not equivalence.compare(reference, equivalence.run(float_ep, batch), "").passed
+        )
+        if float_differs:
+            culprit = (
+                f"graph rewrites {', '.join(rewritten)}"
+                if rewritten
+                else "a decomposition for a missing kernel"
+            )
+        else:
+            culprit = "the quantizer's preparation: the BatchNorm fold or the CPU quantizer's passes"
+        return dataclasses.replace(same, why=f"{same.why}; the edit: {culprit}")
 
     def _build_with_kernels(
         self, float_ep: ExportedProgram, calib: list[tuple[torch.Tensor, ...]]
@@ -213,7 +259,10 @@ class CompileSession:
             self.on_programs(float_ep, None)  # final already: written while quantization runs
         if self.quantize:
             with self.stage("quantize"):
-                q = pipeline.quantize(float_ep, self.target, calib, self.registry, self.options)
+                self._observed = []
+                q = pipeline.quantize(
+                    float_ep, self.target, calib, self.registry, self.options, observed=self._observed
+                )
         if self.on_programs is not None:
             self.on_programs(float_ep, q)
         return self.lower(q if q is not None else float_ep, q)

@@ -135,6 +135,14 @@ def _build(report: dict[str, Any], out: str | None, width: int, most: int) -> li
             "  ",
             most=most,
         )
+    same = report.get("float_equivalence") or {}
+    if same.get("passed") is False:  # never cut: verify fails this build
+        lines += _fill(
+            f"warning: the compiled model does not compute the exported one: {same.get('why')}; "
+            "verify fails this build",
+            width,
+            most=most,
+        )
     for fb in report.get("fallbacks", []):  # second-best paths: never cut, never silent
         where = f" ({fb.get('where')})" if fb.get("where") else ""
         lines += _fill(f"fallback: {fb.get('what')}{where}: {fb.get('why')}", width, most=most)
@@ -199,6 +207,7 @@ def summary_data(report: dict[str, Any], out: str | None = None) -> dict[str, An
         },
         "notes": notes,
         "fallbacks": list(report.get("fallbacks", [])),
+        "float_equivalence": report.get("float_equivalence"),
         "host_only": bool(report.get("host_only")),
         "npu_compiler": (report.get("npu_compiler") or {}).get("status"),
     }

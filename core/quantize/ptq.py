@@ -105,8 +105,10 @@ def quantize(
     calibration: Sequence[Sequence[torch.Tensor]],
     reg: Registry | None = None,
     options: dict[str, Any] | None = None,
+    observed: list[Any] | None = None,
 ) -> ExportedProgram:
-    """PT2E post-training quantization with the target's composed quantizer.
+    """PT2E post-training quantization with the target's composed quantizer; ``observed``
+    gets the observed model's output on the first calibration batch.
 
     The converted graph becomes an ``ExportedProgram`` directly (``core/program_from_graph``:
     the program a re-export gives, without re-tracing); what that cannot take is re-exported.
@@ -117,7 +119,9 @@ def quantize(
 
     example = tuple(ep.example_inputs[0])
     gm = prepare(ep.module(check_guards=False), quantizer_for(target, options, reg))
-    calibrate(gm, calibration)
+    first = calibrate(gm, calibration)
+    if observed is not None:
+        observed.append(first)
     gm = convert(gm)
     try:
         quantized = program_from_graph(gm, ep, example)

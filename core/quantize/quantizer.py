@@ -260,24 +260,30 @@ def prepare(model: GraphModule, quantizer: Quantizer, qat: bool = False) -> Grap
         return prepare_pt2e(model, quantizer)
 
 
-def calibrate(model: GraphModule, batches: Iterable[Sequence[torch.Tensor]]) -> None:
-    """Run the observed model on ``batches``; an observer of a constant (a weight) sees it once.
+def calibrate(model: GraphModule, batches: Iterable[Sequence[torch.Tensor]]) -> Any:
+    """Run the observed model on ``batches``; returns its output on the first batch (observers
+    pass values through: the float model's output, ``core/build/equivalence``).
+
+    An observer of a constant (a weight) sees it once.
 
     A min/max observer's state after one look at a tensor is its state after any number of
     looks at the same tensor, so from the second batch on the weight observers step aside
     (resnet18's 20 per-channel weight observers were a sixth of its calibration).
     """
     once = _constant_min_max_observers(model)
+    first = None
     try:
         with torch.no_grad(), one_thread():  # the scales must not depend on the thread count
             for index, batch in enumerate(batches):
-                model(*batch)
+                output = model(*batch)
                 if index == 0:
+                    first = output
                     for observer in once:
                         observer.forward = _seen  # type: ignore[method-assign]  # this instance only
     finally:
         for observer in once:
             observer.__dict__.pop("forward", None)
+    return first
 
 
 def _seen(x: torch.Tensor) -> torch.Tensor:
