@@ -170,3 +170,28 @@ def test_buffer_copy_compiles_and_verifies_with_a_note() -> None:
     assert compiled.partitions and compiled.report["lowering"]["path"] == "early"
     verification = compiled.verify(samples=4)
     assert verification.ok, verification.failures
+
+
+class Accumulates(nn.Module):
+    """Reads a buffer, then updates it: each call depends on the calls before it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.register_buffer("acc", torch.zeros(1, 8, 1, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.conv(x))
+        out = y + self.acc
+        self.acc.add_(y.mean((2, 3), keepdim=True))
+        return out
+
+
+@pytest.mark.parametrize("quantize", [True, False])
+def test_a_running_state_is_refused_naming_the_buffer(quantize: bool) -> None:
+    """Every stage failed on it with an unrelated error; the front end names the buffer."""
+    from etforge.core.common.errors import EtforgeError
+
+    x = torch.randn(1, 3, 8, 8)
+    with pytest.raises(EtforgeError, match="reads buffer 'acc' and updates it in forward"):
+        etforge.compile(Accumulates().eval(), (x,), target="cortex-m33", quantize=quantize)

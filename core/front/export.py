@@ -22,6 +22,7 @@ from etforge.core.front.context_regions import inline_context_regions
 from etforge.core.front.functionalize import functionalize
 from etforge.core.front.load import as_float32, has_float64, refuse_float64
 from etforge.core.front.signature import check_example
+from etforge.core.front.state import refuse_running_state
 from etforge.core.registry.manager import Registry, registry
 
 
@@ -156,6 +157,7 @@ def front_end(
         program, regions = inline_context_regions(program, owned=False)
         program, mutations = functionalize(program, owned=not regions)
         program, asserts = drop_metadata_asserts(program, owned=program is not given)
+        refuse_running_state(program, what)
         return Front(program, tuple(example), calib, notes + regions + mutations + asserts)
     assert module is not None
     if not owned and (
@@ -176,4 +178,5 @@ def front_end(
     program, regions = inline_context_regions(export(module, example, what))
     program, mutations = functionalize(program)
     program, asserts = drop_metadata_asserts(program)
+    refuse_running_state(program, what)
     return Front(program, tuple(example), calib, notes + regions + mutations + asserts)
