@@ -205,7 +205,8 @@ class CompileSession:
     ) -> Equivalence | None:
         """The edited float model against the exported one on ``batch`` (``core/build/equivalence``);
         None when nothing edited it. A difference is traced to the rewrites or the quantizer."""
-        if self.quantize and self._observed:
+        observed = self.quantize and bool(self._observed)
+        if observed:
             edited, what = self._observed[-1], "the observed model"
         elif float_ep is not exported:
             edited, what = equivalence.run(float_ep, batch), "the rewritten float program"
@@ -216,8 +217,7 @@ class CompileSession:
         if same.passed:
             return same
         float_differs = float_ep is not exported and (
-            what != "the observed model"
-            or not equivalence.compare(reference, equivalence.run(float_ep, batch), "").passed
+            not observed or not equivalence.compare(reference, equivalence.run(float_ep, batch), "").passed
         )
         if float_differs:
             culprit = (

@@ -13,11 +13,11 @@ passes run as always; a pass this module does not know runs too, and a graph wit
 flow runs everything. torch's own ``ReplaceViewOpsWithViewCopyOpsPass`` is skipped the same
 way when no view op is left (``early.prepare`` made each one its ``*_copy``) on a program
 without delegates (a CPU-only target): mnasnet0_5 on cortex-m33 lowers in 1.9 s instead of
-3.2 s, the ``.pte`` byte-identical. (When this module was
-written, skipping it made a later ``run_decompositions`` in the same process crash in the
-garbage collector, in tests/test_early.py; since the rewrite stage drops the graph module's
-real activations, that suite runs clean with it skipped.) ``tests/test_edge_passes.py`` holds the result byte-identical to
-ExecuTorch's own sequence on graphs that make every pass act.
+3.2 s, the ``.pte`` byte-identical. (When this module was written, skipping it made a later
+``run_decompositions`` in the same process crash in the garbage collector, in
+tests/test_early.py; that suite now runs clean with it skipped on CPU-only programs, and the
+old crash's cause was never found.) ``tests/test_edge_passes.py`` holds the result
+byte-identical to ExecuTorch's own sequence on graphs that make every pass act.
 """
 
 from __future__ import annotations
