@@ -43,8 +43,13 @@ class Agreement:
 
 
 def _equal(a: Any, b: Any) -> bool:
+    """Equal values, a NaN equal to a NaN in the same place (both runs computed it)."""
     if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
-        return a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(a, b))
+        if a.shape != b.shape or a.dtype != b.dtype:
+            return False
+        if torch.equal(a, b):
+            return True
+        return a.is_floating_point() and bool(torch.allclose(a, b, rtol=0.0, atol=0.0, equal_nan=True))
     if isinstance(a, list) and isinstance(b, list):
         return len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b, strict=True))
     return a == b
@@ -107,6 +112,12 @@ def first_difference(
     defined |= {i for i, spec in interp.specs.items() if spec.mem_id is None} | set(interp.views())
     for (step, reads, writes), (_, reads2, writes2) in zip(planned, fresh, strict=False):
         keep = [k for k, v in enumerate(interp.io(step)[0]) if v in defined]
+        nan = _non_finite_source(planned, step.index)
+        if nan is not None and not (
+            _equal([reads[k] for k in keep], [reads2[k] for k in keep])
+            and _equal([w for _, w in writes], [w for _, w in writes2])
+        ):
+            return nan
         if not _equal([reads[k] for k in keep], [reads2[k] for k in keep]):
             return _clobbered(interp, planned, step, reads, reads2, defined)
         if not _equal([w for _, w in writes], [w for _, w in writes2]):
@@ -116,6 +127,24 @@ def first_difference(
                 "the memory plan"
             )
     return _against_edge(interp, program, batch, kernels, planned)
+
+
+def _non_finite_source(records: list[Record], upto: int) -> str | None:
+    """The first instruction up to ``upto`` writing NaN or infinity, said as the cause: what a
+    kernel makes of a NaN (an int8 quantize: x86 and Arm convert it differently) is not defined,
+    so two runs may disagree with no fault in the memory plan."""
+    for step, _, writes in records:
+        if step.index > upto:
+            return None
+        for value, w in writes:
+            if isinstance(w, torch.Tensor) and w.is_floating_point() and not bool(torch.isfinite(w).all()):
+                count = int((~torch.isfinite(w)).sum())
+                return (
+                    f"first at instruction {step.index} ({step.name}): it writes {count} NaN/infinite "
+                    f"value(s) (value {value}; a division by zero or an overflow), and what the "
+                    "kernels after it make of them is undefined: the model computes a non-finite value"
+                )
+    return None
 
 
 def _clobbered(
@@ -211,6 +240,9 @@ def _against_edge(
         pairs = [(a, b) for a, b in zip(ours, theirs, strict=False) if a.shape == b.shape]
         bad = [(a, b) for a, b in pairs if not _equal(a, b.to(a.dtype) if a.dtype != b.dtype else b)]
         if bad:
+            nan = _non_finite_source(records, step.index)
+            if nan is not None:
+                return nan
             worst = max(_diff(a, b) for a, b in bad)
             return (
                 f"first at instruction {step.index} ({step.name}, Edge node {name}): max |diff| {worst:.4g}"

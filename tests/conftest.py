@@ -34,7 +34,7 @@ SLOW_FILES = frozenset(
         "determinism", "direct_cache", "docs", "early", "errors", "fallbacks", "firmware", "gates",
         "grouped_tconv", "idiom", "inplace", "int_scalar", "kernel_check", "memory", "neutron_differential",
         "neutron_grouped_conv", "neutron_noop_values", "neutron_parity", "neutron_partition_parity",
-        "npu_memory", "odd_graphs", "output_integrity", "packaging", "placement", "profiling",
+        "npu_memory", "numeric_hazards", "odd_graphs", "output_integrity", "packaging", "placement", "profiling",
         "program_writer", "pte_interpreter", "pte_interpreter_cortex_m", "pte_interpreter_dim_orders",
         "realworld", "rewrites", "sdk_path", "signatures", "value_creating_ops", "verify_artifact",
         "verify_device", "zoo_graphs",

@@ -60,3 +60,47 @@ def test_an_aten_op_left_on_int8_codes_is_a_compile_error(monkeypatch: pytest.Mo
         EtforgeError, match=r"int8 codes as if they were real values: \w+ \(aten\.convolution"
     ):
         etforge.compile(SkipHead().eval(), calib[0], "cortex-m33", calibration=calib)
+
+
+class GatedReLU6(nn.Module):
+    """rexnet's block tail: an SE gate's product, then ReLU6 (ExecuTorch fuses no activation
+    into a mul, and its clamp pass saw the product as float: 115 steps off)."""
+
+    def __init__(self, c: int = 8) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(c, c, 3, padding=1)
+        self.gate = nn.Conv2d(c, c, 1)
+        self.act = nn.ReLU6()  # hardtanh (F.relu6 is aten.relu6, left float by the quantizer)
+        self.out = nn.Conv2d(c, c, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv(x)
+        return self.out(self.act(y * torch.sigmoid(self.gate(y))))
+
+
+def _gated_data() -> list[tuple[torch.Tensor, ...]]:
+    g = torch.Generator().manual_seed(1)
+    return [(torch.randn(1, 8, 6, 6, generator=g),) for _ in range(8)]
+
+
+def test_an_unfused_relu6_after_a_gate_clamps_at_its_quantized_bounds() -> None:
+    torch.manual_seed(0)
+    calib = _gated_data()
+    compiled = etforge.compile(GatedReLU6().eval(), calib[0], "cortex-m33", calibration=calib)
+    clamps = [n for n in compiled.result.host_program.graph.nodes if "clamp" in str(n.target)]
+    assert clamps and all(isinstance(b, int) for n in clamps for b in n.args[1:3] if b is not None)
+    v = compiled.verify(samples=4)
+    assert v.ok, v.failures
+    assert v.cpu_op_max_steps == 0, v.failures
+
+
+def test_a_clamp_at_real_bounds_on_codes_is_a_compile_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without the rewrite the ReLU6 stays ``aten.hardtanh(x, 0.0, 6.0)`` on int8 codes:
+    refused by ``cortex_m_int8_codes.py``, naming it."""
+    from etforge.plugins.targets import cortex_m_unfused
+
+    monkeypatch.setattr(cortex_m_unfused, "_clamp_on_codes", lambda node: False)
+    torch.manual_seed(0)
+    calib = _gated_data()
+    with pytest.raises(EtforgeError, match=r"int8 codes as if they were real values: \w+ \(aten\.hardtanh"):
+        etforge.compile(GatedReLU6().eval(), calib[0], "cortex-m33", calibration=calib)

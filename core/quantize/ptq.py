@@ -119,10 +119,21 @@ def quantize(
 
     example = tuple(ep.example_inputs[0])
     gm = prepare(ep.module(check_guards=False), quantizer_for(target, options, reg))
-    first = calibrate(gm, calibration)
+    try:  # an observer meets a NaN at calibration (histogram) or at convert (min/max)
+        first = calibrate(gm, calibration)
+        gm = convert(gm)
+    except Exception as exc:
+        culprit = non_finite(ep, calibration)
+        if culprit is None:
+            raise
+        raise EtforgeError(
+            f"calibration sample {culprit[0]}: {culprit[1]} ({culprit[2]}) computes NaN or infinite "
+            "values in float (a square root or log of a negative, a division by zero, an overflow); "
+            "int8 has no code for them, so nothing can be quantized: fix the model or its "
+            "calibration inputs"
+        ) from exc
     if observed is not None:
         observed.append(first)
-    gm = convert(gm)
     try:
         quantized = program_from_graph(gm, ep, example)
     except Unsupported:
@@ -131,3 +142,30 @@ def quantize(
     # unused; to_edge would drop them (its first pass), here they leave before anything
     # copies or writes the program.
     return remove_unused_parameters_pass(quantized)
+
+
+def non_finite(ep: ExportedProgram, batches: Sequence[Sequence[torch.Tensor]]) -> tuple[int, str, str] | None:
+    """(sample, node, op) of the first float op computing a NaN or infinity on ``batches``:
+    observers fail on them with torch's words (``histc``, ``min nan``), not the model's."""
+    found: list[tuple[str, str]] = []
+
+    class Watch(torch.fx.Interpreter):
+        def run_node(self, n: torch.fx.Node) -> Any:
+            out = super().run_node(n)
+            if (
+                not found
+                and n.op == "call_function"
+                and isinstance(out, torch.Tensor)
+                and out.is_floating_point()
+                and not bool(torch.isfinite(out).all())
+            ):
+                found.append((n.name, node_op(n)))
+            return out
+
+    gm = ep.module(check_guards=False)
+    with torch.no_grad():
+        for index, batch in enumerate(batches):
+            Watch(gm).run(*batch)
+            if found:
+                return index, *found[0]
+    return None

@@ -1,12 +1,13 @@
 """Elementwise arithmetic: add / sub / mul (broadcasting), maximum / minimum, abs / neg / exp / log / rsqrt.
 
 Each op is data: Edge op, LiteRT builtin, arity. Binary ops broadcast; constants take the
-runtime operand's layout at conversion time.
+runtime operand's layout at conversion time. A division by a tensor has no NPU form; its rule
+keeps the divisor float (``_float_divisor``).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from etforge.sdk import Constraint, Elementwise, OpConverter, QuantRule, elementwise, hookimpl
 
@@ -191,9 +192,36 @@ def etforge_op_converters() -> list[OpConverter]:
     ]
 
 
+def _float_divisor(node: Node, specs: Any) -> bool:
+    """A division by a tensor keeps its divisor's producer float (the division itself is the
+    CPU quantizer's): int8 rounds a small positive divisor (``x + eps``, EfficientViT's
+    linear attention) to 0, the quotient to inf or 0/0 = NaN, and a NaN has no int8 code
+    (x86 and Arm convert it differently). Its inputs arrive dequantized; a constant operand
+    (the eps) stays exact. Told as a fallback: the producer leaves the NPU."""
+    from torch.fx import Node as FxNode
+
+    from etforge.sdk import node_op, record_fallback, tensor_meta
+
+    divisor = node.args[1] if len(node.args) > 1 else None
+    meta = tensor_meta(divisor) if isinstance(divisor, FxNode) else None
+    if meta is None or not meta.dtype.is_floating_point or divisor.op != "call_function":
+        return False
+    ann = divisor.meta.get("quantization_annotation")
+    if ann is None or ann.output_qspec is None:
+        return False
+    ann.output_qspec = None
+    ann.input_qspec_map = {}  # a constant operand (the eps) is not rounded either
+    record_fallback(
+        "quantize", "kept float (runs on the CPU)", f"{divisor.name} ({node_op(divisor)})",
+        f"the divisor of {node.name}: int8 would round its small values to 0 and the quotient to inf/NaN",
+    )  # fmt: skip
+    return True
+
+
 @hookimpl
 def etforge_quantizer_rules() -> list[QuantRule]:
     return [
+        QuantRule(ops=("aten.div.Tensor", "aten.div_.Tensor"), kind="custom", annotate=_float_divisor),
         QuantRule(
             ops=(
                 "aten.add.Tensor",

@@ -22,7 +22,7 @@ VALUE_OPS: frozenset[str] = frozenset(
     for name in (
         "convolution", "linear", "addmm", "mm", "bmm", "matmul", "add", "sub", "mul", "div",
         "mean", "sum", "avg_pool2d", "avg_pool1d", "_adaptive_avg_pool2d", "adaptive_avg_pool2d",
-        "sigmoid", "tanh", "hardsigmoid", "hardswish", "gelu", "silu", "relu", "leaky_relu", "elu",
+        "sigmoid", "tanh", "hardsigmoid", "hardswish", "gelu", "silu", "relu", "hardtanh", "leaky_relu", "elu",
         "_softmax", "softmax", "_log_softmax", "log_softmax", "exp", "log", "rsqrt", "sqrt", "pow",
         "neg", "abs", "erf", "prelu", "native_layer_norm", "native_batch_norm",
         "_native_batch_norm_legit_no_training", "var_mean", "var", "cumsum",
@@ -39,7 +39,7 @@ def int8_value_ops(program: ExportedProgram) -> list[tuple[str, str]]:
     int8 input is a number, not a code)."""
     found = []
     for n in program.graph_module.graph.nodes:
-        if n.op != "call_function" or _base(node_op(n)) not in VALUE_OPS:
+        if n.op != "call_function" or (_base(node_op(n)) not in VALUE_OPS and not _real_bounds(n)):
             continue
         for a in n.all_input_nodes:
             val = a.meta.get("val")
@@ -47,6 +47,12 @@ def int8_value_ops(program: ExportedProgram) -> list[tuple[str, str]]:
                 found.append((n.name, node_op(n)))
                 break
     return found
+
+
+def _real_bounds(node: torch.fx.Node) -> bool:
+    """A clamp whose bounds are real numbers, not codes (ExecuTorch's quantized clamp has int
+    bounds): 6.0 on int8 codes clamps at code 6, whatever the scale."""
+    return _base(node_op(node)) == "aten.clamp" and any(isinstance(b, float) for b in node.args[1:3])
 
 
 def check(program: ExportedProgram, target: str) -> None:
