@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch.export import ExportedProgram
 
+from etforge.core.front.load import non_finite_count
 from etforge.core.graph.utils import node_op
 from etforge.runtime.host import run_program
 from etforge.runtime.pte_interpreter import PteInterpreter, Step
@@ -110,36 +111,34 @@ def first_difference(
     # whatever the arena held, by design, and are not compared.
     defined = set(interp.plan.inputs) | {i for _, _, w in planned for i, _ in w}
     defined |= {i for i, spec in interp.specs.items() if spec.mem_id is None} | set(interp.views())
+    nan = _non_finite_source(planned)
     for (step, reads, writes), (_, reads2, writes2) in zip(planned, fresh, strict=False):
         keep = [k for k, v in enumerate(interp.io(step)[0]) if v in defined]
-        nan = _non_finite_source(planned, step.index)
-        if nan is not None and not (
-            _equal([reads[k] for k in keep], [reads2[k] for k in keep])
-            and _equal([w for _, w in writes], [w for _, w in writes2])
-        ):
-            return nan
-        if not _equal([reads[k] for k in keep], [reads2[k] for k in keep]):
+        reads_differ = not _equal([reads[k] for k in keep], [reads2[k] for k in keep])
+        writes_differ = not _equal([w for _, w in writes], [w for _, w in writes2])
+        if (reads_differ or writes_differ) and nan is not None and nan[0] <= step.index:
+            return nan[1]
+        if reads_differ:
             return _clobbered(interp, planned, step, reads, reads2, defined)
-        if not _equal([w for _, w in writes], [w for _, w in writes2]):
+        if writes_differ:
             return (
                 f"first at instruction {step.index} ({step.name}): it writes other values into the "
                 "planned buffers than into separate ones: its output overlaps one of its inputs in "
                 "the memory plan"
             )
-    return _against_edge(interp, program, batch, kernels, planned)
+    return _against_edge(interp, program, batch, kernels, planned, nan)
 
 
-def _non_finite_source(records: list[Record], upto: int) -> str | None:
-    """The first instruction up to ``upto`` writing NaN or infinity, said as the cause: what a
-    kernel makes of a NaN (an int8 quantize: x86 and Arm convert it differently) is not defined,
-    so two runs may disagree with no fault in the memory plan."""
+def _non_finite_source(records: list[Record]) -> tuple[int, str] | None:
+    """(instruction index, account) of the first instruction writing NaN or infinity, the cause
+    of any difference from there on: what a kernel makes of a NaN (an int8 quantize: x86 and
+    Arm convert it differently) is not defined, so two runs may disagree with no fault in the
+    memory plan."""
     for step, _, writes in records:
-        if step.index > upto:
-            return None
         for value, w in writes:
-            if isinstance(w, torch.Tensor) and w.is_floating_point() and not bool(torch.isfinite(w).all()):
-                count = int((~torch.isfinite(w)).sum())
-                return (
+            count = non_finite_count(w) if isinstance(w, torch.Tensor) else 0
+            if count:
+                return step.index, (
                     f"first at instruction {step.index} ({step.name}): it writes {count} NaN/infinite "
                     f"value(s) (value {value}; a division by zero or an overflow), and what the "
                     "kernels after it make of them is undefined: the model computes a non-finite value"
@@ -211,8 +210,10 @@ def _against_edge(
     batch: Sequence[torch.Tensor],
     kernels: str,
     records: list[Record],
+    nan: tuple[int, str] | None,
 ) -> str:
-    """Match instructions to Edge nodes in program order by operator; the first whose outputs differ."""
+    """Match instructions to Edge nodes in program order by operator; the first whose outputs
+    differ (or ``nan``, the first non-finite write, when it comes no later)."""
     nodes: list[tuple[str, str, Any]] = []
 
     def observe(node: torch.fx.Node, value: Any) -> None:
@@ -240,9 +241,8 @@ def _against_edge(
         pairs = [(a, b) for a, b in zip(ours, theirs, strict=False) if a.shape == b.shape]
         bad = [(a, b) for a, b in pairs if not _equal(a, b.to(a.dtype) if a.dtype != b.dtype else b)]
         if bad:
-            nan = _non_finite_source(records, step.index)
-            if nan is not None:
-                return nan
+            if nan is not None and nan[0] <= step.index:
+                return nan[1]
             worst = max(_diff(a, b) for a, b in bad)
             return (
                 f"first at instruction {step.index} ({step.name}, Edge node {name}): max |diff| {worst:.4g}"

@@ -274,7 +274,7 @@ def check_calibration(
     return out
 
 
-def _bad_count(t: torch.Tensor) -> int:
+def non_finite_count(t: torch.Tensor) -> int:
     """Non-finite values in a floating-point tensor (0 for other dtypes)."""
     if not (t.is_floating_point() or t.is_complex()):
         return 0
@@ -284,7 +284,7 @@ def _bad_count(t: torch.Tensor) -> int:
 def check_inputs(tensors: Sequence[torch.Tensor], where: str) -> None:
     """NaN or infinite inputs poison the observers' ranges (all-NaN calibration gives NaN scales)."""
     for j, t in enumerate(tensors):
-        bad = _bad_count(t) if isinstance(t, torch.Tensor) else 0
+        bad = non_finite_count(t) if isinstance(t, torch.Tensor) else 0
         if bad:
             raise EtforgeError(
                 f"{where} {j} holds {bad} NaN or infinite value(s) of {t.numel()}; quantization needs finite data"
@@ -294,7 +294,7 @@ def check_inputs(tensors: Sequence[torch.Tensor], where: str) -> None:
 def check_weights(tensors: dict[str, torch.Tensor], where: str) -> None:
     """A NaN or infinite weight cannot be quantized (its scale is NaN): name it."""
     for name, t in tensors.items():
-        bad = _bad_count(t) if isinstance(t, torch.Tensor) else 0
+        bad = non_finite_count(t) if isinstance(t, torch.Tensor) else 0
         if bad:
             raise EtforgeError(
                 f"{where}: weight {name!r} holds {bad} NaN or infinite value(s) of {t.numel()}"

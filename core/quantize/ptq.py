@@ -11,6 +11,7 @@ from torch.export import ExportedProgram
 
 from etforge.core.common.errors import EtforgeError
 from etforge.core.contracts.target import TargetSpec
+from etforge.core.front.load import non_finite_count
 from etforge.core.graph.utils import node_op
 from etforge.core.quantize.quantizer import ComposedQuantizer, calibrate, convert, prepare
 from etforge.core.registry.manager import Registry, registry
@@ -156,8 +157,7 @@ def non_finite(ep: ExportedProgram, batches: Sequence[Sequence[torch.Tensor]]) -
                 not found
                 and n.op == "call_function"
                 and isinstance(out, torch.Tensor)
-                and out.is_floating_point()
-                and not bool(torch.isfinite(out).all())
+                and non_finite_count(out)
             ):
                 found.append((n.name, node_op(n)))
             return out
