@@ -7,7 +7,7 @@ docs/writing-an-op-plugin.md, docs/writing-a-rewrite-plugin.md, docs/writing-a-t
 Hooks (return lists from functions marked ``@hookimpl``; see ``etforge.core.contracts.hookspecs``)
     hookimpl
 Op converters (``etforge_op_converters``)
-    OpConverter, Support, SUPPORTED, unsupported, Constraint, Elementwise, elementwise
+    OpConverter, Support, SUPPORTED, unsupported, Constraint, Elementwise, elementwise, EVERY_NPU
 Quantizer rules (``etforge_quantizer_rules``)
     QuantRule
 Rewrites (``etforge_rewrites``) and their graph-editing helpers
@@ -42,6 +42,7 @@ from etforge.core.common.errors import ConversionError, EtforgeError, PluginErro
 from etforge.core.common.fallbacks import record as record_fallback
 from etforge.core.common.isolated import run_isolated
 from etforge.core.contracts.converter import (
+    EVERY_NPU,
     SUPPORTED,
     Constraint,
     Elementwise,
@@ -123,6 +124,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "EVERY_NPU",
     "LOWERING_NOTES_KEY",
     "SUPPORTED",
     "Constraint",

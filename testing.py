@@ -72,15 +72,44 @@ def _held_out(example: tuple[torch.Tensor, ...], calibration: list[tuple[torch.T
         )
 
 
-def _output_scales(edge_ep: Any) -> list[float | None]:
-    """Quantization scale of each user output (from its dequantize), None for float outputs."""
-    from etforge.core.graph.utils import is_dequantize
+@dataclass(frozen=True)
+class OutputForm:
+    """How one user output leaves the lowered program: the dequantize producing it (its op and
+    scale) or None for a float output. It decides the tolerance ``check_op`` holds it to."""
+
+    op: str | None
+    scale: float | None
+
+    def describe(self) -> str:
+        if self.scale is None:
+            why = "a float output" if self.op is None else f"from {self.op} with a tensor scale"
+            return f"{why}: held to the float tolerance"
+        return f"int8, dequantized by {self.op} (scale {self.scale:.4g}): held to max_steps"
+
+
+def dequantize_forms(target: Any, reg: Any) -> frozenset[str]:
+    """Every dequantize op a program for ``target`` may end in: ``quantized_decomposed``'s and
+    those of the target's CPU backend (``CpuBackend.dequantize_ops``, e.g. CMSIS-NN's)."""
+    from etforge.core.graph.utils import DEQUANTIZE_OPS
+
+    backend = reg.cpu_backends.get(target.cpu_fallback)
+    return DEQUANTIZE_OPS | frozenset(backend.dequantize_ops if backend is not None else ())
+
+
+def _output_forms(edge_ep: Any, dequantize_ops: frozenset[str]) -> list[OutputForm]:
+    """How each user output leaves the program (see :class:`OutputForm`)."""
+    from etforge.core.graph.utils import node_op
 
     out_node = next(n for n in edge_ep.graph_module.graph.nodes if n.op == "output")
-    scales: list[float | None] = []
+    forms: list[OutputForm] = []
     for a in out_node.args[0]:
-        scales.append(float(a.args[1]) if is_dequantize(a) and not hasattr(a.args[1], "op") else None)
-    return scales
+        op = node_op(a) if getattr(a, "op", None) == "call_function" else None
+        if op in dequantize_ops:
+            scale = a.args[1]
+            forms.append(OutputForm(op, float(scale) if isinstance(scale, (int, float)) else None))
+        else:
+            forms.append(OutputForm(None, None))
+    return forms
 
 
 def check_op(
@@ -139,6 +168,7 @@ def check_op(
         with torch.no_grad():
             reference = [t.detach() for t in _flat(module(*example))]
     edge, partitioner, parts, _ = pipeline.lower(ep, tgt, options, reg)
+    forms = _output_forms(edge.exported_program(), dequantize_forms(tgt, reg))
     delegated = [d.node for d in partitioner.decisions if d.npu]
     refused = {f"{d.node} ({d.op})": d.reason for d in partitioner.decisions if not d.npu}
     ops = [op for p in parts for op in p.converted.operators]
@@ -148,7 +178,7 @@ def check_op(
         )
     tol = _Tolerance(quantize, max_steps, rtol, atol, span_rtol)
     worst_steps, mean_steps, worst_rel, outputs = _compare(
-        edge.exported_program(), example, reference, tol, ops
+        edge.exported_program(), example, reference, tol, ops, forms
     )
     if quantize and float_check:  # the same converters on float32 tensors
         try:
@@ -178,6 +208,7 @@ def _compare(
     reference: list[torch.Tensor],
     tol: _Tolerance,
     ops: list[str],
+    forms: list[OutputForm],
 ) -> tuple[float, float, float, list[torch.Tensor]]:
     """(worst steps, worst mean steps, worst relative error, outputs) of the lowered program on
     ``example`` against ``reference`` with both LiteRT kernel sets: a converter must be right
@@ -186,7 +217,6 @@ def _compare(
     from etforge.runtime.litert_run import KERNELS
 
     worst_steps, mean_steps, worst_rel = 0.0, 0.0, 0.0
-    scales = _output_scales(edge_ep)
     outputs: list[torch.Tensor] = []
     for kernels in KERNELS:
         outputs = [o for o in run_program(edge_ep, example, kernels) if isinstance(o, torch.Tensor)]
@@ -198,10 +228,10 @@ def _compare(
                     f"output {i}: shape {list(got.shape)} != reference {list(ref.shape)}; LiteRT ops {ops}"
                 )
             diff = (got.to(torch.float64) - ref.to(torch.float64)).abs()
-            scale = scales[i] if i < len(scales) else None
-            where = f"output {i}", f"with LiteRT's {kernels} kernels", f"LiteRT ops {ops}"
-            if tol.quantize and scale:
-                worst, mean = _steps(diff, scale, tol, where)
+            form = forms[i] if i < len(forms) else OutputForm(None, None)
+            where = f"output {i} ({form.describe()})", f"with LiteRT's {kernels} kernels", f"LiteRT ops {ops}"
+            if tol.quantize and form.scale:
+                worst, mean = _steps(diff, form.scale, tol, where)
                 worst_steps, mean_steps = max(worst_steps, worst), max(mean_steps, mean)
             else:
                 worst_rel = max(worst_rel, _relative(diff, ref, tol, where))
@@ -218,8 +248,8 @@ def _steps(
     if worst > tol.max_steps + 1e-3:
         name, kernels, ops = where
         raise OpCheckError(
-            f"{name}: max error {worst:.2f} quantization steps (scale {scale:.4g}) > "
-            f"{tol.max_steps} {kernels}; mean {mean:.3f}; {ops}"
+            f"{name}: max error {worst:.2f} quantization steps > max_steps={tol.max_steps} "
+            f"{kernels}; mean {mean:.3f}; {ops}"
         )
     return worst, mean
 
@@ -232,9 +262,11 @@ def _relative(diff: torch.Tensor, ref: torch.Tensor, tol: _Tolerance, where: tup
     span = float(magnitude.max()) * tol.span_rtol if magnitude.numel() else 0.0
     if bool((diff > tol.atol + span + tol.rtol * magnitude).any()):
         name, kernels, ops = where
+        at = int((diff - (tol.atol + span + tol.rtol * magnitude)).argmax())
         raise OpCheckError(
             f"{name}: max abs error {float(diff.max()):.3g} beyond rtol={tol.rtol}, atol={tol.atol}, "
-            f"span_rtol={tol.span_rtol} {kernels}; {ops}"
+            f"span_rtol={tol.span_rtol} (at flat index {at}: {float(diff.flatten()[at]):.3g} off a "
+            f"reference of {float(ref.flatten()[at]):.4g}) {kernels}; {ops}"
         )
     return rel
 

@@ -14,6 +14,7 @@ import torch
 import etforge
 from etforge.core.build import equivalence
 from etforge.core.common.errors import EtforgeError
+from etforge.core.contracts.hookspecs import hookimpl
 from etforge.core.contracts.rewrite import Rewrite
 from etforge.core.graph.utils import node_op
 from etforge.core.registry.manager import extra_plugins
@@ -59,6 +60,7 @@ class Plugin:
     __name__ = "wrong_rewrite_plugin"
 
     @staticmethod
+    @hookimpl
     def etforge_rewrites() -> list[Rewrite]:
         return [AddAsSub()]
 

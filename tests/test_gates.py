@@ -34,6 +34,7 @@ def _gelu_plugin(approximate: bool) -> types.ModuleType:
 
     class Gelu(OpConverter):
         ops = ("aten.gelu.default",)
+        targets = ("neutron-c",)
         priority = 10
         litert_ops = ("GELU",)
 
@@ -106,7 +107,10 @@ def _gelu_calibration() -> list[tuple[torch.Tensor, ...]]:
 def wrong_relu() -> Any:
     """relu lowered to RELU_N1_TO_1 (clamps at 1): many steps off where x > 1."""
     plugin = _plugin(
-        "wrong_relu", elementwise("aten.relu.default", "RELU_N1_TO_1", name="WrongRelu", priority=10)
+        "wrong_relu",
+        elementwise(
+            "aten.relu.default", "RELU_N1_TO_1", name="WrongRelu", priority=10, targets=("neutron-c",)
+        ),
     )
     return plugin
 
@@ -194,7 +198,10 @@ def test_skipped_values_are_counted_and_reported(gelu_runs: dict[bool, Any]) -> 
 
 def test_top1_gate_fails_a_converter_that_subtracts() -> None:
     """add lowered to SUB: relu(x) - x = relu(-x); the top class moves."""
-    sub = _plugin("add_as_sub", elementwise("aten.add.Tensor", "SUB", arity=2, name="AddAsSub", priority=10))
+    sub = _plugin(
+        "add_as_sub",
+        elementwise("aten.add.Tensor", "SUB", arity=2, name="AddAsSub", priority=10, targets=("neutron-c",)),
+    )
     g = torch.Generator().manual_seed(0)
     calib = [(torch.randn(1, 16, generator=g),) for _ in range(4)]
     v = _compare(_ReluPlusInput(), calib, "imxrt700", sub)

@@ -17,6 +17,7 @@ from etforge.core.contracts.converter import OpConverter
 
 
 class BrokenRelu(OpConverter):
+    targets = ("neutron-c",)
     '''RELU from int8 to float32 (LiteRT needs one type on both sides), then QUANTIZE.'''
 
     ops = ("aten.relu.default",)
@@ -86,6 +87,7 @@ from etforge.core.contracts.converter import OpConverter
 
 
 class BrokenFlatten(OpConverter):
+    targets = ("neutron-c",)
     '''RESHAPE from int8 to float32, then QUANTIZE: LiteRT prepares it; XNNPACK would copy an
     int8 buffer's bytes as floats at invoke.'''
 

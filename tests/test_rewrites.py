@@ -190,6 +190,7 @@ def test_rewrites_are_listed_with_their_plugin() -> None:
 
 def test_a_failing_rewrite_is_named() -> None:
     from etforge.core.common.errors import EtforgeError
+    from etforge.core.contracts.hookspecs import hookimpl
     from etforge.core.contracts.rewrite import Rewrite
     from etforge.core.registry.manager import extra_plugins
 
@@ -201,6 +202,7 @@ def test_a_failing_rewrite_is_named() -> None:
         __name__ = "broken_rewrite_plugin"
 
         @staticmethod
+        @hookimpl
         def etforge_rewrites():
             return [Broken()]
 

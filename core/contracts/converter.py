@@ -17,6 +17,11 @@ if TYPE_CHECKING:
     from etforge.core.litert.context import Constant, ConversionContext
 
 
+#: ``OpConverter.targets`` of a converter that serves every NPU: its checks read only the
+#: target's ``NpuSpec`` (and name what they read in ``reads``).
+EVERY_NPU: tuple[str, ...] = ("*",)
+
+
 @dataclass(frozen=True)
 class Support:
     """A support decision; ``reason`` says why not, for the report."""
@@ -70,8 +75,15 @@ class OpConverter:
     preserve: ClassVar[tuple[str, ...]] = ()
     #: Higher wins when two converters claim one op; built-ins use 0.
     priority: ClassVar[int] = 0
-    #: Target names or NPU families this converter applies to; ``None``: every NPU.
+    #: The NPUs this converter serves: target names or NPU families, or :data:`EVERY_NPU`
+    #: (written against ``NpuSpec`` data alone, as the built-in converters are). ``None`` (not
+    #: said): only NPUs that take undeclared converters (``NpuSpec.takes_undeclared_converters``,
+    #: e.g. the host ``litert`` target), so a converter never reaches a chip's NPU unasked.
     targets: ClassVar[tuple[str, ...] | None] = None
+    #: The NPU names (``limits`` / ``choices`` keys, ``requires`` flags) the support check reads:
+    #: each must be declared by a loaded NPU spec (``NpuSpec.declares``) or the plugin fails to
+    #: load, naming it (a misspelt key would read as "no limit").
+    reads: ClassVar[tuple[str, ...]] = ()
     #: Element types handled: "int8" (quantized) and/or "float32".
     dtypes: ClassVar[tuple[str, ...]] = ("int8", "float32")
     #: Limits, shown by ``etforge ops``: :class:`Constraint` (checked by ``is_supported``)
@@ -98,9 +110,14 @@ class OpConverter:
         raise NotImplementedError(f"{self.name} lists {node.target} in folds but has no fold_constant")
 
     def applies_to(self, target: TargetSpec) -> bool:
+        """Whether this converter is asked about ``target``'s nodes (see :attr:`targets`)."""
         if target.npu is None:
             return False
-        return self.targets is None or target.name in self.targets or target.npu.family in self.targets
+        if self.targets is None:
+            return target.npu.takes_undeclared_converters
+        return (
+            EVERY_NPU[0] in self.targets or target.name in self.targets or target.npu.family in self.targets
+        )
 
     def is_supported(self, node: Node, target: TargetSpec) -> Support:
         """Dtype gate, then the structured constraints, then the op-specific ``check``."""
@@ -155,6 +172,7 @@ class OpConverter:
             "ops": list(self.ops),
             "priority": self.priority,
             "targets": list(self.targets) if self.targets is not None else None,
+            "reads": list(self.reads),
             "dtypes": list(self.dtypes),
             "constraints": [c.text if isinstance(c, Constraint) else c for c in self.constraints],
             "unchecked_constraints": [c for c in self.constraints if isinstance(c, str)],
@@ -199,6 +217,7 @@ def elementwise(
     name: str | None = None,
     priority: int = 0,
     targets: tuple[str, ...] | None = None,
+    reads: tuple[str, ...] = (),
 ) -> OpConverter:
     """Build an :class:`Elementwise` converter from data (op, LiteRT builtin, dtypes)."""
     cls = type(
@@ -213,6 +232,7 @@ def elementwise(
             "options_table": options_table,
             "priority": priority,
             "targets": targets,
+            "reads": reads,
         },
     )
     return cls()

@@ -55,6 +55,11 @@ class CpuBackend:
     #: (``zeros_like``, ``full``) would produce the wrong int8 values, and the
     #: ``ValueOpsAsConstants`` rewrite turns those into constants before quantization.
     folds_qdq: bool = False
+    #: This backend's own quantize / dequantize ops (``namespace.op.overload``) beside
+    #: ``quantized_decomposed``'s, which every backend understands: what reads a program's
+    #: int8 outputs (``etforge.testing.check_op``) asks here, never for a namespace by name.
+    quantize_ops: tuple[str, ...] = ()
+    dequantize_ops: tuple[str, ...] = ()
 
     def quantizer(self, target: TargetSpec, options: dict[str, Any]) -> Quantizer | None:
         """A PT2E quantizer for the nodes the NPU rules left unannotated (None: none)."""
@@ -62,10 +67,6 @@ class CpuBackend:
 
     def edge_compile_config(self) -> EdgeCompileConfig | None:
         return None
-
-    def preserve_ops(self) -> tuple[str, ...]:
-        """ATen ops ``to_edge`` must keep whole for this backend's lowering."""
-        return ()
 
     def lower(self, ep: ExportedProgram, target: TargetSpec, options: dict[str, Any]) -> ExportedProgram:
         """Rewrite the leftover Edge ops into this backend's kernels (identity by default).

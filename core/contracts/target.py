@@ -88,6 +88,10 @@ class NpuSpec:
     #: keys -- each with what it means. A spec naming anything not declared here is refused at
     #: load (a misspelt flag would otherwise silently switch a hardware rule off).
     declares: dict[str, str] = field(default_factory=dict)
+    #: Whether converters that name no NPU (``OpConverter.targets`` None) apply here: True for
+    #: a host LiteRT target that checks any converter, False for a chip's NPU (a converter
+    #: reaches it only by naming its family, its target or every NPU).
+    takes_undeclared_converters: bool = False
 
     def limit(self, key: str, default: int) -> int:
         return self.limits.get(key, default)

@@ -78,6 +78,7 @@ def converter_problems(op_converter: Any) -> list[str]:
     targets = getattr(op_converter, "targets", None)
     if targets is not None:
         out += _names(targets, "targets")
+    out += _names(getattr(op_converter, "reads", ()), "reads")
     dtypes = getattr(op_converter, "dtypes", ())
     problems = _names(dtypes, "dtypes")
     if not problems and set(dtypes) - DTYPES:

@@ -298,10 +298,89 @@ def _entry_points() -> list[md.EntryPoint]:
     return out
 
 
-def load_plugins(entry_points: Iterable[md.EntryPoint] | None = None, strict: bool = False) -> Registry:
-    """Load every plugin; with ``strict`` the first broken plugin raises :class:`PluginError`."""
+def _checked_names(reg: Registry) -> Registry:
+    """``reg``, after marking as broken every plugin whose converter reads an NPU name
+    (``OpConverter.reads``: a limit, choice or flag) that no loaded NPU spec declares: a
+    misspelt key would otherwise read as "no limit" and switch a hardware rule off."""
+    declared: dict[str, str] = {}
+    for target in (t for p in reg.plugins for t in p.provides.get("targets", [])):
+        if target.npu is not None:
+            for name in target.npu.declares:
+                declared.setdefault(name, target.npu.family)
+    for info in reg.plugins:
+        if info.error:
+            continue
+        for op_converter in info.provides.get("converters", []):
+            problem = unread_names(op_converter, declared)
+            if problem:
+                info.error, info.provides = f"plugin {info.label}: {problem}", {}
+                if reg.strict:
+                    raise PluginError(info.error)
+                break
+    return reg
+
+
+def unread_names(op_converter: OpConverter, declared: dict[str, str]) -> str:
+    """Why ``op_converter.reads`` names something no NPU declares ("" when every name is)."""
+    import difflib
+
+    for name in op_converter.reads:
+        if name not in declared:
+            close = difflib.get_close_matches(name, sorted(declared), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            return (
+                f"converter {op_converter.name} reads NPU name {name!r}, which no loaded NPU spec "
+                f"declares{hint}; a name nobody sets would read as 'no limit'"
+            )
+    return ""
+
+
+def _new_manager() -> pluggy.PluginManager:
     pm = pluggy.PluginManager(hookspecs.PROJECT)
     pm.add_hookspecs(hookspecs)
+    return pm
+
+
+def _provide(pm: pluggy.PluginManager, module: object, info: PluginInfo) -> None:
+    """Register ``module`` with ``pm`` and fill ``info.provides`` from its hooks.
+
+    The one way a plugin loads, installed or handed to :func:`extra_plugins`: a function named
+    like a hook but not marked ``@hookimpl`` (pluggy would skip it: the plugin would provide
+    nothing) and a marked function naming no hook are errors naming the plugin."""
+    pm.register(module, name=f"{info.distribution}:{info.name}")
+    marked = {impl.function.__name__ for hook in HOOKS for impl in getattr(pm.hook, hook).get_hookimpls()
+              if impl.plugin is module}  # fmt: skip
+    for attr in sorted(dir(module)):
+        if attr.startswith(f"{hookspecs.PROJECT}_") and callable(getattr(module, attr, None)):
+            if attr in HOOKS and attr not in marked:
+                raise PluginError(
+                    f"plugin {info.label}: {attr}() is not marked @hookimpl (from etforge.sdk import "
+                    "hookimpl): pluggy would not call it and the plugin would provide nothing"
+                )
+            if attr not in HOOKS and _is_hookimpl(getattr(module, attr)):
+                raise PluginError(
+                    f"plugin {info.label}: {attr}() is marked @hookimpl but no such hook exists "
+                    f"(hooks: {', '.join(HOOKS)})"
+                )
+    for hook in HOOKS:
+        impls = [i for i in getattr(pm.hook, hook).get_hookimpls() if i.plugin is module]
+        for impl in impls:
+            try:
+                result = impl.function()
+            except Exception as exc:  # a plugin's bug must not take the others down
+                raise PluginError(
+                    f"plugin {info.label}: hook {hook}() raised {type(exc).__name__}: {exc}"
+                ) from exc
+            info.provides.setdefault(HOOKS[hook][1], []).extend(_validate(info, hook, result))
+
+
+def _is_hookimpl(value: object) -> bool:
+    return hasattr(value, f"{hookspecs.PROJECT}_impl")
+
+
+def load_plugins(entry_points: Iterable[md.EntryPoint] | None = None, strict: bool = False) -> Registry:
+    """Load every plugin; with ``strict`` the first broken plugin raises :class:`PluginError`."""
+    pm = _new_manager()
     infos: list[PluginInfo] = []
     for ep in _entry_points() if entry_points is None else entry_points:
         dist = ep.dist.name if ep.dist else "?"
@@ -309,18 +388,7 @@ def load_plugins(entry_points: Iterable[md.EntryPoint] | None = None, strict: bo
         info = PluginInfo(name=ep.name, distribution=dist, version=version, entry_point=ep.value)
         infos.append(info)
         try:
-            module = ep.load()
-            pm.register(module, name=f"{dist}:{ep.name}")
-            for hook in HOOKS:
-                impls = [i for i in getattr(pm.hook, hook).get_hookimpls() if i.plugin is module]
-                for impl in impls:
-                    try:
-                        result = impl.function()
-                    except Exception as exc:  # a plugin's bug must not take the others down
-                        raise PluginError(
-                            f"plugin {info.label}: hook {hook}() raised {type(exc).__name__}: {exc}"
-                        ) from exc
-                    info.provides.setdefault(HOOKS[hook][1], []).extend(_validate(info, hook, result))
+            _provide(pm, ep.load(), info)
         except PluginError as exc:
             info.error, info.provides = str(exc), {}
         except Exception as exc:
@@ -330,7 +398,7 @@ def load_plugins(entry_points: Iterable[md.EntryPoint] | None = None, strict: bo
             )
         if info.error and strict:
             raise PluginError(info.error)
-    return Registry(infos, strict=strict)
+    return _checked_names(Registry(infos, strict=strict))
 
 
 _OVERRIDE: list[Registry] = []
@@ -358,18 +426,22 @@ def use_as_default(reg: Registry) -> Registry:
 
 @contextmanager
 def extra_plugins(*modules: object) -> Iterator[Registry]:
-    """Use these plugin modules as if installed (e.g. to test a plugin before packaging it)."""
+    """Use these plugin modules as if installed (e.g. to test a plugin before packaging it).
+
+    They load the way an installed plugin does (:func:`_provide`), except that a broken one
+    raises :class:`PluginError` here rather than being listed by ``etforge plugins``."""
     base = _entry_point_registry()
     infos = list(base.plugins)
+    pm = _new_manager()
     for module in modules:
         name = getattr(module, "__name__", type(module).__name__)
         info = PluginInfo(name=name, distribution="(in-process)", version="-", entry_point=name)
-        for hook, (_, key) in HOOKS.items():
-            impl = getattr(module, hook, None)
-            if impl is not None:
-                info.provides.setdefault(key, []).extend(_validate(info, hook, impl()))
+        _provide(pm, module, info)
         infos.append(info)
-    reg = Registry(infos, strict=base.strict)
+    reg = _checked_names(Registry(infos, strict=base.strict))
+    broken = [p for p in reg.plugins[len(base.plugins) :] if p.error]
+    if broken:
+        raise PluginError(broken[0].error or "")
     _OVERRIDE.append(reg)
     try:
         yield reg

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, ClassVar
 
-from etforge.sdk import Constraint, OpConverter, QuantRule, hookimpl
+from etforge.sdk import EVERY_NPU, Constraint, OpConverter, QuantRule, hookimpl
 
 if TYPE_CHECKING:
     from torch.fx import Node
@@ -24,6 +24,9 @@ FUSABLE_ACTIVATIONS = (
     "aten.hardtanh.default",
     "aten.hardtanh_.default",
 )
+
+#: The NPU names (``NpuSpec.declares``) this module's support checks read.
+READS = ("clamp_needs_a_bound", "clamp_shared_qparams_unless_relu", "binary_full_size_operand")
 
 
 def activation_kind(node: Node) -> str | None:
@@ -122,6 +125,9 @@ def _clamp_qparams(node: Node, target: TargetSpec) -> bool | str:
 class Clamp(OpConverter):
     """hardtanh / clamp: RELU6, RELU_N1_TO_1 or RELU when the range matches, else MAXIMUM/MINIMUM."""
 
+    targets = EVERY_NPU
+    reads = READS
+
     ops = ("aten.hardtanh.default", "aten.clamp.default")
     constraints = (
         Constraint("scalar bounds", _scalar_bounds),
@@ -176,6 +182,8 @@ class Clamp(OpConverter):
 
 
 class LeakyRelu(OpConverter):
+    targets = EVERY_NPU
+    reads = READS
     ops = ("aten.leaky_relu.default",)
 
     def convert(self, node: Node, ctx: ConversionContext) -> None:
@@ -202,6 +210,9 @@ def _full_size_operand(node: Node, target: TargetSpec) -> bool | str:
 
 class Prelu(OpConverter):
     """PRELU with the slope broadcast over channels (stored in the input's layout)."""
+
+    targets = EVERY_NPU
+    reads = READS
 
     ops = ("aten._prelu_kernel.default", "aten.prelu.default")
     preserve = ("aten.prelu.default",)
@@ -262,6 +273,9 @@ ONE_DOMAIN = Constraint("input and output both int8 or both float", _one_domain)
 
 class Unary(OpConverter):
     """A layout-agnostic unary op with a fixed LiteRT builtin."""
+
+    targets = EVERY_NPU
+    reads = READS
 
     litert: ClassVar[str] = ""
 

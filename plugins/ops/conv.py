@@ -6,7 +6,7 @@ import math
 from typing import TYPE_CHECKING
 
 from etforge.plugins.ops.activation import FUSABLE_ACTIVATIONS
-from etforge.sdk import Constraint, OpConverter, QuantRule, hookimpl
+from etforge.sdk import EVERY_NPU, Constraint, OpConverter, QuantRule, hookimpl
 
 if TYPE_CHECKING:
     from torch.fx import Node
@@ -14,6 +14,17 @@ if TYPE_CHECKING:
     from etforge.sdk import Constant, ConversionContext, TargetSpec, Value
 
 NHWC = (0, 2, 3, 1)
+
+#: The NPU names (``NpuSpec.declares``) this module's support checks read.
+READS = (
+    "max_kernel",
+    "max_stride",
+    "max_dilation",
+    "max_weight_rows",
+    "max_transpose_conv_stride",
+    "conv_plain_or_depthwise",
+    "max_split_groups",
+)
 
 
 def _params(
@@ -130,6 +141,9 @@ def _no_output_padding(node: Node, target: TargetSpec) -> bool | str:
 
 class Convolution(OpConverter):
     """CONV_2D / DEPTHWISE_CONV_2D / TRANSPOSE_CONV; weights permuted to OHWI / 1HWO at conversion."""
+
+    targets = EVERY_NPU
+    reads = READS
 
     ops = ("aten.convolution.default",)
     constraints = (

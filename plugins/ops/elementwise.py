@@ -9,12 +9,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from etforge.sdk import Constraint, Elementwise, OpConverter, QuantRule, elementwise, hookimpl
+from etforge.sdk import EVERY_NPU, Constraint, Elementwise, OpConverter, QuantRule, elementwise, hookimpl
 
 if TYPE_CHECKING:
     from torch.fx import Node
 
     from etforge.sdk import ConversionContext, TargetSpec
+
+#: The NPU names (``NpuSpec.declares``) this module's support checks read.
+READS = ("binary_full_size_operand", "shared_qparams_minmax", "neg_per_tensor")
 
 
 def _unit_alpha(node: Node, target: TargetSpec) -> bool | str:
@@ -102,6 +105,9 @@ _FULL = Constraint("an input as large as the output (npu binary_full_size_operan
 class AddSub(Elementwise):
     """ADD / SUB; ``alpha`` other than 1 is refused (it would need a MUL first)."""
 
+    targets = EVERY_NPU
+    reads = READS
+
     arity = 2
     constraints = (Constraint("alpha == 1", _unit_alpha), _FULL)
 
@@ -125,6 +131,8 @@ class Sub(AddSub):
 
 
 class Mul(Elementwise):
+    targets = EVERY_NPU
+    reads = READS
     ops = ("aten.mul.Tensor",)
     litert = "MUL"
     options_table = "MulOptions"
@@ -136,6 +144,8 @@ class Mul(Elementwise):
 
 
 class MinMax(Elementwise):
+    targets = EVERY_NPU
+    reads = READS
     arity = 2
     constraints = (
         _FULL,
@@ -156,6 +166,9 @@ class Minimum(MinMax):
 class Neg(Elementwise):
     """NEG; int8 as MUL by an exact -1 (code -127 at scale 1/127): LiteRT's int8 NEG negates
     the codes, ignoring the zero point, so it is wrong for any zero point but 0."""
+
+    targets = EVERY_NPU
+    reads = READS
 
     ops = ("aten.neg.default",)
     litert = "NEG"
@@ -184,11 +197,11 @@ def etforge_op_converters() -> list[OpConverter]:
         Mul(),
         Maximum(),
         Minimum(),
-        elementwise("aten.abs.default", "ABS"),
+        elementwise("aten.abs.default", "ABS", targets=EVERY_NPU),
         Neg(),
-        elementwise("aten.exp.default", "EXP"),
-        elementwise("aten.log.default", "LOG"),
-        elementwise("aten.rsqrt.default", "RSQRT"),
+        elementwise("aten.exp.default", "EXP", targets=EVERY_NPU),
+        elementwise("aten.log.default", "LOG", targets=EVERY_NPU),
+        elementwise("aten.rsqrt.default", "RSQRT", targets=EVERY_NPU),
     ]
 
 

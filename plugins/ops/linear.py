@@ -6,12 +6,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from etforge.plugins.ops.activation import FUSABLE_ACTIVATIONS
-from etforge.sdk import Constraint, OpConverter, QuantRule, hookimpl
+from etforge.sdk import EVERY_NPU, Constraint, OpConverter, QuantRule, hookimpl
 
 if TYPE_CHECKING:
     from torch.fx import Node
 
     from etforge.sdk import Constant, ConversionContext, TargetSpec
+
+#: The NPU names (``NpuSpec.declares``) this module's support checks read.
+READS = ("addmm_bias_row", "matmul_constant_rhs", "batch_matmul_zero_points")
 
 
 def _fully_connected(ctx: ConversionContext, node: Node, x_arg: object, w: Constant, bias: object) -> None:
@@ -38,6 +41,9 @@ def _linear_constant(node: Node, target: TargetSpec) -> bool:
 
 class Linear(OpConverter):
     """FULLY_CONNECTED (fusing a following relu / relu6)."""
+
+    targets = EVERY_NPU
+    reads = READS
 
     ops = ("aten.linear.default",)
     preserve = ("aten.linear.default",)
@@ -113,6 +119,9 @@ def _bmm_zero_points(node: Node, target: TargetSpec) -> bool | str:
 
 class MatMul(OpConverter):
     """addmm / mm: FULLY_CONNECTED when the right operand is constant, else BATCH_MATMUL."""
+
+    targets = EVERY_NPU
+    reads = READS
 
     ops = ("aten.addmm.default", "aten.mm.default", "aten.bmm.default")
     constraints = (

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from etforge.sdk import Constraint, OpConverter, QuantRule, hookimpl
+from etforge.sdk import EVERY_NPU, Constraint, OpConverter, QuantRule, hookimpl
 
 if TYPE_CHECKING:
     from torch.fx import Node
@@ -12,6 +12,9 @@ if TYPE_CHECKING:
     from etforge.sdk import ConversionContext, TargetSpec, Value
 
 NHWC = (0, 2, 3, 1)
+
+#: The NPU names (``NpuSpec.declares``) this module's support checks read.
+READS = ("max_kernel", "max_stride", "max_max_pool_stride", "shared_qparams_pool", "avg_pool_counts_padding")
 
 
 def _window(node: Node) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], bool]:
@@ -150,6 +153,9 @@ def _adaptive_window(node: Node, target: TargetSpec) -> bool | str:
 class MaxPool2d(OpConverter):
     """MAX_POOL_2D; padding (and ceil_mode) become a PADV2 with the lowest value."""
 
+    targets = EVERY_NPU
+    reads = READS
+
     ops = ("aten.max_pool2d_with_indices.default", "aten.max_pool2d.default")
     constraints = (
         Constraint("4-D input and output, indices unused", _max_pool_shape),
@@ -182,6 +188,9 @@ def _pad(ctx: ConversionContext, x: Value, pads: list[tuple[int, int]], value: f
 class AvgPool2d(OpConverter):
     """AVERAGE_POOL_2D: VALID, SAME when it equals count_include_pad=False, or PAD + VALID."""
 
+    targets = EVERY_NPU
+    reads = READS
+
     ops = ("aten.avg_pool2d.default",)
     constraints = (
         Constraint(
@@ -209,6 +218,9 @@ class AvgPool2d(OpConverter):
 
 class AdaptiveAvgPool2d(OpConverter):
     """Global pooling -> MEAN over H, W; evenly dividing output sizes -> AVERAGE_POOL_2D."""
+
+    targets = EVERY_NPU
+    reads = READS
 
     ops = ("aten._adaptive_avg_pool2d.default", "aten.adaptive_avg_pool2d.default")
     constraints = (

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar
 
-from etforge.sdk import Constraint, OpConverter, QuantRule, hookimpl
+from etforge.sdk import EVERY_NPU, Constraint, OpConverter, QuantRule, hookimpl
 
 if TYPE_CHECKING:
     from torch.fx import Node
 
     from etforge.sdk import ConversionContext, TargetSpec
+
+#: The NPU names (``NpuSpec.declares``) this module's support checks read.
+READS = ("shared_qparams_reduce",)
 
 
 def _explicit_dims(node: Node, target: TargetSpec) -> bool | str:
@@ -29,6 +32,8 @@ def _shared(node: Node, target: TargetSpec) -> bool | str:
 
 
 class Reduce(OpConverter):
+    targets = EVERY_NPU
+    reads = READS
     litert: ClassVar[str] = ""
     constraints = (
         Constraint("explicit dims, no dtype change", _explicit_dims),

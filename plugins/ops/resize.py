@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar
 
-from etforge.sdk import Constraint, OpConverter, QuantRule, hookimpl
+from etforge.sdk import EVERY_NPU, Constraint, OpConverter, QuantRule, hookimpl
 
 if TYPE_CHECKING:
     from torch.fx import Node
 
     from etforge.sdk import ConversionContext, TargetSpec
+
+#: The NPU names (``NpuSpec.declares``) this module's support checks read.
+READS = ("resize_scales",)
 
 
 def _four_d(node: Node, target: TargetSpec) -> bool | str:
@@ -42,6 +45,8 @@ def _scales(node: Node, target: TargetSpec) -> bool | str:
 
 
 class Resize(OpConverter):
+    targets = EVERY_NPU
+    reads = READS
     litert: ClassVar[str] = ""
     options_kind: ClassVar[str] = ""
     constraints = (

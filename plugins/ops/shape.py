@@ -10,12 +10,32 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from etforge.sdk import SUPPORTED, Constraint, OpConverter, QuantRule, Support, hookimpl, unsupported
+from etforge.sdk import (
+    EVERY_NPU,
+    SUPPORTED,
+    Constraint,
+    OpConverter,
+    QuantRule,
+    Support,
+    hookimpl,
+    unsupported,
+)
 
 if TYPE_CHECKING:
     from torch.fx import Node
 
     from etforge.sdk import Constant, ConversionContext, TargetSpec, Value
+
+#: The NPU names (``NpuSpec.declares``) this module's support checks read.
+READS = (
+    "max_rank",
+    "max_view_rank",
+    "shared_qparams_cat",
+    "shared_qparams_pad",
+    "shared_qparams_permute",
+    "slice_unit_step",
+    "slice_nonempty",
+)
 
 
 def _rank_ok(node: Node, target: TargetSpec) -> bool | str:
@@ -59,6 +79,9 @@ def _shared(flag: str, every_input: bool = False) -> Callable[[Node, TargetSpec]
 
 class Reshape(OpConverter):
     """Every view-like op: RESHAPE to the node's output shape."""
+
+    targets = EVERY_NPU
+    reads = READS
 
     moves_codes = True
     ops = (
@@ -123,6 +146,9 @@ def _flatten_into_fc(
 class Permute(OpConverter):
     """permute: no data moves; the output is the input's tensor with a relabelled layout."""
 
+    targets = EVERY_NPU
+    reads = READS
+
     moves_codes = True
     ops = (
         "aten.permute_copy.default",
@@ -175,6 +201,9 @@ class Permute(OpConverter):
 class Identity(OpConverter):
     """clone / alias / contiguous copies: the output is the input."""
 
+    targets = EVERY_NPU
+    reads = READS
+
     moves_codes = True
     ops = (
         "aten.clone.default",
@@ -202,6 +231,9 @@ class Identity(OpConverter):
 
 class Cat(OpConverter):
     """CONCATENATION along the stored position of the logical axis (all inputs share a layout)."""
+
+    targets = EVERY_NPU
+    reads = READS
 
     ops = ("aten.cat.default",)
     constraints = (
@@ -258,6 +290,9 @@ def _slice_limits(node: Node, target: TargetSpec) -> bool | str:
 class Slice(OpConverter):
     """slice_copy -> STRIDED_SLICE in stored coordinates."""
 
+    targets = EVERY_NPU
+    reads = READS
+
     moves_codes = True
     ops = ("aten.slice_copy.Tensor", "aten.slice.Tensor")
     constraints = (
@@ -305,6 +340,9 @@ class Select(OpConverter):
 
     ``nn.MultiheadAttention`` picks q, k and v out of its packed in-projection this way."""
 
+    targets = EVERY_NPU
+    reads = READS
+
     moves_codes = True
     ops = ("aten.select_copy.int", "aten.select.int")
     constraints = (Constraint("rank <= npu max_rank", _rank_ok),)
@@ -346,6 +384,9 @@ def _pad_non_negative(node: Node, target: TargetSpec) -> bool | str:
 
 class ConstantPad(OpConverter):
     """constant_pad_nd -> PAD (zero / zero point) or PADV2 (other values)."""
+
+    targets = EVERY_NPU
+    reads = READS
 
     ops = ("aten.constant_pad_nd.default",)
     constraints = (
@@ -391,6 +432,9 @@ def _reflect_mode(node: Node, target: TargetSpec) -> bool | str:
 class ReflectPad(OpConverter):
     """``pad(mode="reflect")`` kept whole -> MIRROR_PAD (REFLECT), as upstream's pad converter;
     ``to_edge`` would otherwise decompose it into index arithmetic the NPU does not run."""
+
+    targets = EVERY_NPU
+    reads = READS
 
     ops = ("aten.pad.default",)
     preserve = ("aten.pad.default",)

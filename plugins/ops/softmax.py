@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from etforge.sdk import Constraint, OpConverter, QuantRule, hookimpl
+from etforge.sdk import EVERY_NPU, Constraint, OpConverter, QuantRule, hookimpl
 
 if TYPE_CHECKING:
     from torch.fx import Node
 
     from etforge.sdk import ConversionContext, TargetSpec
+
+#: The NPU names (``NpuSpec.declares``) this module's support checks read.
+READS = ("max_softmax_channels", "max_softmax_spatial", "max_softmax_elements")
 
 
 def _sizes(node: Node, target: TargetSpec) -> bool | str:
@@ -34,6 +37,8 @@ def _sizes(node: Node, target: TargetSpec) -> bool | str:
 
 
 class Softmax(OpConverter):
+    targets = EVERY_NPU
+    reads = READS
     ops = ("aten._softmax.default", "aten.softmax.int")
     constraints = (
         Constraint(

@@ -87,6 +87,8 @@ class CortexMBackend(CpuBackend):
     kernel_namespaces = ("cortex_m",)
     layout_ops = ("cortex_m.transpose",)
     folds_qdq = True
+    quantize_ops = ("cortex_m.quantize_per_tensor.default",)
+    dequantize_ops = ("cortex_m.dequantize_per_tensor.default",)
 
     def isa(self, target: TargetSpec, options: dict[str, Any]) -> str | None:
         """The CMSIS-NN implementation (scalar, dsp, mve) chosen for the core."""

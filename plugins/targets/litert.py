@@ -15,6 +15,7 @@ LITERT = TargetSpec(
         num_macs=1,
         dtypes=("int8", "float32"),
         fused_activations=("RELU", "RELU6", "RELU_N1_TO_1", "TANH"),
+        takes_undeclared_converters=True,  # checks any converter, however it names its NPUs
     ),
     cpu_fallback="portable",
     options=(
