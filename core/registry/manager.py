@@ -348,8 +348,9 @@ def _provide(pm: pluggy.PluginManager, module: object, info: PluginInfo) -> None
     like a hook but not marked ``@hookimpl`` (pluggy would skip it: the plugin would provide
     nothing) and a marked function naming no hook are errors naming the plugin."""
     pm.register(module, name=f"{info.distribution}:{info.name}")
-    marked = {impl.function.__name__ for hook in HOOKS for impl in getattr(pm.hook, hook).get_hookimpls()
-              if impl.plugin is module}  # fmt: skip
+    marked = {
+        hook for hook in HOOKS if any(i.plugin is module for i in getattr(pm.hook, hook).get_hookimpls())
+    }
     for attr in sorted(dir(module)):
         if attr.startswith(f"{hookspecs.PROJECT}_") and callable(getattr(module, attr, None)):
             if attr in HOOKS and attr not in marked:
