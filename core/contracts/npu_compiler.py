@@ -45,6 +45,12 @@ class NpuCompiler:
         """Whether the toolchain can run here, and if not, why (shown to the user)."""
         return False, "not implemented"
 
+    def target_problem(self, target: TargetSpec) -> str:
+        """Why this compiler cannot build for ``target``'s chip ("" if it can, or cannot tell):
+        asked when the target is made for a compile, so a chip the toolchain refuses is refused
+        even when no partition would reach it."""
+        return ""
+
     def compile(
         self, tflite: bytes, target: TargetSpec, options: dict[str, Any], partition: str
     ) -> NpuPayload:

@@ -165,11 +165,17 @@ class Registry:
         return self._by_name("targets", "target")
 
     def target(self, name: str) -> TargetSpec:
+        """The target called ``name``, once its NPU compiler (if loaded) accepts its chip."""
         targets = self.targets
         if name not in targets:
             known = ", ".join(sorted(targets)) or "none (no target plugin loaded)"
             raise PluginError(f"unknown target {name!r}; known targets: {known}")
-        return targets[name]
+        target = targets[name]
+        compiler = self.npu_compilers.get(target.npu.compiler or "") if target.npu is not None else None
+        problem = compiler.target_problem(target) if compiler is not None else ""
+        if problem:
+            raise PluginError(f"target {name!r}: {problem}")
+        return target
 
     def rules_for(self, target: TargetSpec) -> list[QuantRule]:
         """The target's rules, in scheme order then by descending priority (ties: load order).

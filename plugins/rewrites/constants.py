@@ -8,6 +8,10 @@ Cortex-M passes) then runs it on the int8 input: ``full_like(x_int8, 0)`` is int
 which means ``(0 - zero_point) * scale``, not ``0.0``. As a constant buffer the tensor is
 quantized once, at convert time, with its consumer's qparams (``0.0`` becomes the zero
 point), and the int8 program reads it.
+
+On a target with an NPU the constant is folded too, whatever the CPU backend: ``x *
+torch.ones(...)`` built in ``forward`` would otherwise run ``aten.full`` on the CPU and enter
+the NPU partition as an input (ExecuTorch's NXP flow folds it as well).
 """
 
 from __future__ import annotations
@@ -64,13 +68,15 @@ def _static(args: object) -> bool:
 class ValueOpsAsConstants(Rewrite):
     description = (
         "zeros_like/ones_like/full_like/fill/new_*/full/zeros/ones/scalar_tensor/arange of a "
-        "static shape -> a constant tensor (quantized with its consumer's qparams), on CPU "
-        "backends that fold Q/DQ into ops"
+        "static shape -> a constant tensor (quantized with its consumer's qparams), on targets "
+        "with an NPU and on CPU backends that fold Q/DQ into ops"
     )
 
     def applies_to(self, target: TargetSpec) -> bool:
         from etforge.sdk import registry
 
+        if target.npu is not None:  # else the CPU computes it and the partition takes it as an input
+            return True
         # A target whose CPU backend is not loaded fails here, naming it (as its compile would).
         return bool(getattr(registry().cpu_backend(target), "folds_qdq", False))
 

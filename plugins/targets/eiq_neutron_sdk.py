@@ -166,6 +166,13 @@ class EiqNeutronSdk(NpuCompiler):
             )
         return True, "eIQ Neutron SDK installed"
 
+    def target_problem(self, target: TargetSpec) -> str:
+        """Upstream's refusals when its target spec is made: a Neutron-S subsystem or a hardware
+        version the converters do not target (read from the SDK; "" without it)."""
+        from etforge.plugins.targets.neutron_spec_sdk import device_problem
+
+        return device_problem(target.npu) if target.npu is not None and target.npu.device else ""
+
     def compile(
         self, tflite: bytes, target: TargetSpec, options: dict[str, Any], partition: str
     ) -> NpuPayload:

@@ -34,6 +34,7 @@ DECLARES: dict[str, str] = {
     "max_split_groups": "grouped convs with 2 to this many groups (not depthwise) are split into "
     "single-group convs and a cat; more groups run as one grouped conv (grouped_conv rewrite, conv)",
     "max_rank": "largest tensor rank of data-movement ops without a rank limit of their own (shape ops)",
+    "max_tensor_rank": "largest rank of any tensor a node on the NPU reads or writes (partition check)",
     # choices (allowed values)
     "resize_scales": "integer up-sampling factors (upsample_nearest2d, upsample_bilinear2d)",
     "batch_matmul_zero_points": "input zero points a bmm may have (bmm)",
@@ -78,6 +79,7 @@ NEUTRON_C = NpuSpec(
         "max_softmax_elements": 524288,
         "max_view_rank": 7,
         "max_split_groups": 10,
+        "max_tensor_rank": 7,
     },
     choices={
         "resize_scales": (1, 2, 4, 8),
@@ -129,6 +131,8 @@ NEUTRON_C = NpuSpec(
         "max_softmax_spatial": _UPSTREAM + "softmax_converter.py (N*H*W <= 4096)",
         "max_softmax_elements": _UPSTREAM + "softmax_converter.py (channels * N*H*W <= 524288)",
         "max_view_rank": _UPSTREAM + "view_copy_converter.py (output rank < 8)",
+        "max_tensor_rank": _UPSTREAM + "view_copy_converter.py (tensor_rank(y) >= 8 refused: the backend's "
+        "only rank bound, the most dims a tensor it builds has); a node with a rank-8 tensor stays on the CPU",
         "resize_scales": _UPSTREAM + "upsample_nearest2d_converter.py, upsample_bilinear2d_converter.py "
         "(align_corners: (out - 1) / (in - 1), input H, W > 1)",
         "batch_matmul_zero_points": _UPSTREAM + "bmm_converter.py (both input zero points 0)",
@@ -213,6 +217,6 @@ def etforge_targets() -> list[TargetSpec]:
 
 @hookimpl
 def etforge_partition_checks() -> list[PartitionCheck]:
-    from etforge.plugins.targets.neutron_checks import CloneBoundaryDimOrder, NeedsCompute
+    from etforge.plugins.targets.neutron_checks import CloneBoundaryDimOrder, NeedsCompute, TensorRank
 
-    return [CloneBoundaryDimOrder(), NeedsCompute()]
+    return [CloneBoundaryDimOrder(), NeedsCompute(), TensorRank()]

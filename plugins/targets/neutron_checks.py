@@ -10,6 +10,9 @@ a ``requires`` flag of the target's NPU spec:
   compile to an empty graph, so it stays on the CPU.
 - ``clone_boundary_dim_orders``: a clone at a partition boundary must see a contiguous or
   channels-last tensor, the only layouts the Neutron runtime hands over.
+
+A third, ``max_tensor_rank``, is per node but holds for every op, whichever converter took it:
+no tensor on the NPU has more dims than the limit (upstream builds none past rank 7).
 """
 
 from __future__ import annotations
@@ -82,3 +85,29 @@ class CloneBoundaryDimOrder(PartitionCheck):
                             "channels-last (npu clone_boundary_dim_orders)"
                         )
         return bad
+
+
+class TensorRank(PartitionCheck):
+    description = "no tensor on the NPU above rank npu max_tensor_rank"
+
+    def refuse(self, partitions: list[ProposedPartition], target: TargetSpec) -> dict[Node, str]:
+        npu = target.npu
+        if npu is None or "max_tensor_rank" not in npu.limits:
+            return {}
+        limit = npu.limit("max_tensor_rank", 0)
+        out: dict[Node, str] = {}
+        for p in partitions:
+            for node in p.delegated:
+                ranks = [_rank(node), *(_rank(a) for a in node.all_input_nodes)]
+                worst = max(r for r in ranks if r is not None) if any(r is not None for r in ranks) else 0
+                if worst > limit:
+                    out[node] = (
+                        f"a rank-{worst} tensor: the {npu.family} NPU takes rank <= {limit} (npu max_tensor_rank)"
+                    )
+        return out
+
+
+def _rank(node: Node) -> int | None:
+    val = node.meta.get("val")
+    shape = getattr(val, "shape", None)
+    return len(shape) if shape is not None else None
