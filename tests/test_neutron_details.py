@@ -70,6 +70,19 @@ def test_a_constant_built_in_forward_is_folded_into_the_partition(target: str) -
     assert len(part["input_dim_orders"]) == 1, part  # the model's input only: no constant enters
 
 
+class SoftmaxOverWidth(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(x * 2.0, dim=3)
+
+
+def test_a_softmax_off_the_channel_axis_runs_between_transposes_on_the_npu() -> None:
+    """What docs/targets.md says of it: on the NPU, after a TRANSPOSE putting W last."""
+    x = (torch.randn(1, 8, 4, 6, generator=torch.Generator().manual_seed(0)),)
+    result = check_op(SoftmaxOverWidth(), x, target="imxrt700")
+    ops = result.litert_ops
+    assert "SOFTMAX" in ops and "TRANSPOSE" in ops[: ops.index("SOFTMAX")], ops
+
+
 SUBSYSTEM_MODEL = """
 import torch
 

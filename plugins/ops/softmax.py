@@ -1,4 +1,9 @@
-"""softmax -> SOFTMAX over the stored last axis (int8 output fixed at 1/256, -128)."""
+"""softmax -> SOFTMAX over the stored last axis (int8 output fixed at 1/256, -128).
+
+A softmax over another stored axis (off the channel axis of a channels-last tensor) is
+transposed to put its dim last first; its output keeps that order (docs/targets.md,
+"Neutron details").
+"""
 
 from __future__ import annotations
 
