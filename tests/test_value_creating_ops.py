@@ -72,9 +72,15 @@ def test_value_creating_op_compiles_and_verifies(kind: str, target: str) -> None
     assert agreement.ok, agreement.first_difference
 
 
-def test_the_constant_is_deterministic_and_other_targets_keep_the_op() -> None:
+def test_the_constant_is_deterministic_and_a_cpu_only_portable_target_keeps_the_op() -> None:
+    from etforge.plugins.rewrites.constants import ValueOpsAsConstants
+    from etforge.sdk import TargetSpec
+
     assert _compile("full_like", "cortex-m33").pte == _compile("full_like", "cortex-m33").pte
-    # the portable CPU kernels keep explicit Q/DQ around the op: nothing to rewrite there
+    # with an NPU the value is folded too (the partition holds it, as upstream's NXP flow does)
     c = _compile("full_like", "imxrt700")
     ops = {n.target.__name__ for n in c.result.quantized_program.graph.nodes if n.op == "call_function"}
-    assert any("full_like" in op for op in ops), ops
+    assert not any("full_like" in op for op in ops), ops
+    # the portable CPU kernels keep explicit Q/DQ around the op: without an NPU, nothing to rewrite
+    cpu_only = TargetSpec("cpu-portable", "portable kernels only", npu=None, cpu_fallback="portable")
+    assert not ValueOpsAsConstants().applies_to(cpu_only)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 from torch.export import ExportedProgram
 
+from etforge.core.common import fallbacks
 from etforge.core.common.errors import EtforgeError
 from etforge.core.contracts.target import TargetSpec
 from etforge.core.registry.manager import Registry, registry
@@ -61,8 +62,13 @@ def rewrite(
 
     try:  # the program the re-export would give, without re-tracing every node
         return program_from_graph(gm, ep, example), applied
-    except Unsupported:
-        pass
+    except Unsupported as exc:
+        fallbacks.record(
+            "rewrite",
+            "re-exported the rewritten program with torch.export (slower)",
+            ", ".join(applied),
+            str(exc),
+        )
     try:
         return torch.export.export(gm, example, strict=False), applied
     except Exception as exc:

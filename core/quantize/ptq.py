@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from torch.export import ExportedProgram
 
+from etforge.core.common import fallbacks
 from etforge.core.common.errors import EtforgeError
 from etforge.core.contracts.target import TargetSpec
 from etforge.core.front.load import non_finite_count
@@ -112,7 +113,8 @@ def quantize(
     gets the observed model's output on the first calibration batch.
 
     The converted graph becomes an ``ExportedProgram`` directly (``core/program_from_graph``:
-    the program a re-export gives, without re-tracing); what that cannot take is re-exported.
+    the program a re-export gives, without re-tracing); what that cannot take is re-exported,
+    a recorded fallback.
     """
     from executorch.exir.passes.remove_unused_parameters_pass import remove_unused_parameters_pass
 
@@ -137,7 +139,10 @@ def quantize(
         observed.append(first)
     try:
         quantized = program_from_graph(gm, ep, example)
-    except Unsupported:
+    except Unsupported as exc:
+        fallbacks.record(
+            "quantize", "re-exported the quantized program with torch.export (slower)", "", str(exc)
+        )
         quantized = torch.export.export(gm, example, strict=False)
     # The float weights PT2E folded into int8 constants stay in the graph module's state,
     # unused; to_edge would drop them (its first pass), here they leave before anything
