@@ -127,7 +127,6 @@ def compile_cmd(
     target = named_target(reg, target_name)
     options = resolved_options(target, parse_options(raw_options))
     staging = output.prepare(out)  # OUT must be replaceable before anything is compiled
-    output.kill_point("staging")
     use_cache = cache.enabled() and not no_cache
     try:
         try:

@@ -2,8 +2,8 @@
 
 The swap itself is exercised in child processes that die (``os._exit``, as SIGKILL would) at
 each point of it, through the atomic exchange and through the two-rename fallback; the
-whole compile is killed the same way (test-only ``ETFORGE_TEST_KILL_AT``) and with a real
-SIGKILL while it writes.
+whole compile is killed the same way (the child wraps the writer's functions, :data:`DIE_AT`:
+production code has no test hook) and with a real SIGKILL while it writes.
 """
 
 from __future__ import annotations
@@ -39,24 +39,90 @@ NEW = {
     "partitions/etforge_0.tflite": b"new partition",
 }
 
-# A child that stages NEW and commits it; it dies at ETFORGE_TEST_KILL_AT like a SIGKILL
-# ("writing": halfway through staging, before any swap).
-CHILD = """
-import os, sys
-from pathlib import Path
+# What a child runs first to die, as a SIGKILL would (``os._exit(137)``), at one point of
+# writing the output: it wraps the output module's own calls (its ``os.rename``,
+# ``_exchange``, ``shutil.rmtree``, ``commit``, ``write_outputs``), so the point is where the
+# writer is, with no hook in production code. Points: "staged" (staging complete, before the
+# first rename or exchange), "swap" (two-rename path: between moving OUT aside and moving the
+# new output in), "swapped" (the new output in place, the old not yet deleted), "pte"
+# (model.pte written, before codegen and the swap).
+DIE_AT = """
+import os, types
 from etforge.core.build import output
 
-out, exchange, new = Path(sys.argv[1]), sys.argv[2] == "1", eval(sys.argv[3])
+
+def die_at(point):
+    calls = {"rename": 0}
+    real_rename, real_rmtree, real_exchange = output.os.rename, output.shutil.rmtree, output._exchange
+    real_commit, real_write = output.commit, output.write_outputs
+
+    def rename(a, b):
+        calls["rename"] += 1
+        if point == "staged" and calls["rename"] == 1 or point == "swap" and calls["rename"] == 3:
+            os._exit(137)
+        return real_rename(a, b)
+
+    def exchange(a, b):
+        if point == "staged":
+            os._exit(137)
+        return real_exchange(a, b)
+
+    def rmtree(*a, **k):
+        if point == "swapped":
+            os._exit(137)
+        return real_rmtree(*a, **k)
+
+    def commit(staging, out):
+        real_commit(staging, out)
+        if point == "swapped":  # the fresh path deletes nothing after its one rename
+            os._exit(137)
+
+    def write_outputs(*a, **k):
+        real_write(*a, **k)
+        if point == "pte":
+            os._exit(137)
+
+    output.os = types.SimpleNamespace(**{**vars(os), "rename": rename})
+    output.shutil = types.SimpleNamespace(**{**vars(output.shutil), "rmtree": rmtree})
+    output._exchange, output.commit, output.write_outputs = exchange, commit, write_outputs
+"""
+
+# A child that stages NEW and commits it, dying at ``kill_at`` ("writing": halfway through
+# staging, before any swap; the others: DIE_AT's points).
+CHILD = (
+    DIE_AT
+    + """
+import sys
+from pathlib import Path
+
+out, exchange, new, kill_at = Path(sys.argv[1]), sys.argv[2] == "1", eval(sys.argv[3]), sys.argv[4]
 if not exchange:
     output._exchange = lambda a, b: False  # a file system without renameat2 exchange
+if kill_at not in ("", "writing"):
+    die_at(kill_at)
 staging = output.prepare(out)
 for i, (name, data) in enumerate(sorted(new.items())):
     (staging / name).parent.mkdir(parents=True, exist_ok=True)
     (staging / name).write_bytes(data)
-    if i == 1 and os.environ.get("ETFORGE_TEST_KILL_AT") == "writing":
+    if i == 1 and kill_at == "writing":
         os._exit(137)
 output.commit(staging, out)
 """
+)
+
+# ``etforge`` on the command line, dying at DIE_AT's point ``sys.argv[1]``.
+CLI = (
+    DIE_AT
+    + """
+import sys
+
+die_at(sys.argv.pop(1))
+from etforge.cli import run
+
+sys.argv[0] = "etforge"
+run()
+"""
+)
 
 
 def tree(root: Path) -> dict[str, bytes]:
@@ -76,12 +142,8 @@ def siblings(out: Path) -> list[str]:
 
 
 def run_child(out: Path, exchange: bool, kill_at: str | None) -> int:
-    env = {k: v for k, v in os.environ.items() if k != "ETFORGE_TEST_KILL_AT"}
-    if kill_at:
-        env["ETFORGE_TEST_KILL_AT"] = kill_at
     proc = subprocess.run(
-        [sys.executable, "-c", CHILD, str(out), "1" if exchange else "0", repr(NEW)],
-        env=env,
+        [sys.executable, "-c", CHILD, str(out), "1" if exchange else "0", repr(NEW), kill_at or ""],
         capture_output=True,
         text=True,
         timeout=120,
@@ -102,6 +164,9 @@ def test_a_kill_anywhere_leaves_old_or_new_complete(
     if had_output:
         write_tree(out, OLD)
     rc = run_child(out, exchange, kill_at)
+    # every point is reached, except "swap" outside the two-rename replacement of an output
+    reached = kill_at is not None and (kill_at != "swap" or (not exchange and had_output))
+    assert rc == (137 if reached else 0), (kill_at, rc)
     before = OLD if had_output else None
     state = tree(out) if out.exists() else None
     if state not in (before, NEW):
@@ -187,8 +252,7 @@ def _cli(*args: str) -> None:
 
 
 def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "ETFORGE_TEST_KILL_AT"}
-    return {**env, "COLUMNS": "200", **extra}
+    return {**os.environ, "COLUMNS": "200", **extra}
 
 
 def _complete(out: Path) -> None:
@@ -230,7 +294,8 @@ def test_compile_killed_then_recompiled(old_output: Path, tmp_path: Path) -> Non
         str(out),
     ]
     # killed right after the new model.pte is written (before codegen and the swap)
-    proc = subprocess.run(cmd, env=_env(ETFORGE_TEST_KILL_AT="pte"), capture_output=True, timeout=900)
+    killed = [sys.executable, "-c", CLI, "pte", *cmd[3:]]
+    proc = subprocess.run(killed, env=_env(), capture_output=True, timeout=900)
     assert proc.returncode == 137, proc.stderr
     assert tree(out) == before and siblings(out), "the old output changed or no staging was left"
     # a real SIGKILL while the compile writes its staging directory

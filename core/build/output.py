@@ -44,17 +44,8 @@ CODEGEN = "codegen"
 OWNED = frozenset({PTE, REPORT, FLOAT_PROGRAM, QUANTIZED_PROGRAM, ETRECORD, PARTITIONS, CODEGEN})
 #: report.json key: relative path -> sha256 of each side file (``model.pte`` is ``pte_sha256``).
 FILES_KEY = "files_sha256"
-#: Test-only: ``ETFORGE_TEST_KILL_AT=<point>`` makes the process ``os._exit(137)`` at that
-#: point of writing the output, as a SIGKILL would (tests/test_output_integrity.py).
-KILL_ENV = "ETFORGE_TEST_KILL_AT"
 
 _SIBLING = re.compile(r"^(?P<name>.+)\.(?P<kind>tmp|new|old)-(?P<pid>\d+)-[A-Za-z0-9_]+$")
-
-
-def kill_point(point: str) -> None:
-    """Die here, like a SIGKILL, when the test-only ``ETFORGE_TEST_KILL_AT`` names ``point``."""
-    if os.environ.get(KILL_ENV) == point:
-        os._exit(137)
 
 
 def _umask_mode(bits: int) -> int:
@@ -235,22 +226,17 @@ def commit(staging: Path, out: Path) -> None:
     out = _resolve(out)
     if out.is_dir():
         _carry_over(out, staging)
-    kill_point("staged")
     if not out.exists():
         os.rename(staging, out)
-        kill_point("swapped")
         return
     if _exchange(staging, out):  # staging now holds the old output: a leftover .tmp- to remove
-        kill_point("swapped")
         shutil.rmtree(staging, ignore_errors=True)
         return
     new = staging.with_name(f"{out.name}.new-{staging.name[len(out.name) + 5 :]}")
     os.rename(staging, new)  # complete: recover() finishes the swap from here
     old = _sibling_name(out, "old")
     os.rename(out, old)
-    kill_point("swap")
     os.rename(new, out)
-    kill_point("swapped")
     shutil.rmtree(old, ignore_errors=True)
 
 
@@ -287,7 +273,6 @@ def write_outputs(out: Path, result: CompileResult, report: dict[str, Any], prog
         (parts / f"{p.name}.tflite").write_bytes(p.converted.tflite)
         if p.payload.kernel_selection is not None:  # the eIQ Neutron SDK's, for codegen to merge
             (parts / f"{p.name}_kernel_selection.c").write_bytes(p.payload.kernel_selection.encode())
-    kill_point("partitions")
     for name, program in (
         (FLOAT_PROGRAM, result.float_program),
         (QUANTIZED_PROGRAM, result.quantized_program),
@@ -299,7 +284,6 @@ def write_outputs(out: Path, result: CompileResult, report: dict[str, Any], prog
     record_hashes(out, report)  # the hash chain verify checks: report.json -> each side file
     (out / REPORT).write_text(json.dumps(report, indent=2, sort_keys=False) + "\n")
     (out / PTE).write_bytes(result.pte)
-    kill_point("pte")
 
 
 def side_files(out: Path) -> list[str]:
