@@ -64,7 +64,7 @@ def _compare(
         reg = registry()
         result = compile_model(model.eval(), calib[0], target, calibration=calib, reg=reg)
         report = build_report(result, reg, type(model).__name__)
-        assert all(n["placement"] == "npu" for n in report["nodes"]), report["nodes"]
+        assert report["nodes"] and all(n["placement"] == "npu" for n in report["nodes"]), report["nodes"]
         return compare(
             result.host_program,
             result.float_program,
@@ -253,11 +253,12 @@ def test_accuracy_gate_fails_a_wrong_converter_on_real_data() -> None:
 
 
 def test_gate_thresholds_are_fixed_constants(gelu_runs: dict[bool, Any]) -> None:
-    """No threshold is a function of the model: the old allowances derived from torch's own
-    float32 distance are gone, and what remains takes only sizes and the kernel choice."""
+    """No threshold is a function of the model: what there is takes only sizes and the kernel
+    choice (signatures below), and two programs with different errors get the same ones.
+    (An absence check on the names of the old model-derived allowances cannot fail; the
+    signatures and the equal requirements can.)"""
     from etforge.runtime import verify
 
-    assert not hasattr(verify, "_steps_allowed") and not hasattr(verify, "_top1_required")
     for name in ("OP_MAX_STEPS", "OFF_BY_ONE_FREE", "TOP1_MISSES_PER_32"):
         assert type(getattr(verify, name)) is int
     assert all(type(f) is float for f in verify.OFF_BY_ONE_MAX_FRACTION.values())
