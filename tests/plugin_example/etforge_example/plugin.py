@@ -5,7 +5,11 @@ from etforge.sdk import NpuSpec, OpConverter, QuantRule, TargetSpec, elementwise
 
 @hookimpl
 def etforge_op_converters() -> list[OpConverter]:
-    return [elementwise("aten.floor.default", "FLOOR", dtypes=("float32",), name="Floor", targets=("toy", "litert"))]
+    return [
+        elementwise(
+            "aten.floor.default", "FLOOR", dtypes=("float32",), name="Floor", targets=("toy", "litert")
+        )
+    ]
 
 
 @hookimpl
