@@ -45,12 +45,15 @@ def etforge_op_converters() -> list[OpConverter]:
     LiteRT operators in ``convert(node, ctx)``. When two converters claim the same op for
     the same target, the higher ``priority`` is asked first; the other is a fallback for
     nodes the winner refuses, and ``etforge plugins`` reports the conflict. Built-ins use
-    priority 0, so ``priority = 10`` deliberately overrides one.
+    priority 0, so ``priority = 10`` deliberately overrides one. ``targets`` names the NPUs
+    the converter serves (target names, NPU families, or ``EVERY_NPU``); a converter that
+    names none serves only NPUs that take any (``NpuSpec.takes_undeclared_converters``).
 
     Checked at load (a failure names the plugin; fatal with ``--strict``): ``ops`` and
     ``preserve`` are tuples of ``namespace.op.overload`` strings (never a bare string),
     ``litert`` / ``litert_ops`` are builtins of the installed LiteRT schema, ``dtypes`` are
-    ``int8`` / ``float32``. ``constraints`` should be :class:`~etforge.core.contracts.converter.Constraint`
+    ``int8`` / ``float32``, each name in ``reads`` is declared by a loaded NPU spec, the hook
+    function is marked ``@hookimpl``. ``constraints`` should be :class:`~etforge.core.contracts.converter.Constraint`
     objects, which ``is_supported`` applies before ``check``; plain text is only shown, and
     ``etforge plugins`` warns about it. While compiling, a support check that raises refuses
     the node naming the plugin (an error under ``--strict``); a failing ``convert`` names the
