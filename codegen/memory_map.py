@@ -143,13 +143,14 @@ def check_fit(
     """Each region's use (``{"region", "size", "used"}``); an error naming the first buffer
     that does not fit, or a kind no region holds."""
     where = {kind: name for name, r in regions.items() for kind in r["holds"]}
-    used = dict.fromkeys(regions, 0)
     for b in buffers:
-        region = where.get(b["kind"])
-        if region is None:
+        if b["kind"] not in where:
             raise EtforgeError(
                 f"memory map {path}: no region holds {b['kind']!r} buffers ({b['buffer']}, {b['bytes']:,} B)"
             )
+    used = dict.fromkeys(regions, 0)
+    for b in buffers:
+        region = where[b["kind"]]
         size = regions[region]["size"]
         if used[region] + b["bytes"] > size:
             raise EtforgeError(
