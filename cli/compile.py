@@ -207,7 +207,8 @@ def _print_memory_map(report: dict[str, Any], fit: list[dict[str, Any]], path: s
     console.print(f"memory map {escape(str(path))}:", soft_wrap=True)
     for b in report["memory"]["firmware_buffers"]:
         console.print(
-            f"  {escape(b['buffer'])}: {b['bytes']:,} B ({b['basis']}) in {escape(b['section'])}",
+            f"  {escape(b['buffer'])}: {b['bytes']:,} B ({b['basis']}) in {escape(b['section'])}"
+            + (f", inside {escape(b['inside'])}" if b.get("inside") else ""),
             soft_wrap=True,
         )
     for r in fit:

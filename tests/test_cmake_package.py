@@ -203,7 +203,7 @@ def _bad(tmp_path: Path, body: str, pte: Path) -> str:
     [
         ('etforge_add_model(fw PTE "${ETFORGE_PTE}" NAME int)', "NAME 'int' is a C/C++ keyword"),
         ('etforge_add_model(fw PTE "${ETFORGE_PTE}" NAME "9lives")', "NAME '9lives' is not a C identifier"),
-        ('etforge_add_model(fw PTE "${ETFORGE_PTE}" NAME "a;b")', "unknown arguments"),
+        ('etforge_add_model(fw PTE "${ETFORGE_PTE}" NAME "a;b")', "NAME 'a;b' is not a C identifier"),
         (
             'etforge_add_model(fw PTE "${ETFORGE_PTE}" SECTION ".x\\"y")',
             "SECTION '.x\"y' is not a section name",

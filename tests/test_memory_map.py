@@ -35,7 +35,9 @@ def test_report_lists_every_firmware_buffer(out: Path) -> None:
     report = json.loads((out / "report.json").read_text())
     buffers = {b["kind"]: b for b in report["memory"]["firmware_buffers"]}
     assert buffers["program"]["bytes"] == (out / "model.pte").stat().st_size
-    arenas = [b for b in report["memory"]["firmware_buffers"] if b["kind"] == "arena"]
+    arenas = [b for b in report["memory"]["firmware_buffers"] if b["kind"] == "arena" and not b.get("inside")]
+    (scratch,) = [b for b in report["memory"]["firmware_buffers"] if b.get("inside")]
+    assert scratch["bytes"] == sum(x["bytes"] for x in report["memory"]["scratch"]) > 0
     assert [b["bytes"] for b in arenas] == report["memory"]["arena_bytes"]
     basis = {b["buffer"]: b["basis"] for b in report["memory"]["firmware_buffers"]}
     assert basis["stack"] == "assumed" and basis["ExecuTorch method pool"] == "estimate"
