@@ -104,7 +104,8 @@ def codegen(
     if c_api is not None:
         from etforge.codegen import c_api as capi
 
-        capi.check_c_name(c_api)
+        capi.check_c_name(c_api)  # every name checked before anything is written
+        capi.check_namespace(namespace)
         prefix = f"{c_api}_"
         sections = capi.Sections(
             pte_section or capi.DEFAULT_PTE_SECTION,
@@ -113,6 +114,12 @@ def codegen(
         ).checked()
     elif pte_section or arena_section or npu_section:
         raise click.BadParameter("section options need --c-api NAME", param_hint="--pte-section")
+    if c_api is not None and report is None:  # refused before anything is written
+        from etforge.core.common.errors import EtforgeError
+
+        raise EtforgeError(
+            f"{pte}: no report.json beside it -- not a program `etforge compile` wrote (pass --report)"
+        )
     result = generate(
         Path(pte),
         Path(out_dir),

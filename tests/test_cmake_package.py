@@ -254,3 +254,80 @@ def test_missing_source_tree_names_the_variable(tmp_path: Path, outs: dict[str, 
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode != 0
     assert "EXECUTORCH_SRC is not set" in proc.stderr and "ETFORGE_EXECUTORCH_SRC" in proc.stderr
+
+
+TWO_MODELS = """\
+cmake_minimum_required(VERSION 3.24)
+project(two LANGUAGES C CXX ASM)
+find_package(etforge CONFIG REQUIRED)
+add_executable(firmware main.c "{example}/startup.c")
+set_target_properties(firmware PROPERTIES SUFFIX ".elf")
+etforge_add_model(firmware PTE "{a}" NAME digits)
+etforge_add_model(firmware PTE "{b}" NAME autoenc)
+etforge_add_runtime(firmware CPU cortex-m33)
+target_link_options(firmware PRIVATE --specs=rdimon.specs -nostartfiles -T "{example}/an505.ld" -Wl,--gc-sections)
+"""
+
+TWO_MAIN = """\
+#include <stdio.h>
+#include <string.h>
+#include "autoenc_api.h"
+#include "digits_api.h"
+
+static float a_in[DIGITS_INPUT0_BYTES / 4], a_out[DIGITS_OUTPUT0_BYTES / 4];
+static float b_in[AUTOENC_INPUT0_BYTES / 4], b_out[AUTOENC_OUTPUT0_BYTES / 4];
+
+int main(void) {
+  if (digits_init() != ETFORGE_OK || autoenc_init() != ETFORGE_OK) return 1;
+  for (int s = 0; s < 2; ++s) {
+    for (unsigned i = 0; i < sizeof(a_in) / 4; ++i) a_in[i] = (float)((i * 7 + s) % 13) / 13.0f;
+    for (unsigned i = 0; i < sizeof(b_in) / 4; ++i) b_in[i] = (float)((i * 5 + s) % 11) / 11.0f;
+    if (digits_run(a_in, a_out) != ETFORGE_OK || autoenc_run(b_in, b_out) != ETFORGE_OK) return 2;
+    char name[16];
+    snprintf(name, sizeof(name), "a%d.bin", s);
+    FILE* f = fopen(name, "wb"); fwrite(a_out, 1, sizeof(a_out), f); fclose(f);
+    snprintf(name, sizeof(name), "b%d.bin", s);
+    f = fopen(name, "wb"); fwrite(b_out, 1, sizeof(b_out), f); fclose(f);
+  }
+  printf("etforge: ok\\n");
+  return 0;
+}
+"""
+
+
+def test_two_models_share_one_firmware(outs: dict[str, Path], cache: Path, tmp_path: Path) -> None:
+    """Two programs in one image (shared operators registered once), each bit-exact with
+    etforge's host interpreter on the inputs main.c makes."""
+    import numpy as np
+    import torch
+
+    from etforge.runtime.pte_interpreter import PteInterpreter
+
+    src = cache / "two-src"
+    src.mkdir(exist_ok=True)
+    a, b = outs["digits_cnn"] / "model.pte", outs["autoencoder"] / "model.pte"
+    (src / "CMakeLists.txt").write_text(TWO_MODELS.format(example=EXAMPLES / "qemu-an505", a=a, b=b))
+    (src / "main.c").write_text(TWO_MAIN)
+    proc = _configure(src, cache / "two", a)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    _build(cache / "two")
+    qemu = subprocess.run(
+        ["qemu-system-arm", "-M", "mps2-an505", "-nographic", "-monitor", "none", "-semihosting-config",
+         "enable=on,target=native", "-kernel", str(cache / "two" / "firmware.elf")],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert qemu.returncode == 0 and "etforge: ok" in qemu.stdout, qemu.stdout + qemu.stderr
+    for tag, pte, (mul, mod) in (("a", a, (7, 13)), ("b", b, (5, 11))):
+        interp = PteInterpreter(pte.read_bytes(), str(pte))
+        (v_in,), (v_out,) = interp.plan.inputs, interp.plan.outputs
+        order = device._dim_order(interp, v_in)
+        sizes = [int(x) for x in interp.plan.values[v_in].val.sizes]
+        for s in range(2):
+            flat = torch.tensor(
+                [((i * mul + s) % mod) / mod for i in range(int(np.prod(sizes)))], dtype=torch.float32
+            )
+            stored = flat.reshape([sizes[d] for d in order])  # main.c's bytes, in the input's dim order
+            logical = stored.permute(*[order.index(d) for d in range(len(order))])
+            (host,) = interp.run((logical,))
+            want = device._device_bytes(host, device._dim_order(interp, v_out))
+            assert (tmp_path / f"{tag}{s}.bin").read_bytes() == want, f"{tag} sample {s}"
