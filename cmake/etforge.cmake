@@ -28,6 +28,8 @@ set(_ETFORGE_KEYWORDS
   public reinterpret_cast requires static_assert static_cast template this thread_local throw
   true try typeid typename using virtual wchar_t xor xor_eq main std)
 
+file(GLOB _ETFORGE_TEMPLATES "${CMAKE_CURRENT_LIST_DIR}/../codegen/templates/*.j2")
+
 function(_etforge_check_ident what value)
   if(NOT value MATCHES "^[A-Za-z_][A-Za-z0-9_]*$" OR value MATCHES "^(__|_[A-Z])")
     message(FATAL_ERROR "etforge_add_model: ${what} '${value}' is not a C identifier ([A-Za-z_][A-Za-z0-9_]*, not starting with __ or _X)")
@@ -119,7 +121,8 @@ function(etforge_add_model target)
             --c-api "${name}" --namespace "${ARG_NAMESPACE}" ${sections}
     # codegen leaves unchanged files alone; the outputs must still be newer than the .pte
     COMMAND "${CMAKE_COMMAND}" -E touch ${outputs}
-    DEPENDS "${pte}" "${report}"
+    # a newer etforge (its templates) regenerates too
+    DEPENDS "${pte}" "${report}" ${_ETFORGE_TEMPLATES}
     COMMENT "etforge codegen ${name}: ${pte}"
     VERBATIM)
   target_sources(${target} PRIVATE "${gen}/${name}_kernels.cpp" "${gen}/${name}_api.cpp" "${gen}/${name}_pte.S")
