@@ -13,6 +13,7 @@ models and five families (tests/test_firmware.py); this runs all of them (docs/f
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -25,6 +26,12 @@ from models.architectures import FAMILIES, build  # noqa: E402
 import etforge  # noqa: E402
 from etforge import zoo  # noqa: E402
 from etforge.runtime.firmware import device  # noqa: E402
+
+from support import THIRD_PARTY  # noqa: E402
+
+# The sources are the user's (docs/firmware.md, Sources); like the tests, use CI's snapshots.
+os.environ.setdefault("ETFORGE_EXECUTORCH_SRC", str(THIRD_PARTY / "executorch"))
+os.environ.setdefault("ETFORGE_CMSIS_NN_SRC", str(THIRD_PARTY / "cmsis-nn"))
 
 
 def programs() -> list[tuple[str, Any]]:

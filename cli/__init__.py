@@ -16,6 +16,7 @@ from typing import Any
 import click
 
 from etforge.cli.cache import cache
+from etforge.cli.cmake import cmake_dir_cmd, cmake_runtime_cmd
 from etforge.cli.codegen import codegen
 from etforge.cli.common import BROKEN_PIPE_EXIT, DEBUG, PIPE, Ctx, console, fail, fit_width, say
 from etforge.cli.compile import compile_cmd
@@ -105,6 +106,8 @@ def main(ctx: click.Context, strict: bool, debug: bool, verbose: bool) -> None:
 
 # One module per command (each imports torch and the core lazily, inside the command).
 for _command in (plugins, targets, ops, compile_cmd, report, codegen, run_cmd, verify, zoo_data, cache):
+    main.add_command(_command)
+for _command in (cmake_dir_cmd, cmake_runtime_cmd):  # the firmware build's CMake package
     main.add_command(_command)
 
 __all__ = ["EtforgeGroup", "main", "run"]

@@ -24,6 +24,10 @@ def _print_codegen(result: Any, gen_dir: Any) -> None:
         say("warning", f"no kernel library provides: {', '.join(result.missing)}")
 
 
+def _differs(path: Any, data: bytes) -> bool:
+    return not path.is_file() or path.read_bytes() != data
+
+
 @click.command()
 @click.argument("pte", type=click.Path(dir_okay=False))
 @click.option(
@@ -46,6 +50,17 @@ def _print_codegen(result: Any, gen_dir: Any) -> None:
     metavar="L1,L2",
     help="Only these kernel libraries provide kernels (e.g. cortex_m,quantized,portable); default: all.",
 )
+@click.option(
+    "--c-api",
+    "c_api",
+    default=None,
+    metavar="NAME",
+    help="Also write the C API (NAME_api.h/.cpp), the embedded program (NAME_pte.S, NAME.pte) "
+    "and its static buffers; implies --prefix NAME_.",
+)
+@click.option("--pte-section", default=None, help="Section of the embedded program (with --c-api).")
+@click.option("--arena-section", default=None, help="Section of the arenas and runtime pools (with --c-api).")
+@click.option("--npu-section", default=None, help="Section of the NPU/TFLM working memory (with --c-api).")
 @click.pass_obj
 def codegen(
     obj: Ctx,
@@ -57,6 +72,10 @@ def codegen(
     allow_missing: bool,
     check: bool,
     libraries: str | None,
+    c_api: str | None = None,
+    pte_section: str | None = None,
+    arena_section: str | None = None,
+    npu_section: str | None = None,
 ) -> None:
     """Generate the firmware sources for PTE: kernel registration, selective-build yaml, header, CMake."""
     from pathlib import Path
@@ -81,6 +100,26 @@ def codegen(
         report = output.load_report(Path(report_path))
     else:  # generate() would read it unchecked
         report = output.load_report(beside) if beside.is_file() else None
+    sections = None
+    if c_api is not None:
+        from etforge.codegen import c_api as capi
+
+        capi.check_c_name(c_api)  # every name checked before anything is written
+        capi.check_namespace(namespace)
+        prefix = f"{c_api}_"
+        sections = capi.Sections(
+            pte_section or capi.DEFAULT_PTE_SECTION,
+            arena_section or capi.DEFAULT_ARENA_SECTION,
+            npu_section or capi.DEFAULT_NPU_SECTION,
+        ).checked()
+    elif pte_section or arena_section or npu_section:
+        raise click.BadParameter("section options need --c-api NAME", param_hint="--pte-section")
+    if c_api is not None and report is None:  # refused before anything is written
+        from etforge.core.common.errors import EtforgeError
+
+        raise EtforgeError(
+            f"{pte}: no report.json beside it -- not a program `etforge compile` wrote (pass --report)"
+        )
     result = generate(
         Path(pte),
         Path(out_dir),
@@ -91,6 +130,13 @@ def codegen(
         check=check,
         libraries=chosen,
     )
+    if c_api is not None and sections is not None:
+        from etforge.codegen.c_api import generate_c_api
+
+        before = set(result.changed)
+        written = generate_c_api(Path(pte), Path(out_dir), c_api, namespace, report, sections, check=check)
+        if check:
+            result.changed = sorted(before | {n for n in written if _differs(Path(out_dir) / n, written[n])})
     if check:
         if result.changed:
             err_console.print(f"[red]out of date:[/] {', '.join(result.changed)} in {out_dir}")

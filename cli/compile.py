@@ -56,6 +56,14 @@ from etforge.core.registry.manager import Registry
     metavar="BYTES",
     help="Fail if the planned arena, or the arena beside an NPU partition's working memory, is larger.",
 )
+@click.option(
+    "--memory-map",
+    "memory_map",
+    type=click.Path(dir_okay=False),
+    default=None,
+    metavar="FILE.toml",
+    help="Fail unless the firmware's buffers fit the board's regions (docs/firmware.md, memory map).",
+)
 @click.option("--no-cache", is_flag=True, help="Compile afresh; neither read nor fill the build cache.")
 @click.option(
     "--no-fallback",
@@ -90,6 +98,7 @@ def compile_cmd(
     raw_options: tuple[str, ...],
     etrecord: bool,
     memory_budget: int | None,
+    memory_map: str | None,
     no_cache: bool,
     no_fallback: bool,
     quiet: bool,
@@ -106,9 +115,9 @@ def compile_cmd(
 
     OUTPUT["quiet"] = quiet or as_json
     if manifest or len(models) > 1 or ray_address:
-        if etrecord or memory_budget or as_json or no_fallback:
+        if etrecord or memory_budget or memory_map or as_json or no_fallback:
             raise click.UsageError(
-                "--etrecord, --memory-budget, --no-fallback and --json go with a single model"
+                "--etrecord, --memory-budget, --memory-map, --no-fallback and --json go with a single model"
             )
         compile_many(
             obj, models, manifest, target_name, Path(out_dir), calib, float_, raw_options, jobs, ray_address
@@ -122,6 +131,11 @@ def compile_cmd(
     from etforge.core.build import output
     from etforge.core.cache import store as cache
 
+    regions = None
+    if memory_map is not None:  # a bad map fails before anything is compiled
+        from etforge.codegen.memory_map import load_memory_map
+
+        regions = load_memory_map(Path(memory_map))
     out = Path(out_dir)
     reg = obj.registry
     target = named_target(reg, target_name)
@@ -144,6 +158,7 @@ def compile_cmd(
                 no_fallback,
             )
             generated, report, cached = _compile_into(job)
+            fit = _check_memory_map(staging, report, regions, memory_map) if regions is not None else None
             output.commit(staging, out)
         except OSError as exc:  # a full disk, a quota, a file system gone read-only
             raise output.write_error(out, exc) from None
@@ -169,6 +184,45 @@ def compile_cmd(
         f"cache: {info.get('mode', 'miss')} ({escape(str(info.get('reason', '')))})", soft_wrap=True
     )
     print_summary(report, out, generated)
+    if fit is not None:
+        _print_memory_map(report, fit, memory_map)
+
+
+def _check_memory_map(
+    staging: Any, report: dict[str, Any], regions: dict[str, Any], path: str | None
+) -> list[dict[str, Any]]:
+    """Each region's use; an error naming the buffer that does not fit (OUT is left as it was)."""
+    from pathlib import Path
+
+    from etforge.codegen.memory_map import check_fit
+
+    buffers = report.get("memory", {}).get("firmware_buffers")
+    if buffers is None:  # a build cached before the list existed
+        buffers = _add_firmware_buffers(staging, report)
+    return check_fit(buffers, regions, Path(str(path)))
+
+
+def _print_memory_map(report: dict[str, Any], fit: list[dict[str, Any]], path: str | None) -> None:
+    console.print(f"memory map {escape(str(path))}:", soft_wrap=True)
+    for b in report["memory"]["firmware_buffers"]:
+        console.print(
+            f"  {escape(b['buffer'])}: {b['bytes']:,} B ({b['basis']}) in {escape(b['section'])}"
+            + (f", inside {escape(b['inside'])}" if b.get("inside") else ""),
+            soft_wrap=True,
+        )
+    for r in fit:
+        console.print(f"  region {escape(r['region'])}: {r['used']:,} of {r['size']:,} B", soft_wrap=True)
+
+
+def _add_firmware_buffers(staging: Any, report: dict[str, Any]) -> list[dict[str, Any]]:
+    """``report["memory"]["firmware_buffers"]`` (codegen.memory_map), written into the staged report."""
+    from etforge.codegen.memory_map import firmware_buffers
+    from etforge.core.build import output
+
+    buffers = firmware_buffers(staging / output.PTE, report)
+    report.setdefault("memory", {})["firmware_buffers"] = buffers
+    (staging / output.REPORT).write_text(json.dumps(report, indent=2, sort_keys=False) + "\n")
+    return buffers
 
 
 @dataclasses.dataclass(frozen=True)
@@ -285,6 +339,7 @@ def _build_into(
         from etforge.core.build import output
 
         generated = generate(job.staging / output.PTE, job.staging / output.CODEGEN, report=report)
+        _add_firmware_buffers(job.staging, report)
     if key is not None:
         from etforge.core.cache import store as cache
 

@@ -22,13 +22,13 @@ def firmware_source_options(f: Any) -> Any:
         "--cmsis-nn-src",
         default=None,
         metavar="DIR",
-        help="CMSIS-NN source tree (default: $ETFORGE_CMSIS_NN_SRC, else ../shared/third_party/cmsis-nn).",
+        help="CMSIS-NN source tree (default: $ETFORGE_CMSIS_NN_SRC; docs/firmware.md, Sources).",
     )(f)
     return click.option(
         "--executorch-src",
         default=None,
         metavar="DIR",
-        help="ExecuTorch source tree (default: $ETFORGE_EXECUTORCH_SRC, else ../shared/third_party/executorch).",
+        help="ExecuTorch source tree (default: $ETFORGE_EXECUTORCH_SRC; docs/firmware.md, Sources).",
     )(f)
 
 
@@ -36,6 +36,9 @@ def verify_on_device(
     out: Any, runtime: str, samples: int, seed: int, et_src: str | None, nn_src: str | None, as_json: bool
 ) -> None:
 
+    from etforge.runtime.firmware.sources import locate
+
+    locate(et_src, nn_src)  # missing sources fail here, before torch is imported
     from etforge.runtime.firmware import device, summary
 
     with console.status(f"building the firmware image and running {out} on {runtime} ..."):
@@ -87,6 +90,9 @@ def run_cmd(
     """Build (once, cached) a firmware image of OUT's program and run it on an emulated device."""
     from pathlib import Path
 
+    from etforge.runtime.firmware.sources import locate
+
+    locate(executorch_src, cmsis_nn_src)  # missing sources fail here, before torch is imported
     from etforge.runtime.firmware import device, summary
 
     if save is not None and not save.endswith(".npz"):

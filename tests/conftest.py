@@ -10,6 +10,13 @@ import pytest
 # Every compile in the suite builds afresh (tests swap plugins, SDK doubles and fault hooks
 # under one version); the build-cache tests turn the cache on explicitly.
 os.environ.setdefault("ETFORGE_NO_CACHE", "1")
+# The firmware sources the product takes from the user: the tests use CI's pinned snapshots
+# (tests/support.THIRD_PARTY, $ETFORGE_THIRD_PARTY) unless the variables are already set.
+from support import THIRD_PARTY as _THIRD_PARTY  # noqa: E402
+
+if (_THIRD_PARTY / "executorch").is_dir():
+    os.environ.setdefault("ETFORGE_EXECUTORCH_SRC", str(_THIRD_PARTY / "executorch"))
+    os.environ.setdefault("ETFORGE_CMSIS_NN_SRC", str(_THIRD_PARTY / "cmsis-nn"))
 
 
 def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginManager) -> None:

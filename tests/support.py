@@ -12,8 +12,15 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-#: Pinned third-party sources (``ETFORGE_THIRD_PARTY``, default ``../shared/third_party`` beside the repository).
-THIRD_PARTY = Path(os.environ.get("ETFORGE_THIRD_PARTY", REPO.parent / "shared" / "third_party"))
+#: Pinned third-party sources (``ETFORGE_THIRD_PARTY``, default ``shared/third_party`` beside the
+#: repository or beside a directory above it, for a worktree).
+THIRD_PARTY = Path(
+    os.environ.get("ETFORGE_THIRD_PARTY")
+    or next(
+        (p / "shared" / "third_party" for p in REPO.parents if (p / "shared" / "third_party").is_dir()),
+        REPO.parent / "shared" / "third_party",
+    )
+)
 CMSIS_NN = THIRD_PARTY / "cmsis-nn"
 CMSIS_NN_SHIM = Path(__file__).with_name("cmsis_nn_shim.c")
 

@@ -50,6 +50,8 @@ def test_wheel_metadata_registers_builtin_plugins(wheel: Path) -> None:
         (REPO / "codegen" / "templates").glob("*.j2")
     )
     assert not any(n.startswith(("etforge/tests/", "tests/")) for n in names)
+    # find_package(etforge CONFIG): the CMake package ships in the wheel (`etforge cmake-dir`)
+    assert {"etforge/cmake/etforgeConfig.cmake", "etforge/cmake/etforge.cmake"} <= set(names)
 
 
 def test_plain_install_imports_from_elsewhere(wheel: Path, tmp_path: Path) -> None:

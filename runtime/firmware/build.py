@@ -24,6 +24,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -168,6 +169,12 @@ def build_libraries(src: Sources, root: Path | None = None) -> tuple[Path, str, 
         if (lib / _STAMP).is_file():
             return lib, key, False
         inc = _include_root(src, lib)
+        print(  # the first build takes minutes: say so before it starts
+            f"etforge: building ExecuTorch's runtime and CMSIS-NN for these sources (once, about a hundred "
+            f"files, minutes on a small machine) into {lib}",
+            file=sys.stderr,
+            flush=True,
+        )
         _make(_lib_vars(src, lib, inc) + ["libs"], "runtime and CMSIS-NN libraries")
         (lib / _STAMP).write_text(key + "\n")
     return lib, key, True

@@ -1,8 +1,8 @@
 """Where the firmware's sources come from, and which kernel sources a program needs.
 
 ExecuTorch and CMSIS-NN are the user's (their MCU SDK has them): options or environment
-variables name them; the defaults are the pinned snapshots this repository's CI keeps in
-``../shared/third_party`` (see its README). The kernels a program needs are found the way
+variables name them, and nothing outside them is searched (docs/firmware.md, "Sources", says
+where to get them; the tests point the variables at CI's pinned snapshots). The kernels a program needs are found the way
 ExecuTorch's selective build finds them: each operator in ``selected_operators.yaml`` is
 looked up in the kernel libraries' yaml (``kernel_name``), and the library source defining
 that function is the one compiled.
@@ -23,14 +23,11 @@ ENV_CMSIS_NN = "ETFORGE_CMSIS_NN_SRC"
 ENV_FLATBUFFERS = "ETFORGE_FLATBUFFERS_INCLUDE"
 ENV_SCHEMA = "ETFORGE_SCHEMA_INCLUDE"
 
-#: The package's own directory is the repository root (``etforge`` *is* the repo); CI keeps
-#: the snapshots in ``shared/third_party`` beside it (or beside a directory above it, for a
-#: worktree).
-_REPO = Path(__file__).resolve().parents[2]
-_THIRD_PARTY = next(
-    (p / "shared" / "third_party" for p in _REPO.parents if (p / "shared" / "third_party").is_dir()),
-    _REPO.parent / "shared" / "third_party",
-)
+#: Where to get each tree, for the error that asks for it (versions: docs/firmware.md).
+_GET = {
+    ENV_EXECUTORCH: "the pytorch/executorch source at v1.5.x, or your MCU SDK's copy",
+    ENV_CMSIS_NN: "ARM-software/CMSIS-NN at dbf45dbfcc515421dd6099037d3e2637b90748c8, or your MCU SDK's CMSIS-NN",
+}
 
 #: Kernel libraries: (operator yaml, source directory), relative to the ExecuTorch tree.
 KERNEL_LIBRARIES: dict[str, tuple[str, str]] = {
@@ -54,7 +51,8 @@ def _pick(option: str | Path | None, env: str, default: Path | None, what: str, 
     chosen = option or os.environ.get(env) or default
     source = "option" if option else (f"${env}" if os.environ.get(env) else "default")
     if chosen is None:
-        raise EtforgeError(f"no {what} found: pass its directory (or set ${env})")
+        where = f" ({_GET[env]}; see docs/firmware.md, Sources)" if env in _GET else ""
+        raise EtforgeError(f"no {what} given: set ${env} to its directory{where}")
     path = Path(chosen).expanduser().resolve()
     if not (path / probe).exists():
         raise EtforgeError(f"{what} at {path} ({source}): no {probe} there")
@@ -64,18 +62,18 @@ def _pick(option: str | Path | None, env: str, default: Path | None, what: str, 
 def locate(executorch_src: str | Path | None = None, cmsis_nn_src: str | Path | None = None) -> Sources:
     """The source trees to build from; a missing one is named with the option that sets it."""
     et = _pick(
-        executorch_src, ENV_EXECUTORCH, _THIRD_PARTY / "executorch", "ExecuTorch source (--executorch-src)",
+        executorch_src, ENV_EXECUTORCH, None, "ExecuTorch source (--executorch-src)",
         "runtime/executor/method.cpp",
     )  # fmt: skip
     nn = _pick(
-        cmsis_nn_src, ENV_CMSIS_NN, _THIRD_PARTY / "cmsis-nn", "CMSIS-NN source (--cmsis-nn-src)",
+        cmsis_nn_src, ENV_CMSIS_NN, None, "CMSIS-NN source (--cmsis-nn-src)",
         "Include/arm_nnfunctions.h",
     )  # fmt: skip
     purelib = Path(sysconfig.get_paths()["purelib"]) / "include"
     fb_default = purelib if (purelib / "flatbuffers").is_dir() else Path("/usr/include")
     fb = _pick(None, ENV_FLATBUFFERS, fb_default, "FlatBuffers C++ headers", "flatbuffers/flatbuffers.h")
     schema_default = next(
-        (p for p in (et.parent / "generated", _THIRD_PARTY / "generated", et / "build" / "generated")
+        (p for p in (et.parent / "generated", et / "build" / "generated")
          if (p / "executorch/schema/program_generated.h").is_file()),
         None,
     )  # fmt: skip

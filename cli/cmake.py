@@ -1,0 +1,37 @@
+"""``etforge cmake-dir``: where ``find_package(etforge CONFIG)`` finds the CMake package, and
+the configure-time helper that package calls (``cmake-runtime``, hidden)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+
+def cmake_dir() -> Path:
+    """The package's CMake directory (``etforgeConfig.cmake``), shipped in the wheel."""
+    return Path(__file__).resolve().parent.parent / "cmake"
+
+
+@click.command("cmake-dir")
+def cmake_dir_cmd() -> None:
+    """Print the directory for find_package(etforge CONFIG): pass it as -Detforge_DIR=..."""
+    click.echo(str(cmake_dir()))
+
+
+@click.command("cmake-runtime", hidden=True)
+@click.option("--executorch-src", required=True, type=click.Path(file_okay=False))
+@click.option("--cmsis-nn-src", required=True, type=click.Path(file_okay=False))
+@click.option("--cpu", required=True)
+@click.option("--include-dir", required=True, type=click.Path(file_okay=False))
+@click.option("-o", "--output", "out", required=True, type=click.Path(dir_okay=False))
+@click.argument("ptes", nargs=-1, type=click.Path(dir_okay=False))
+def cmake_runtime_cmd(
+    executorch_src: str, cmsis_nn_src: str, cpu: str, include_dir: str, out: str, ptes: tuple[str, ...]
+) -> None:
+    """Write the source lists and flags etforge_add_runtime builds (called by CMake at configure time)."""
+    from etforge.codegen.cmake_runtime import write_runtime_cmake
+
+    write_runtime_cmake(
+        Path(out), Path(executorch_src), Path(cmsis_nn_src), cpu, Path(include_dir), [Path(p) for p in ptes]
+    )

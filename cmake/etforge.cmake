@@ -1,0 +1,231 @@
+# etforge_add_model(<target> PTE <model.pte> [NAME <c_name>] [NAMESPACE <ns>] [REPORT <report.json>]
+#                   [SECTION <pte section>] [ARENA_SECTION <s>] [NPU_SECTION <s>])
+#   Runs `etforge codegen` at build time (the .pte and its report.json are the dependencies:
+#   touching them regenerates, an unchanged .pte rebuilds nothing) and adds to <target>:
+#   <NAME>_api.h/.cpp (the C API: <NAME>_init, <NAME>_run), the kernel registration, the .pte
+#   embedded as <NAME>_pte (16-aligned, section SECTION, default .rodata.etforge_pte), and the
+#   planned arenas and runtime pools (ARENA_SECTION, default .bss.etforge_arena) and NPU/TFLM
+#   working memory (NPU_SECTION, default .bss.etforge_npu) as static buffers.
+#   NAME defaults to the .pte's file name without extension; NAMESPACE to etforge_<NAME>.
+#
+# etforge_add_runtime(<target> EXECUTORCH_SRC <dir> CMSIS_NN_SRC <dir> [TFLM_SRC <dir>]
+#                     [CPU cortex-m33|cortex-m55])
+#   Builds ExecuTorch's runtime, prim ops, the cortex_m ops and the kernels the target's models
+#   select (the union of their operators), and CMSIS-NN, from the user's source trees, and links
+#   them into <target>. Defaults: the CMake variables / environment variables
+#   ETFORGE_EXECUTORCH_SRC, ETFORGE_CMSIS_NN_SRC, ETFORGE_TFLM_SRC; CPU cortex-m33.
+#   The lists are made once all of the directory's etforge_add_model calls are seen (deferred).
+include_guard(GLOBAL)
+
+set(_ETFORGE_KEYWORDS
+  auto break case char const continue default do double else enum extern float for goto if
+  inline int long register restrict return short signed sizeof static struct switch typedef
+  union unsigned void volatile while _Alignas _Alignof _Atomic _Bool _Complex _Generic
+  _Imaginary _Noreturn _Static_assert _Thread_local alignas alignof and and_eq asm bitand
+  bitor bool catch char8_t char16_t char32_t class compl concept consteval constexpr constinit
+  const_cast co_await co_return co_yield decltype delete dynamic_cast explicit export false
+  friend mutable namespace new noexcept not not_eq nullptr operator or or_eq private protected
+  public reinterpret_cast requires static_assert static_cast template this thread_local throw
+  true try typeid typename using virtual wchar_t xor xor_eq main std)
+
+file(GLOB _ETFORGE_TEMPLATES "${CMAKE_CURRENT_LIST_DIR}/../codegen/templates/*.j2")
+
+function(_etforge_check_ident what value)
+  if(NOT value MATCHES "^[A-Za-z_][A-Za-z0-9_]*$" OR value MATCHES "^(__|_[A-Z])")
+    message(FATAL_ERROR "etforge_add_model: ${what} '${value}' is not a C identifier ([A-Za-z_][A-Za-z0-9_]*, not starting with __ or _X)")
+  endif()
+  string(LENGTH "${value}" _len)
+  if(_len GREATER 63)
+    message(FATAL_ERROR "etforge_add_model: ${what} '${value}' is longer than 63 characters")
+  endif()
+  if(value IN_LIST _ETFORGE_KEYWORDS)
+    message(FATAL_ERROR "etforge_add_model: ${what} '${value}' is a C/C++ keyword; pick another name")
+  endif()
+endfunction()
+
+function(_etforge_check_section what value)
+  if(NOT value MATCHES "^\\.?[A-Za-z_][A-Za-z0-9_.]*$" OR value MATCHES "\\.\\.")
+    message(FATAL_ERROR "etforge_add_model: ${what} '${value}' is not a section name ([.]name of letters, digits, _ and .)")
+  endif()
+endfunction()
+
+function(etforge_add_model target)
+  cmake_parse_arguments(PARSE_ARGV 1 ARG ""
+    "PTE;NAME;NAMESPACE;REPORT;SECTION;ARENA_SECTION;NPU_SECTION" "")
+  if(ARG_UNPARSED_ARGUMENTS)
+    message(FATAL_ERROR "etforge_add_model(${target}): unknown arguments ${ARG_UNPARSED_ARGUMENTS}")
+  endif()
+  if(NOT TARGET ${target})
+    message(FATAL_ERROR "etforge_add_model: ${target} is not a target (add_executable first)")
+  endif()
+  if(NOT ARG_PTE)
+    message(FATAL_ERROR "etforge_add_model(${target}): PTE <model.pte> is required")
+  endif()
+  get_filename_component(pte "${ARG_PTE}" ABSOLUTE)
+  if(NOT EXISTS "${pte}")
+    message(FATAL_ERROR "etforge_add_model(${target}): PTE ${pte} does not exist")
+  endif()
+  file(READ "${pte}" _head LIMIT 8 HEX)
+  string(SUBSTRING "${_head}" 8 4 _ident)
+  if(NOT _ident STREQUAL "4554")
+    message(FATAL_ERROR "etforge_add_model(${target}): PTE ${pte} is not an ExecuTorch program (no 'ET' file identifier)")
+  endif()
+  if(ARG_REPORT)
+    get_filename_component(report "${ARG_REPORT}" ABSOLUTE)
+  else()
+    get_filename_component(_dir "${pte}" DIRECTORY)
+    set(report "${_dir}/report.json")
+  endif()
+  if(NOT EXISTS "${report}")
+    message(FATAL_ERROR "etforge_add_model(${target}): PTE ${pte} is not a program etforge compiled: "
+      "no ${report} (etforge compile writes it beside model.pte; or pass REPORT)")
+  endif()
+  if(NOT ARG_NAME)
+    get_filename_component(ARG_NAME "${pte}" NAME_WE)
+  endif()
+  _etforge_check_ident(NAME "${ARG_NAME}")
+  if(NOT ARG_NAMESPACE)
+    set(ARG_NAMESPACE "etforge_${ARG_NAME}")
+  endif()
+  string(REPLACE "::" ";" _parts "${ARG_NAMESPACE}")
+  foreach(_p IN LISTS _parts)
+    _etforge_check_ident(NAMESPACE "${_p}")
+  endforeach()
+  foreach(_s SECTION ARENA_SECTION NPU_SECTION)
+    if(ARG_${_s})
+      _etforge_check_section(${_s} "${ARG_${_s}}")
+    endif()
+  endforeach()
+  get_property(_names TARGET ${target} PROPERTY ETFORGE_MODELS)
+  if(ARG_NAME IN_LIST _names)
+    message(FATAL_ERROR "etforge_add_model(${target}): two models named '${ARG_NAME}' in one firmware; give one a different NAME")
+  endif()
+
+  set(name "${ARG_NAME}")
+  set(gen "${CMAKE_CURRENT_BINARY_DIR}/etforge/${target}/${name}")
+  set(outputs "${gen}/${name}_kernels.cpp" "${gen}/${name}.h" "${gen}/${name}_api.h"
+    "${gen}/${name}_api.cpp" "${gen}/${name}_pte.S" "${gen}/${name}.pte" "${gen}/selected_operators.yaml")
+  set(sections)
+  if(ARG_SECTION)
+    list(APPEND sections --pte-section "${ARG_SECTION}")
+  endif()
+  if(ARG_ARENA_SECTION)
+    list(APPEND sections --arena-section "${ARG_ARENA_SECTION}")
+  endif()
+  if(ARG_NPU_SECTION)
+    list(APPEND sections --npu-section "${ARG_NPU_SECTION}")
+  endif()
+  add_custom_command(
+    OUTPUT ${outputs}
+    COMMAND "${ETFORGE_PYTHON}" -m etforge codegen "${pte}" -o "${gen}" --report "${report}"
+            --c-api "${name}" --namespace "${ARG_NAMESPACE}" ${sections}
+    # codegen leaves unchanged files alone; the outputs must still be newer than the .pte
+    COMMAND "${CMAKE_COMMAND}" -E touch ${outputs}
+    # a newer etforge (its templates) regenerates too
+    DEPENDS "${pte}" "${report}" ${_ETFORGE_TEMPLATES}
+    COMMENT "etforge codegen ${name}: ${pte}"
+    VERBATIM)
+  target_sources(${target} PRIVATE "${gen}/${name}_kernels.cpp" "${gen}/${name}_api.cpp" "${gen}/${name}_pte.S")
+  set_source_files_properties("${gen}/${name}_pte.S" PROPERTIES
+    OBJECT_DEPENDS "${gen}/${name}.pte" COMPILE_OPTIONS "-Wa,-I${gen}")
+  target_include_directories(${target} PRIVATE "${gen}")
+  set_property(TARGET ${target} APPEND PROPERTY ETFORGE_MODELS "${name}")
+  set_property(TARGET ${target} APPEND PROPERTY ETFORGE_MODEL_PTES "${pte}")
+  # the runtime's kernel list is the programs' operators: a changed program re-runs configure
+  set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS "${pte}")
+endfunction()
+
+function(etforge_add_runtime target)
+  cmake_parse_arguments(PARSE_ARGV 1 ARG "" "EXECUTORCH_SRC;CMSIS_NN_SRC;TFLM_SRC;CPU" "")
+  if(ARG_UNPARSED_ARGUMENTS)
+    message(FATAL_ERROR "etforge_add_runtime(${target}): unknown arguments ${ARG_UNPARSED_ARGUMENTS}")
+  endif()
+  if(NOT TARGET ${target})
+    message(FATAL_ERROR "etforge_add_runtime: ${target} is not a target (add_executable first)")
+  endif()
+  foreach(_v EXECUTORCH_SRC CMSIS_NN_SRC TFLM_SRC)
+    if(NOT ARG_${_v} AND ETFORGE_${_v})
+      set(ARG_${_v} "${ETFORGE_${_v}}")
+    elseif(NOT ARG_${_v} AND DEFINED ENV{ETFORGE_${_v}})
+      set(ARG_${_v} "$ENV{ETFORGE_${_v}}")
+    endif()
+  endforeach()
+  set(_probe_EXECUTORCH_SRC "runtime/executor/method.cpp")
+  set(_probe_CMSIS_NN_SRC "Include/arm_nnfunctions.h")
+  set(_get_EXECUTORCH_SRC "the pytorch/executorch source, v1.5.x")
+  set(_get_CMSIS_NN_SRC "ARM-software/CMSIS-NN at dbf45dbfcc515421dd6099037d3e2637b90748c8 (your MCU SDK's CMSIS-NN)")
+  foreach(_v EXECUTORCH_SRC CMSIS_NN_SRC)
+    if(NOT ARG_${_v})
+      message(FATAL_ERROR "etforge_add_runtime(${target}): ${_v} is not set: pass ${_v} <dir>, or set "
+        "-DETFORGE_${_v}=<dir> or the environment variable ETFORGE_${_v} (${_get_${_v}}; see etforge's docs/firmware.md)")
+    endif()
+    get_filename_component(ARG_${_v} "${ARG_${_v}}" ABSOLUTE)
+    if(NOT EXISTS "${ARG_${_v}}/${_probe_${_v}}")
+      message(FATAL_ERROR "etforge_add_runtime(${target}): ${_v} ${ARG_${_v}} has no ${_probe_${_v}} (${_get_${_v}})")
+    endif()
+  endforeach()
+  if(ARG_TFLM_SRC)
+    message(WARNING "etforge_add_runtime(${target}): TFLM_SRC is accepted but not supported yet: "
+      "the TFLM delegate runtime is not wired into this package, so TFLM_SRC is ignored and a "
+      "program with NPU/TFLM partitions is refused")
+  endif()
+  if(NOT ARG_CPU)
+    set(ARG_CPU cortex-m33)
+  endif()
+  if(NOT ARG_CPU MATCHES "^cortex-m(33|55)$")
+    message(FATAL_ERROR "etforge_add_runtime(${target}): CPU '${ARG_CPU}' is not cortex-m33 or cortex-m55")
+  endif()
+  get_property(_done TARGET ${target} PROPERTY ETFORGE_RUNTIME SET)
+  if(_done)
+    message(FATAL_ERROR "etforge_add_runtime(${target}): called twice for one target")
+  endif()
+  set_property(TARGET ${target} PROPERTY ETFORGE_RUNTIME "${ARG_EXECUTORCH_SRC};${ARG_CMSIS_NN_SRC};${ARG_CPU}")
+  cmake_language(EVAL CODE "cmake_language(DEFER CALL _etforge_build_runtime [[${target}]])")
+endfunction()
+
+function(_etforge_build_runtime target)
+  get_property(_rt TARGET ${target} PROPERTY ETFORGE_RUNTIME)
+  list(GET _rt 0 et)
+  list(GET _rt 1 nn)
+  list(GET _rt 2 cpu)
+  get_property(ptes TARGET ${target} PROPERTY ETFORGE_MODEL_PTES)
+  if(NOT ptes)
+    message(FATAL_ERROR "etforge_add_runtime(${target}): no etforge_add_model(${target} ...) in this directory")
+  endif()
+  set(dir "${CMAKE_CURRENT_BINARY_DIR}/etforge/${target}")
+  message(STATUS "etforge: selecting ${target}'s runtime sources (ExecuTorch ${et}, CMSIS-NN ${nn}, ${cpu})")
+  execute_process(
+    COMMAND "${ETFORGE_PYTHON}" -m etforge cmake-runtime --executorch-src "${et}" --cmsis-nn-src "${nn}"
+            --cpu "${cpu}" --include-dir "${dir}/runtime" -o "${dir}/runtime.cmake" ${ptes}
+    RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    string(STRIP "${err}${out}" err)
+    message(FATAL_ERROR "etforge_add_runtime(${target}): ${err}")
+  endif()
+  include("${dir}/runtime.cmake")
+  list(LENGTH ETFORGE_RT_OPERATORS _nops)
+  message(STATUS "etforge: ${target} links ${_nops} operator(s) (selective build over its models)")
+
+  set(cfg ${target}_etforge_config)
+  add_library(${cfg} INTERFACE)
+  target_include_directories(${cfg} INTERFACE ${ETFORGE_RT_INCLUDE_DIRS})
+  target_compile_definitions(${cfg} INTERFACE ${ETFORGE_RT_DEFINITIONS})
+  target_compile_options(${cfg} INTERFACE ${ETFORGE_RT_CPU_FLAGS}
+    $<$<COMPILE_LANGUAGE:C,CXX>:-ffunction-sections -fdata-sections>
+    $<$<COMPILE_LANGUAGE:CXX>:-fno-exceptions -fno-rtti -fno-unwind-tables -Wno-psabi -Wno-deprecated-declarations>)
+  target_compile_features(${cfg} INTERFACE cxx_std_17)
+  target_link_options(${cfg} INTERFACE ${ETFORGE_RT_CPU_FLAGS})
+
+  add_library(${target}_etforge_core STATIC ${ETFORGE_RT_CORE_SOURCES})
+  add_library(${target}_etforge_prim_ops OBJECT ${ETFORGE_RT_PRIM_SOURCES})
+  add_library(${target}_etforge_kernels STATIC ${ETFORGE_RT_KERNEL_SOURCES})
+  add_library(${target}_etforge_cmsis_nn STATIC ${ETFORGE_RT_NN_SOURCES})
+  foreach(_lib core prim_ops kernels cmsis_nn)
+    target_link_libraries(${target}_etforge_${_lib} PUBLIC ${cfg})
+    set_target_properties(${target}_etforge_${_lib} PROPERTIES CXX_EXTENSIONS ON)
+  endforeach()
+  target_link_libraries(${target}_etforge_kernels PUBLIC ${target}_etforge_cmsis_nn ${target}_etforge_core)
+  # prim ops register themselves from static initializers: their objects are linked whole
+  target_sources(${target} PRIVATE $<TARGET_OBJECTS:${target}_etforge_prim_ops>)
+  target_link_libraries(${target} PRIVATE ${cfg} ${target}_etforge_kernels ${target}_etforge_core)
+endfunction()

@@ -1,0 +1,333 @@
+"""A firmware engineer's path: ``find_package(etforge)`` + ``etforge_add_model`` +
+``etforge_add_runtime`` in a CMake project (examples/firmware/), built with arm-none-eabi.
+
+The QEMU example's C ``main.c`` runs the program through the generated C API only and must
+write the same output bytes as ``etforge run`` (runtime/firmware/device.py) on the same inputs;
+touching the ``.pte`` regenerates, an unchanged one rebuilds nothing; the RT700 example links
+against the RT700 memory regions; bad input is one configure-time error naming the culprit.
+The builds live in pytest's cache (incremental), so only the first run compiles the runtime.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import etforge
+from etforge.codegen import c_api
+from etforge.runtime.firmware import build, device
+
+from support import REPO, THIRD_PARTY, run_cli
+
+EXAMPLES = REPO / "examples" / "firmware"
+MODELS = ["digits_cnn", "autoencoder"]
+SAMPLES = 2
+ET_SRC = THIRD_PARTY / "executorch"
+NN_SRC = THIRD_PARTY / "cmsis-nn"
+
+
+def _missing() -> str | None:
+    tools = [t for t in ("arm-none-eabi-gcc", "cmake", "qemu-system-arm") if shutil.which(t) is None]
+    if tools:
+        return f"firmware tools not installed: {', '.join(tools)}"
+    if not (ET_SRC / "runtime").is_dir() or not (NN_SRC / "Include").is_dir():
+        return f"no ExecuTorch / CMSIS-NN sources at {THIRD_PARTY} (set ETFORGE_THIRD_PARTY)"
+    return None
+
+
+pytestmark = pytest.mark.skipif(_missing() is not None, reason=str(_missing()))
+
+
+def _env() -> dict[str, str]:
+    """The build runs ``python -m etforge``: the etforge these tests import."""
+    root = str(Path(etforge.__file__).resolve().parent.parent)
+    here = str(Path(etforge.__file__).parent.parent)
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([here, root, os.environ.get("PYTHONPATH", "")])}
+
+
+def _configure(src: Path, build_dir: Path, pte: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    cmd = [
+        "cmake", "-S", str(src), "-B", str(build_dir),
+        f"-DCMAKE_TOOLCHAIN_FILE={EXAMPLES / 'arm-none-eabi.cmake'}", "-DCMAKE_BUILD_TYPE=Release",
+        f"-Detforge_DIR={_cmake_dir()}", f"-DETFORGE_PYTHON={sys.executable}", f"-DETFORGE_PTE={pte}",
+        f"-DETFORGE_EXECUTORCH_SRC={ET_SRC}", f"-DETFORGE_CMSIS_NN_SRC={NN_SRC}", *extra,
+    ]  # fmt: skip
+    return subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=600)
+
+
+def _cmake_dir() -> str:
+    proc = subprocess.run(
+        [sys.executable, "-m", "etforge", "--cmake-dir"],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        check=True,
+    )
+    return proc.stdout.strip()
+
+
+def _build(build_dir: Path) -> str:
+    proc = subprocess.run(
+        ["cmake", "--build", str(build_dir), "-j2"], capture_output=True, text=True, env=_env(), timeout=3600
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout
+
+
+@pytest.fixture(scope="module")
+def outs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("cm")
+    proc = run_cli(
+        "compile", *(f"zoo:{m}" for m in MODELS), "--target", "cortex-m33", "-o", str(root), "--jobs", "1"
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return {m: root / m / "cortex-m33" for m in MODELS}
+
+
+@pytest.fixture(scope="module")
+def cache(request: pytest.FixtureRequest) -> Path:
+    root = Path(request.config.cache.mkdir("etforge-cmake-package"))
+    old = os.environ.get(build.ENV_CACHE)  # etforge run's image cache: test_firmware's
+    os.environ[build.ENV_CACHE] = str(request.config.cache.mkdir("etforge-firmware"))
+    yield root
+    if old is None:
+        os.environ.pop(build.ENV_CACHE, None)
+    else:
+        os.environ[build.ENV_CACHE] = old
+
+
+def test_cmake_dir_holds_the_config() -> None:
+    assert (Path(_cmake_dir()) / "etforgeConfig.cmake").is_file()
+    proc = run_cli("cmake-dir")
+    assert proc.returncode == 0 and proc.stdout.strip() == _cmake_dir()
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_qemu_example_matches_etforge_run(
+    model: str, outs: dict[str, Path], cache: Path, tmp_path: Path
+) -> None:
+    out = outs[model]
+    build_dir = cache / "qemu-an505"
+    proc = _configure(EXAMPLES / "qemu-an505", build_dir, out / "model.pte")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    _build(build_dir)
+    ref = device.run(out, "qemu-m33", samples=SAMPLES, seed=3, executorch_src=ET_SRC, cmsis_nn_src=NN_SRC)
+    report, interp = device._load(out)
+    ins = device._tensor_values(interp, interp.plan.inputs, "input", out)
+    outs_v = device._tensor_values(interp, interp.plan.outputs, "output", out)
+    for s, batch in enumerate(ref.inputs):
+        for j, (t, v) in enumerate(zip(batch, ins, strict=True)):
+            (tmp_path / f"s{s}_in{j}.bin").write_bytes(device._device_bytes(t, device._dim_order(interp, v)))
+    qemu = subprocess.run(
+        ["qemu-system-arm", "-M", "mps2-an505", "-nographic", "-monitor", "none", "-semihosting-config",
+         "enable=on,target=native", "-kernel", str(build_dir / "firmware.elf"), "-append", str(SAMPLES)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert qemu.returncode == 0 and "etforge: ok" in qemu.stdout, qemu.stdout + qemu.stderr
+    for s in range(SAMPLES):
+        for j, v in enumerate(outs_v):
+            want = device._device_bytes(ref.outputs[s][j], device._dim_order(interp, v))
+            assert (tmp_path / f"s{s}_out{j}.bin").read_bytes() == want, f"sample {s} output {j}"
+    # the arena the C API planned is the report's; the method pool estimate covers what was used
+    planned = [int(x) for x in re.findall(r"planned buffer \d+ (\d+) bytes", qemu.stdout)]
+    assert planned == report["memory"]["arena_bytes"]
+    used = int(re.search(r"method pool used (\d+) bytes", qemu.stdout).group(1))
+    assert 0 < used <= c_api.buffers(out / "model.pte", report)["method_pool"]
+
+
+def test_touched_pte_regenerates_unchanged_does_not(
+    outs: dict[str, Path], cache: Path, tmp_path: Path
+) -> None:
+    model_dir = tmp_path / "model"
+    shutil.copytree(outs["digits_cnn"], model_dir)
+    pte = model_dir / "model.pte"
+    build_dir = cache / "qemu-an505"
+    assert _configure(EXAMPLES / "qemu-an505", build_dir, pte).returncode == 0
+    first = _build(build_dir)
+    assert "etforge codegen model" in first
+    again = _build(build_dir)
+    assert "etforge codegen" not in again and "Linking" not in again and "Building" not in again
+    later = time.time() + 5
+    os.utime(pte, (later, later))
+    touched = _build(build_dir)
+    assert "etforge codegen model" in touched and "Linking" in touched
+
+
+def test_rt700_example_links(outs: dict[str, Path], cache: Path) -> None:
+    build_dir = cache / "rt700"
+    proc = _configure(EXAMPLES / "rt700", build_dir, outs["autoencoder"] / "model.pte")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    _build(build_dir)
+    elf = build_dir / "firmware.elf"
+    sections = subprocess.run(
+        ["arm-none-eabi-objdump", "-h", str(elf)], capture_output=True, text=True
+    ).stdout
+    addr = {
+        m.group(1): int(m.group(2), 16) for m in re.finditer(r"^\s*\d+\s+(\S+)\s+\S+\s+(\S+)", sections, re.M)
+    }
+    assert 0x28004000 <= addr[".etforge_pte"] < 0x28200000  # XSPI0 flash (XIP)
+    assert 0x20080000 <= addr[".etforge_arena"] < 0x20200000  # CPU0 SRAM
+
+
+PROJECT = """\
+cmake_minimum_required(VERSION 3.24)
+project(bad LANGUAGES C CXX ASM)
+find_package(etforge CONFIG REQUIRED)
+add_executable(fw main.c)
+{body}
+"""
+
+
+def _bad(tmp_path: Path, body: str, pte: Path) -> str:
+    src = tmp_path / "src"
+    src.mkdir(exist_ok=True)
+    (src / "main.c").write_text("int main(void) { return 0; }\n")
+    (src / "CMakeLists.txt").write_text(PROJECT.format(body=body))
+    proc = _configure(src, tmp_path / "b", pte)
+    assert proc.returncode != 0
+    errors = [
+        ln for ln in proc.stderr.splitlines() if ln.strip() and not ln.startswith(("CMake Error", "--"))
+    ]
+    return " ".join(ln.strip() for ln in errors)
+
+
+@pytest.mark.parametrize(
+    ("body", "needle"),
+    [
+        ('etforge_add_model(fw PTE "${ETFORGE_PTE}" NAME int)', "NAME 'int' is a C/C++ keyword"),
+        ('etforge_add_model(fw PTE "${ETFORGE_PTE}" NAME "9lives")', "NAME '9lives' is not a C identifier"),
+        ('etforge_add_model(fw PTE "${ETFORGE_PTE}" NAME "a;b")', "NAME 'a;b' is not a C identifier"),
+        (
+            'etforge_add_model(fw PTE "${ETFORGE_PTE}" SECTION ".x\\"y")',
+            "SECTION '.x\"y' is not a section name",
+        ),
+        (
+            'etforge_add_model(fw PTE "${ETFORGE_PTE}" NAME m)\netforge_add_model(fw PTE "${ETFORGE_PTE}" NAME m)',
+            "two models named 'm' in one firmware",
+        ),
+        (
+            'etforge_add_model(fw PTE "${ETFORGE_PTE}")\netforge_add_runtime(fw EXECUTORCH_SRC /nonexistent)',
+            "EXECUTORCH_SRC /nonexistent has no runtime/executor/method.cpp",
+        ),
+    ],
+)
+def test_bad_configure_is_one_clear_error(
+    body: str, needle: str, outs: dict[str, Path], tmp_path: Path
+) -> None:
+    assert needle in _bad(tmp_path, body, outs["digits_cnn"] / "model.pte")
+
+
+def test_pte_that_is_not_etforge_is_refused(tmp_path: Path, outs: dict[str, Path]) -> None:
+    text = tmp_path / "m" / "model.pte"
+    text.parent.mkdir()
+    text.write_text("not a program at all\n")
+    assert "is not an ExecuTorch program" in _bad(
+        tmp_path, 'etforge_add_model(fw PTE "${ETFORGE_PTE}")', text
+    )
+    plain = tmp_path / "plain" / "model.pte"  # an ExecuTorch program with no etforge report
+    plain.parent.mkdir()
+    shutil.copyfile(outs["digits_cnn"] / "model.pte", plain)
+    assert "is not a program etforge compiled" in _bad(
+        tmp_path, 'etforge_add_model(fw PTE "${ETFORGE_PTE}")', plain
+    )
+
+
+def test_missing_source_tree_names_the_variable(tmp_path: Path, outs: dict[str, Path]) -> None:
+    body = 'etforge_add_model(fw PTE "${ETFORGE_PTE}")\netforge_add_runtime(fw)'
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "main.c").write_text("int main(void) { return 0; }\n")
+    (src / "CMakeLists.txt").write_text(PROJECT.format(body=body))
+    env = {k: v for k, v in _env().items() if not k.startswith("ETFORGE_")}
+    cmd = [
+        "cmake", "-S", str(src), "-B", str(tmp_path / "b"),
+        f"-DCMAKE_TOOLCHAIN_FILE={EXAMPLES / 'arm-none-eabi.cmake'}", f"-Detforge_DIR={_cmake_dir()}",
+        f"-DETFORGE_PYTHON={sys.executable}", f"-DETFORGE_PTE={outs['digits_cnn'] / 'model.pte'}",
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode != 0
+    assert "EXECUTORCH_SRC is not set" in proc.stderr and "ETFORGE_EXECUTORCH_SRC" in proc.stderr
+
+
+TWO_MODELS = """\
+cmake_minimum_required(VERSION 3.24)
+project(two LANGUAGES C CXX ASM)
+find_package(etforge CONFIG REQUIRED)
+add_executable(firmware main.c "{example}/startup.c")
+set_target_properties(firmware PROPERTIES SUFFIX ".elf")
+etforge_add_model(firmware PTE "{a}" NAME digits)
+etforge_add_model(firmware PTE "{b}" NAME autoenc)
+etforge_add_runtime(firmware CPU cortex-m33)
+target_link_options(firmware PRIVATE --specs=rdimon.specs -nostartfiles -T "{example}/an505.ld" -Wl,--gc-sections)
+"""
+
+TWO_MAIN = """\
+#include <stdio.h>
+#include <string.h>
+#include "autoenc_api.h"
+#include "digits_api.h"
+
+static float a_in[DIGITS_INPUT0_BYTES / 4], a_out[DIGITS_OUTPUT0_BYTES / 4];
+static float b_in[AUTOENC_INPUT0_BYTES / 4], b_out[AUTOENC_OUTPUT0_BYTES / 4];
+
+int main(void) {
+  if (digits_init() != ETFORGE_OK || autoenc_init() != ETFORGE_OK) return 1;
+  for (int s = 0; s < 2; ++s) {
+    for (unsigned i = 0; i < sizeof(a_in) / 4; ++i) a_in[i] = (float)((i * 7 + s) % 13) / 13.0f;
+    for (unsigned i = 0; i < sizeof(b_in) / 4; ++i) b_in[i] = (float)((i * 5 + s) % 11) / 11.0f;
+    if (digits_run(a_in, a_out) != ETFORGE_OK || autoenc_run(b_in, b_out) != ETFORGE_OK) return 2;
+    char name[16];
+    snprintf(name, sizeof(name), "a%d.bin", s);
+    FILE* f = fopen(name, "wb"); fwrite(a_out, 1, sizeof(a_out), f); fclose(f);
+    snprintf(name, sizeof(name), "b%d.bin", s);
+    f = fopen(name, "wb"); fwrite(b_out, 1, sizeof(b_out), f); fclose(f);
+  }
+  printf("etforge: ok\\n");
+  return 0;
+}
+"""
+
+
+def test_two_models_share_one_firmware(outs: dict[str, Path], cache: Path, tmp_path: Path) -> None:
+    """Two programs in one image (shared operators registered once), each bit-exact with
+    etforge's host interpreter on the inputs main.c makes."""
+    import numpy as np
+    import torch
+
+    from etforge.runtime.pte_interpreter import PteInterpreter
+
+    src = cache / "two-src"
+    src.mkdir(exist_ok=True)
+    a, b = outs["digits_cnn"] / "model.pte", outs["autoencoder"] / "model.pte"
+    (src / "CMakeLists.txt").write_text(TWO_MODELS.format(example=EXAMPLES / "qemu-an505", a=a, b=b))
+    (src / "main.c").write_text(TWO_MAIN)
+    proc = _configure(src, cache / "two", a)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    _build(cache / "two")
+    qemu = subprocess.run(
+        ["qemu-system-arm", "-M", "mps2-an505", "-nographic", "-monitor", "none", "-semihosting-config",
+         "enable=on,target=native", "-kernel", str(cache / "two" / "firmware.elf")],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert qemu.returncode == 0 and "etforge: ok" in qemu.stdout, qemu.stdout + qemu.stderr
+    for tag, pte, (mul, mod) in (("a", a, (7, 13)), ("b", b, (5, 11))):
+        interp = PteInterpreter(pte.read_bytes(), str(pte))
+        (v_in,), (v_out,) = interp.plan.inputs, interp.plan.outputs
+        order = device._dim_order(interp, v_in)
+        sizes = [int(x) for x in interp.plan.values[v_in].val.sizes]
+        for s in range(2):
+            flat = torch.tensor(
+                [((i * mul + s) % mod) / mod for i in range(int(np.prod(sizes)))], dtype=torch.float32
+            )
+            stored = flat.reshape([sizes[d] for d in order])  # main.c's bytes, in the input's dim order
+            logical = stored.permute(*[order.index(d) for d in range(len(order))])
+            (host,) = interp.run((logical,))
+            want = device._device_bytes(host, device._dim_order(interp, v_out))
+            assert (tmp_path / f"{tag}{s}.bin").read_bytes() == want, f"{tag} sample {s}"
