@@ -45,13 +45,14 @@ class Target:
         return registry().target(self.name)
 
     @_quiet
-    def quantizer(self) -> Any:
-        """The torchao PT2E quantizer composed from the target's rule plugins (+ its CPU rules)."""
+    def quantizer(self, qat: bool = False) -> Any:
+        """The torchao PT2E quantizer composed from the target's rule plugins (+ its CPU rules);
+        ``qat``: with fake-quantize specs, for ``prepare_qat_pt2e`` (``etforge.qat``)."""
         from etforge.core.build.pipeline import quantizer_for
         from etforge.core.registry.manager import registry
 
         reg = registry()
-        inner = quantizer_for(self.spec, self._options(), reg)
+        inner = quantizer_for(self.spec, self._options(), reg, is_qat=qat)
         if not [r for r in reg.rewrites_for(self.spec) if r.stage == "export"]:
             return inner
         return _rewriting_quantizer(inner, self.spec, reg)

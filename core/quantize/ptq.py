@@ -18,9 +18,16 @@ from etforge.core.registry.manager import Registry, registry
 
 
 def quantizer_for(
-    target: TargetSpec, options: dict[str, Any] | None = None, reg: Registry | None = None
+    target: TargetSpec,
+    options: dict[str, Any] | None = None,
+    reg: Registry | None = None,
+    is_qat: bool = False,
 ) -> Any:
-    """The target's NPU rules first, then its CPU backend's quantizer for what they left."""
+    """The target's NPU rules first, then its CPU backend's quantizer for what they left.
+
+    ``is_qat``: the rules' fake-quantize specs, for ``prepare_qat_pt2e`` (the CPU backend's
+    quantizer has one set of specs: what it annotates is observed in training, not fake-quantized).
+    """
     reg = reg or registry()
     options = {**target.option_defaults(), **(options or {})}
     rules = reg.rules_for(target)
@@ -28,7 +35,7 @@ def quantizer_for(
     # weights, not the NPU rule's per-channel ones).
     blocked = set(options.get("operators_not_to_delegate", ()))
     keep = (lambda node: node_op(node) not in blocked) if blocked else None
-    ours = ComposedQuantizer(rules, node_filter=keep) if rules else None
+    ours = ComposedQuantizer(rules, is_qat=is_qat, node_filter=keep) if rules else None
     cpu_q = reg.cpu_backend(target).quantizer(target, options)
     if ours is None and cpu_q is None:
         raise EtforgeError(f"target {target.name!r} composes no quantizer (no rules, no CPU quantizer)")

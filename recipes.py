@@ -1,0 +1,226 @@
+"""ExecuTorch's recipe API for etforge's targets: ``executorch.export.export(model, inputs, recipe)``.
+
+Importing this module registers :class:`EtforgeRecipeProvider` with ExecuTorch's
+``recipe_registry`` (as ``executorch.backends.xnnpack.recipes`` does for XNNPACK), with one
+recipe type per target in etforge's plugin registry (``EtforgeRecipeType.IMXRT700CM``, ...,
+and any installed target plugin's). A recipe composes, as ExecuTorch's own stages, what a
+script with ``etforge.target(name)`` does (``docs/getting-started.md``):
+
+* ``QUANTIZE``: the target's composed PT2E quantizer (its graph rewrites run in the
+  quantizer's ``transform_for_annotation``); a ``pre_prepare`` pass puts the captured graph
+  in the memory format the target keeps inside (``Target.adapt``: channels-last on Cortex-M
+  targets); PTQ calibrates on every example input, QAT (``train_fn``) trains with the
+  quantizer's fake-quantize specs (ExecuTorch's ``is_qat`` flow);
+* ``TORCH_EXPORT``: the quantized graph exported with inputs in that memory format;
+* ``TO_EDGE_TRANSFORM_AND_LOWER``: etforge's partitioner and the CPU backend's Edge config;
+* ``EDGE_PROGRAM_MANAGER_TRANSFORM``: the CPU backend's lowering (CMSIS-NN on Cortex-M);
+* ``TO_EXECUTORCH``: etforge's memory planning (and ``memory_budget``, when given).
+
+So the ``.pte`` is byte for byte ``etforge.compile(..., lowering="classic")``'s, which is
+what ``etforge verify PTE --model ...`` rebuilds and compares against.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import torch
+from executorch.exir import EdgeProgramManager, ExecutorchBackendConfig
+from executorch.export import (
+    BackendRecipeProvider,
+    ExportRecipe,
+    LoweringRecipe,
+    QuantizationRecipe,
+    RecipeType,
+    StageType,
+    recipe_registry,
+)
+from torch.export import ExportedProgram
+
+from etforge.api import Target, _example_like, _quiet
+from etforge.api import target as make_target
+from etforge.core.common.errors import EtforgeError
+from etforge.core.registry.manager import registry
+
+#: The backend name recipes are registered under (``ExportRecipe.get_recipe`` looks it up).
+BACKEND = "etforge"
+
+#: Keyword arguments a recipe takes besides the target's options (``etforge targets``).
+RECIPE_KWARGS = ("calibration", "train_fn", "memory_budget", "dynamic_batch_size")
+
+#: The stages an etforge recipe runs, in order (ExecuTorch's; none of etforge's own).
+PIPELINE = [
+    StageType.SOURCE_TRANSFORM,
+    StageType.QUANTIZE,
+    StageType.TORCH_EXPORT,
+    StageType.TO_EDGE_TRANSFORM_AND_LOWER,
+    StageType.EDGE_PROGRAM_MANAGER_TRANSFORM,
+    StageType.TO_EXECUTORCH,
+]
+
+
+class _EtforgeRecipeBase(RecipeType):
+    """Recipe types of the ``etforge`` backend (members made from the plugin registry)."""
+
+    @classmethod
+    def get_backend_name(cls) -> str:
+        return BACKEND
+
+
+def member_name(target: str) -> str:
+    """``imxrt700cm`` -> ``IMXRT700CM``, ``cortex-m33`` -> ``CORTEX_M33``."""
+    return "".join(c if c.isalnum() else "_" for c in target).upper()
+
+
+def _recipe_types() -> Any:
+    """One member per registered target, its value the target's name: no hard-coded list."""
+    names = sorted(registry().targets)
+    return _EtforgeRecipeBase("EtforgeRecipeType", [(member_name(n), n) for n in names])
+
+
+EtforgeRecipeType = _recipe_types()
+
+
+class EtforgeRecipeProvider(BackendRecipeProvider):
+    """ExecuTorch's recipe provider for etforge's targets."""
+
+    @property
+    def backend_name(self) -> str:
+        return BACKEND
+
+    def get_supported_recipes(self) -> Sequence[RecipeType]:
+        return list(EtforgeRecipeType)
+
+    def create_recipe(self, recipe_type: RecipeType, **kwargs: Any) -> ExportRecipe | None:
+        if recipe_type not in self.get_supported_recipes():
+            return None
+        return target_recipe(str(recipe_type.value), **kwargs)
+
+
+@_quiet
+def target_recipe(
+    target: str = "imxrt700cm",
+    *,
+    calibration: Sequence[Sequence[torch.Tensor]] | Callable[[], Iterable[tuple[Any, ...]]] | None = None,
+    train_fn: Callable[[torch.fx.GraphModule], None] | None = None,
+    memory_budget: int | None = None,
+    dynamic_batch_size: bool = False,
+    **options: Any,
+) -> ExportRecipe:
+    """The recipe for ``target`` (``etforge targets``); ``options``: the target's options.
+
+    ``calibration``: batches (or a function returning them) for post-training quantization;
+    by default ExecuTorch calibrates on every example input given to ``export``.
+    ``train_fn(prepared)``: quantization-aware training instead (``docs/qat.md``).
+    ``memory_budget`` (bytes): the planned arena must fit it, as ``etforge compile --memory-budget``.
+    An unknown target or option is refused naming the known ones.
+    """
+    tgt = make_target(target, **options)  # unknown target / option: one line naming the known ones
+    if memory_budget is not None and (not isinstance(memory_budget, int) or memory_budget < 1):
+        raise EtforgeError(f"memory_budget must be a positive number of bytes, not {memory_budget!r}")
+    qat = train_fn is not None
+    quantizer = tgt.quantizer(qat=qat)
+    calib_fn = None
+    if calibration is not None and not qat:
+        calib_fn = calibration if callable(calibration) else _batches(calibration)
+    quant = QuantizationRecipe(
+        quantizers=[quantizer],
+        is_qat=qat,
+        train_fn=train_fn,
+        calibration_inputs_fn=calib_fn,
+        dynamic_batch_size=dynamic_batch_size,
+        pre_prepare_passes=[_Adapt(tgt)],
+    )
+    lowering = LoweringRecipe(
+        partitioners=tgt.partitioners(),
+        edge_compile_config=tgt.compile_config(),
+        edge_manager_transform_passes=[_LowerCpu(tgt)],
+    )
+    return ExportRecipe(
+        name=f"etforge-{target}" + ("-qat" if qat else ""),
+        quantization_recipe=quant,
+        aten_transform_passes=[_ExportAdapted(tgt)],
+        lowering_recipe=lowering,
+        executorch_backend_config=ExecutorchBackendConfig(memory_planning_pass=_planning(memory_budget)),
+        pipeline_stages=list(PIPELINE),
+        strict=False,
+    )
+
+
+def _batches(calibration: Sequence[Sequence[torch.Tensor]]) -> Callable[[], list[tuple[Any, ...]]]:
+    batches = [tuple(b) for b in calibration]
+    return lambda: batches
+
+
+def _layout_inputs(gm: torch.fx.GraphModule, tgt: Target) -> tuple[Any, ...]:
+    """Placeholder-shaped inputs of ``gm`` in the layout ``tgt`` keeps inside."""
+    example = tuple(_example_like(n.meta["val"]) for n in gm.graph.find_nodes(op="placeholder"))
+    return tgt.adapt(torch.nn.Module(), example)[1]
+
+
+class _Adapt:
+    """``pre_prepare`` pass: the captured graph in the target's memory format (``Target.adapt``).
+
+    ExecuTorch's QUANTIZE stage captures the model with the caller's (NCHW) inputs; a
+    script adapts the model before export, so this re-exports the captured graph the same
+    way. A no-op where the target keeps NCHW (no NHWC CPU kernels)."""
+
+    def __init__(self, tgt: Target) -> None:
+        self.tgt = tgt
+
+    @_quiet
+    def __call__(self, gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+        example = tuple(_example_like(n.meta["val"]) for n in gm.graph.find_nodes(op="placeholder"))
+        adapted, inputs, _ = self.tgt.adapt(gm, example)
+        if adapted is gm and all(a is b for a, b in zip(inputs, example, strict=True)):
+            return gm
+        return torch.export.export(adapted, inputs, strict=False).module(check_guards=False)
+
+    def __repr__(self) -> str:
+        return f"etforge.adapt({self.tgt.name})"
+
+
+class _ExportAdapted:
+    """``aten_transform`` pass: the quantized program exported with inputs in the target's layout.
+
+    TORCH_EXPORT exports with the caller's inputs; on a channels-last target the program
+    must take channels-last inputs, as ``etforge compile``'s does."""
+
+    def __init__(self, tgt: Target) -> None:
+        self.tgt = tgt
+
+    @_quiet
+    def __call__(self, method: str, ep: ExportedProgram) -> ExportedProgram:
+        gm = ep.module(check_guards=False)
+        example = tuple(_example_like(n.meta["val"]) for n in ep.graph.find_nodes(op="placeholder") if n.name in ep.graph_signature.user_inputs)
+        adapted, inputs, _ = self.tgt.adapt(gm, example)
+        if adapted is gm and all(a is b for a, b in zip(inputs, example, strict=True)):
+            return ep
+        return torch.export.export(adapted, inputs, strict=False)
+
+
+class _LowerCpu:
+    """``edge_manager_transform`` pass: the CPU backend's lowering (``Target.lower_cpu``).
+
+    The CPU backend rewrites the program (new kernels, their constants), which is no graph
+    pass: the lowered program takes the method's place in the stage's program manager, and
+    no further passes are returned."""
+
+    def __init__(self, tgt: Target) -> None:
+        self.tgt = tgt
+
+    def __call__(self, edge: EdgeProgramManager) -> list[Any]:
+        lowered = self.tgt.lower_cpu(edge)
+        for method in edge.methods:
+            edge._edge_programs[method] = lowered.exported_program(method)
+        return []
+
+
+def _planning(memory_budget: int | None) -> Any:
+    from etforge.core.serialize.memory_plan import planning_pass
+
+    return planning_pass()
+
+
+recipe_registry.register_backend_recipe_provider(EtforgeRecipeProvider())
