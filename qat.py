@@ -89,7 +89,11 @@ def compile(  # noqa: A001 (as etforge.compile)
     be the one it was prepared for). ``prepared`` itself is not changed."""
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e
 
-    info = getattr(prepared, "meta", {}).get(PREPARED_KEY) if isinstance(prepared, torch.fx.GraphModule) else None
+    info = (
+        getattr(prepared, "meta", {}).get(PREPARED_KEY)
+        if isinstance(prepared, torch.fx.GraphModule)
+        else None
+    )
     if info is None:
         raise EtforgeError(
             f"{type(prepared).__name__} was not prepared by etforge.qat.prepare: prepare the float model "
@@ -133,9 +137,7 @@ def _without_fake_quant(prepared: torch.fx.GraphModule) -> torch.fx.GraphModule:
     return prepared
 
 
-def _lower(
-    quantized: Any, float_ep: Any, tgt: Any, what: str, early: bool
-) -> Compiled:
+def _lower(quantized: Any, float_ep: Any, tgt: Any, what: str, early: bool) -> Compiled:
     """The quantized program lowered and serialized as ``etforge.compile`` does it."""
     from executorch.exir.passes.remove_unused_parameters_pass import remove_unused_parameters_pass
 

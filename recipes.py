@@ -153,12 +153,6 @@ def _batches(calibration: Sequence[Sequence[torch.Tensor]]) -> Callable[[], list
     return lambda: batches
 
 
-def _layout_inputs(gm: torch.fx.GraphModule, tgt: Target) -> tuple[Any, ...]:
-    """Placeholder-shaped inputs of ``gm`` in the layout ``tgt`` keeps inside."""
-    example = tuple(_example_like(n.meta["val"]) for n in gm.graph.find_nodes(op="placeholder"))
-    return tgt.adapt(torch.nn.Module(), example)[1]
-
-
 class _Adapt:
     """``pre_prepare`` pass: the captured graph in the target's memory format (``Target.adapt``).
 
@@ -193,7 +187,10 @@ class _ExportAdapted:
     @_quiet
     def __call__(self, method: str, ep: ExportedProgram) -> ExportedProgram:
         gm = ep.module(check_guards=False)
-        example = tuple(_example_like(n.meta["val"]) for n in ep.graph.find_nodes(op="placeholder") if n.name in ep.graph_signature.user_inputs)
+        users = set(ep.graph_signature.user_inputs)
+        example = tuple(
+            _example_like(n.meta["val"]) for n in ep.graph.find_nodes(op="placeholder") if n.name in users
+        )
         adapted, inputs, _ = self.tgt.adapt(gm, example)
         if adapted is gm and all(a is b for a, b in zip(inputs, example, strict=True)):
             return ep
@@ -218,9 +215,47 @@ class _LowerCpu:
 
 
 def _planning(memory_budget: int | None) -> Any:
+    """etforge's memory planning (``core.serialize.memory_plan``), checked against ``memory_budget``."""
     from etforge.core.serialize.memory_plan import planning_pass
 
-    return planning_pass()
+    planner = planning_pass()
+    if memory_budget is None:
+        return planner
+
+    class BudgetedPlanning(type(planner)):  # type: ignore[misc]
+        def run(self, graph_module: torch.fx.GraphModule, graph_signature: Any = None) -> Any:
+            result = super().run(graph_module, graph_signature)
+            _check_budget(graph_module, memory_budget)
+            return result
+
+    budgeted = BudgetedPlanning.__new__(BudgetedPlanning)
+    budgeted.__dict__.update(planner.__dict__)
+    return budgeted
+
+
+def _check_budget(gm: torch.fx.GraphModule, budget: int) -> None:
+    """The arena just planned, and beside it each NPU partition's working memory, within
+    ``budget`` (``etforge compile --memory-budget``'s two checks, worded the same)."""
+    from etforge.core.litert import payload
+    from etforge.core.serialize.npu_memory import plan_partitions
+
+    arena = sum(int(b) for b in gm.meta.get("non_const_buffer_sizes", [0])[1:])
+    if arena > budget:
+        raise EtforgeError(f"planned arena {arena:,} B does not fit the memory budget {budget:,} B")
+    parts = []
+    for node in gm.graph.find_nodes(op="get_attr"):
+        lowered = getattr(gm, str(node.target), None)
+        if hasattr(lowered, "processed_bytes"):
+            blob = payload.unpack_for_host(bytes(lowered.processed_bytes))
+            if blob.format.startswith("litert"):
+                parts.append((blob.partition, blob.data))
+    for part in sorted(plan_partitions(parts), key=lambda p: (-p.working_bytes, p.name)):
+        if arena + part.working_bytes > budget:
+            raise EtforgeError(
+                f"NPU partition {part.name}: working memory {part.working_bytes:,} B beside the planned "
+                f"arena {arena:,} B ({arena + part.working_bytes:,} B) does not fit the memory budget "
+                f"{budget:,} B ({part.source})"
+            )
 
 
 recipe_registry.register_backend_recipe_provider(EtforgeRecipeProvider())
