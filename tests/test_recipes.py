@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 from executorch.export import ExportRecipe, export, recipe_registry
+from test_idiom import FACTORY, _model, _ops
 
 import etforge
 from etforge.core.common.errors import EtforgeError
 from etforge.core.registry.manager import registry
 from etforge.recipes import BACKEND, EtforgeRecipeType, member_name, target_recipe
-from test_idiom import FACTORY, _model, _ops
 
 
 def _recipe_pte(name: str, **kwargs: object) -> bytes:
