@@ -25,8 +25,8 @@ def quantizer_for(
 ) -> Any:
     """The target's NPU rules first, then its CPU backend's quantizer for what they left.
 
-    ``is_qat``: the rules' fake-quantize specs, for ``prepare_qat_pt2e`` (the CPU backend's
-    quantizer has one set of specs: what it annotates is observed in training, not fake-quantized).
+    ``is_qat``: fake-quantize specs, for ``prepare_qat_pt2e``: the rules' own, and the CPU
+    backend's quantizer's scheme with fake quantization (``core.quantize.qat_specs``).
     """
     reg = reg or registry()
     options = {**target.option_defaults(), **(options or {})}
@@ -37,6 +37,10 @@ def quantizer_for(
     keep = (lambda node: node_op(node) not in blocked) if blocked else None
     ours = ComposedQuantizer(rules, is_qat=is_qat, node_filter=keep) if rules else None
     cpu_q = reg.cpu_backend(target).quantizer(target, options)
+    if is_qat and cpu_q is not None:
+        from etforge.core.quantize.qat_specs import FakeQuantizing
+
+        cpu_q = FakeQuantizing(cpu_q)
     if ours is None and cpu_q is None:
         raise EtforgeError(f"target {target.name!r} composes no quantizer (no rules, no CPU quantizer)")
     if ours is None:
