@@ -16,12 +16,16 @@ script with ``etforge.target(name)`` does (``docs/getting-started.md``):
 * ``EDGE_PROGRAM_MANAGER_TRANSFORM``: the CPU backend's lowering (CMSIS-NN on Cortex-M);
 * ``TO_EXECUTORCH``: etforge's memory planning (and ``memory_budget``, when given).
 
-So the ``.pte`` is byte for byte ``etforge.compile(..., lowering="classic")``'s, which is
-what ``etforge verify PTE --model ...`` rebuilds and compares against.
+With ``lowering="early"`` (the default) an ``aten_transform`` pass delegates the NPU
+partitions on the quantized ATen program first, as ``etforge compile`` does, and the
+``.pte`` is byte for byte ``etforge compile``'s; with ``lowering="classic"`` it is a
+script's (``etforge.compile(..., lowering="classic")``). ``etforge verify PTE --model ...``
+checks either.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -106,6 +110,7 @@ def target_recipe(
     train_fn: Callable[[torch.fx.GraphModule], None] | None = None,
     memory_budget: int | None = None,
     dynamic_batch_size: bool = False,
+    lowering: str = "early",
     **options: Any,
 ) -> ExportRecipe:
     """The recipe for ``target`` (``etforge targets``); ``options``: the target's options.
@@ -114,9 +119,13 @@ def target_recipe(
     by default ExecuTorch calibrates on every example input given to ``export``.
     ``train_fn(prepared)``: quantization-aware training instead (``docs/qat.md``).
     ``memory_budget`` (bytes): the planned arena must fit it, as ``etforge compile --memory-budget``.
-    An unknown target or option is refused naming the known ones.
+    ``lowering``: ``"early"`` (``etforge compile``'s program) or ``"classic"`` (a script's,
+    ``etforge.compile(..., lowering="classic")``). An unknown target or option is refused
+    naming the known ones.
     """
     tgt = make_target(target, **options)  # unknown target / option: one line naming the known ones
+    if lowering not in ("early", "classic"):
+        raise EtforgeError(f"lowering must be 'early' or 'classic', not {lowering!r}")
     if memory_budget is not None and (not isinstance(memory_budget, int) or memory_budget < 1):
         raise EtforgeError(f"memory_budget must be a positive number of bytes, not {memory_budget!r}")
     qat = train_fn is not None
@@ -132,7 +141,10 @@ def target_recipe(
         dynamic_batch_size=dynamic_batch_size,
         pre_prepare_passes=[_Adapt(tgt)],
     )
-    lowering = LoweringRecipe(
+    aten_passes: list[Any] = [_ExportAdapted(tgt)]
+    if lowering == "early":
+        aten_passes.append(_DelegateEarly(tgt))
+    lower = LoweringRecipe(
         partitioners=tgt.partitioners(),
         edge_compile_config=tgt.compile_config(),
         edge_manager_transform_passes=[_LowerCpu(tgt)],
@@ -140,8 +152,8 @@ def target_recipe(
     return ExportRecipe(
         name=f"etforge-{target}" + ("-qat" if qat else ""),
         quantization_recipe=quant,
-        aten_transform_passes=[_ExportAdapted(tgt)],
-        lowering_recipe=lowering,
+        aten_transform_passes=aten_passes,
+        lowering_recipe=lower,
         executorch_backend_config=ExecutorchBackendConfig(memory_planning_pass=_planning(memory_budget)),
         pipeline_stages=list(PIPELINE),
         strict=False,
@@ -195,6 +207,32 @@ class _ExportAdapted:
         if adapted is gm and all(a is b for a, b in zip(inputs, example, strict=True)):
             return ep
         return torch.export.export(adapted, inputs, strict=False)
+
+
+class _DelegateEarly:
+    """``aten_transform`` pass: NPU partitions delegated on the quantized ATen program.
+
+    ``etforge compile``'s early lowering (``core.lower.driver.delegate_early``): the partitions
+    are cut before ``to_edge``, and TO_EDGE_TRANSFORM_AND_LOWER lowers the rest, where the
+    partitioner finds nothing more to take. Where the early path cannot be exact the
+    program goes on whole and the stage delegates the classic way, as ``etforge compile``
+    falls back (a warning says why)."""
+
+    def __init__(self, tgt: Target) -> None:
+        self.tgt = tgt
+
+    @_quiet
+    def __call__(self, method: str, ep: ExportedProgram) -> ExportedProgram:
+        from etforge.core.lower.driver import delegate_early
+
+        delegated, why = delegate_early(ep, self.tgt.spec, self.tgt._options())
+        if delegated is None:
+            if self.tgt.spec.npu is not None:
+                warnings.warn(
+                    f"etforge recipe ({self.tgt.name}): lowered the classic way: {why}", stacklevel=2
+                )
+            return ep
+        return delegated
 
 
 class _LowerCpu:

@@ -1,10 +1,10 @@
 """ExecuTorch's recipe API targets etforge: ``executorch.export.export(model, inputs, recipe)``.
 
-The recipe composes etforge's quantizer, partitioner, CPU lowering and memory planning as
-ExecuTorch's own stages; its ``.pte`` must be, byte for byte, what ``etforge.compile``
-produces when it lowers a script's way (``lowering="classic"``, which ``etforge verify PTE
---model`` rebuilds). The model is test_idiom's: it needs two float-graph rewrites, the
-channels-last layout on Cortex-M targets and a Linear kept whole for CMSIS-NN.
+The recipe composes etforge's quantizer, early NPU delegation, partitioner, CPU lowering and
+memory planning as ExecuTorch's own stages; its ``.pte`` must be, byte for byte, what
+``etforge compile`` writes (and with ``lowering="classic"``, what a script's
+``to_edge_transform_and_lower`` gives). The model is test_idiom's: it needs two float-graph
+rewrites, the channels-last layout on Cortex-M targets and a Linear kept whole for CMSIS-NN.
 """
 
 from __future__ import annotations
@@ -29,10 +29,15 @@ def _recipe_pte(name: str, **kwargs: object) -> bytes:
 
 @pytest.mark.parametrize("name", ["imxrt700", "imxrt700cm", "cortex-m33"])
 def test_recipe_gives_the_pte_etforge_compiles(name: str) -> None:
+    """The default recipe: ``etforge compile``'s program (early lowering); ``lowering="classic"``:
+    a script's (``etforge.compile(..., lowering="classic")``)."""
     model, example, calib = _model()
-    compiled = etforge.compile(model, example, target=name, calibration=calib, lowering="classic")
+    compiled = etforge.compile(model, example, target=name, calibration=calib)
     assert "graph rewrites applied: Hardsigmoid, DivByConstant" in compiled.report["notes"]
     assert _recipe_pte(name) == compiled.pte
+    model, example, calib = _model()
+    classic = etforge.compile(model, example, target=name, calibration=calib, lowering="classic")
+    assert _recipe_pte(name, lowering="classic") == classic.pte
 
 
 def test_one_recipe_type_per_registered_target() -> None:
@@ -53,9 +58,7 @@ def test_options_pass_through_the_recipe() -> None:
     is checked where the arena is planned."""
     model, example, calib = _model()
     options = {"operators_not_to_delegate": "aten.linear.default"}
-    compiled = etforge.compile(
-        model, example, target="imxrt700cm", calibration=calib, options=options, lowering="classic"
-    )
+    compiled = etforge.compile(model, example, target="imxrt700cm", calibration=calib, options=options)
     fits = _recipe_pte("imxrt700cm", memory_budget=1 << 30, **options)
     assert fits == compiled.pte
     assert "cortex_m::quantized_linear.out" in _ops(fits)  # the option took effect
@@ -63,13 +66,14 @@ def test_options_pass_through_the_recipe() -> None:
         _recipe_pte("imxrt700cm", memory_budget=64)
 
 
-def test_verify_takes_the_recipes_pte(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("lowering", ["early", "classic"])
+def test_verify_takes_the_recipes_pte(lowering: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from etforge.runtime.script_pte import verify_script_pte
 
     monkeypatch.syspath_prepend(str(Path(__file__).parent))
     (tmp_path / "net.py").write_text(FACTORY)
     pte = tmp_path / "recipe.pte"
-    pte.write_bytes(_recipe_pte("imxrt700cm"))
+    pte.write_bytes(_recipe_pte("imxrt700cm", lowering=lowering))
     v = verify_script_pte(pte, f"{tmp_path / 'net.py'}:build", "imxrt700cm", samples=4)
     assert v.ok, v.failures
     assert "byte for byte the program etforge compiles from it" in v.notes[0]
@@ -78,6 +82,6 @@ def test_verify_takes_the_recipes_pte(tmp_path: Path, monkeypatch: pytest.Monkey
 def test_recipe_calibration_parameter() -> None:
     """``calibration=`` replaces the example inputs as calibration data (as ``etforge.compile``'s)."""
     model, example, calib = _model()
-    compiled = etforge.compile(model, example, target="imxrt700", calibration=calib[:1], lowering="classic")
+    compiled = etforge.compile(model, example, target="imxrt700", calibration=calib[:1])
     recipe = target_recipe("imxrt700", calibration=calib[:1])
     assert export(model, calib, recipe).get_pte_buffer() == compiled.pte
