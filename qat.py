@@ -68,13 +68,22 @@ def prepare(
 
 
 def qat_coverage(prepared: torch.fx.GraphModule) -> tuple[int, int]:
-    """(fake-quantize modules, observer-only modules) in ``prepared``: what training sees."""
+    """(fake-quantize modules, observer-only modules) in ``prepared``: what training sees.
+
+    Biases (derived from their input's and weight's scales) count as neither."""
+    from torchao.quantization.pt2e import DerivedObserverOrFakeQuantize
     from torchao.quantization.pt2e.fake_quantize import FakeQuantizeBase
     from torchao.quantization.pt2e.observer import ObserverBase
 
     fq = [m for m in prepared.modules() if isinstance(m, FakeQuantizeBase)]
     inner = {id(getattr(m, "activation_post_process", None)) for m in fq}
-    observers = [m for m in prepared.modules() if isinstance(m, ObserverBase) and id(m) not in inner]
+    observers = [
+        m
+        for m in prepared.modules()
+        if isinstance(m, ObserverBase)
+        and not isinstance(m, DerivedObserverOrFakeQuantize)
+        and id(m) not in inner
+    ]
     return len(fq), len(observers)
 
 

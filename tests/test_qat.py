@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 from executorch.export import export
+from test_idiom import _ops
 from torch import nn
 
 import etforge.qat as qat
@@ -62,7 +63,7 @@ def test_recipe_qat_is_the_apis_program() -> None:
     prepared = qat.prepare(_model(), example, target="imxrt700")
     _train(prepared)
     prepared.eval()
-    api = qat.compile(prepared, example, lowering="classic").pte
+    api = qat.compile(prepared, example).pte
     torch.manual_seed(1)
     recipe = target_recipe("imxrt700", train_fn=_train)
     assert export(_model(), [example], recipe).get_pte_buffer() == api
@@ -78,3 +79,18 @@ def test_bad_input_is_refused() -> None:
         qat.compile(prepared, example, target="cortex-m33")
     with pytest.raises(EtforgeError, match="not prepared by etforge.qat.prepare"):
         qat.compile(_model(), example)  # type: ignore[arg-type]
+
+
+def test_cpu_quantizer_fake_quantizes_in_training() -> None:
+    """On cortex-m33 every node is CMSIS-NN's quantizer's, which has PTQ observers only: in
+    QAT they become fake-quantize modules of the same scheme, and the result verifies."""
+    example = (_data()[0][:1],)
+    prepared = qat.prepare(_model(), example, target="cortex-m33")
+    fake, observed = qat.qat_coverage(prepared)
+    assert (fake, observed) == (5, 0)  # input, 2 weights, hidden, output (biases: derived)
+    _train(prepared)
+    prepared.eval()
+    compiled = qat.compile(prepared, example)
+    assert "cortex_m::quantized_linear.out" in _ops(compiled.pte)
+    check = compiled.verify(samples=8)
+    assert check.ok, check.failures
