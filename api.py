@@ -340,6 +340,11 @@ def compile(  # noqa: A001 (the natural name, as in torch.compile)
     parsed = resolve_options(spec, options)  # the same checks as the CLI's --option
     example = tuple(example_inputs)
     what = type(model).__name__
+    if isinstance(model, torch.fx.GraphModule) and "etforge_qat" in model.meta:  # qat.PREPARED_KEY
+        raise EtforgeError(
+            f"{what} was prepared for quantization-aware training: compile it with etforge.qat.compile "
+            "(etforge.compile would quantize its fake-quantized graph again)"
+        )
     check_weights(dict(model.state_dict()), what)
     check_inputs(example, f"{what}: example input")
     calib = check_calibration(list(calibration), example, "calibration") if calibration is not None else None

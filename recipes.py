@@ -50,9 +50,6 @@ from etforge.core.registry.manager import registry
 #: The backend name recipes are registered under (``ExportRecipe.get_recipe`` looks it up).
 BACKEND = "etforge"
 
-#: Keyword arguments a recipe takes besides the target's options (``etforge targets``).
-RECIPE_KWARGS = ("calibration", "train_fn", "memory_budget", "dynamic_batch_size")
-
 #: The stages an etforge recipe runs, in order (ExecuTorch's; none of etforge's own).
 PIPELINE = [
     StageType.SOURCE_TRANSFORM,

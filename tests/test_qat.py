@@ -14,6 +14,7 @@ from executorch.export import export
 from test_idiom import _ops
 from torch import nn
 
+import etforge
 import etforge.qat as qat
 from etforge.core.common.errors import EtforgeError
 from etforge.recipes import target_recipe
@@ -79,6 +80,8 @@ def test_bad_input_is_refused() -> None:
         qat.compile(prepared, example, target="cortex-m33")
     with pytest.raises(EtforgeError, match="not prepared by etforge.qat.prepare"):
         qat.compile(_model(), example)  # type: ignore[arg-type]
+    with pytest.raises(EtforgeError, match="compile it with etforge.qat.compile"):
+        etforge.compile(prepared, example, target="imxrt700")
 
 
 def test_cpu_quantizer_fake_quantizes_in_training() -> None:
