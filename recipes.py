@@ -74,13 +74,20 @@ def member_name(target: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in target).upper()
 
 
-def _recipe_types() -> Any:
-    """One member per registered target, its value the target's name: no hard-coded list."""
-    names = sorted(registry().targets)
-    return _EtforgeRecipeBase("EtforgeRecipeType", [(member_name(n), n) for n in names])
+_TYPES: dict[tuple[str, ...], Any] = {}
 
 
-EtforgeRecipeType = _recipe_types()
+def recipe_types() -> Any:
+    """The recipe-type enum of the current plugin registry: one member per registered target,
+    its value the target's name (no hard-coded list; a plugin's target has its member)."""
+    names = tuple(sorted(registry().targets))
+    if names not in _TYPES:
+        _TYPES[names] = _EtforgeRecipeBase("EtforgeRecipeType", [(member_name(n), n) for n in names])
+    return _TYPES[names]
+
+
+#: The recipe types of the installed plugins (entry points), as of importing this module.
+EtforgeRecipeType = recipe_types()
 
 
 class EtforgeRecipeProvider(BackendRecipeProvider):
@@ -91,12 +98,12 @@ class EtforgeRecipeProvider(BackendRecipeProvider):
         return BACKEND
 
     def get_supported_recipes(self) -> Sequence[RecipeType]:
-        return list(EtforgeRecipeType)
+        return list(recipe_types())
 
     def create_recipe(self, recipe_type: RecipeType, **kwargs: Any) -> ExportRecipe | None:
-        if recipe_type not in self.get_supported_recipes():
+        if not isinstance(recipe_type, _EtforgeRecipeBase):
             return None
-        return target_recipe(str(recipe_type.value), **kwargs)
+        return target_recipe(str(recipe_type.value), **kwargs)  # a target no longer registered: named
 
 
 @_quiet

@@ -9,7 +9,9 @@ rewrites, the channels-last layout on Cortex-M targets and a Linear kept whole f
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
+from typing import Any
 
 import pytest
 from executorch.export import ExportRecipe, export, recipe_registry
@@ -17,8 +19,8 @@ from test_idiom import FACTORY, _model, _ops
 
 import etforge
 from etforge.core.common.errors import EtforgeError
-from etforge.core.registry.manager import registry
-from etforge.recipes import BACKEND, EtforgeRecipeType, member_name, target_recipe
+from etforge.core.registry.manager import extra_plugins, registry
+from etforge.recipes import BACKEND, EtforgeRecipeType, member_name, recipe_types, target_recipe
 
 
 def _recipe_pte(name: str, **kwargs: object) -> bytes:
@@ -44,6 +46,28 @@ def test_one_recipe_type_per_registered_target() -> None:
     assert BACKEND in recipe_registry.list_backends()
     assert sorted(t.value for t in EtforgeRecipeType) == sorted(registry().targets)
     assert set(recipe_registry.get_supported_recipes(BACKEND)) == set(EtforgeRecipeType)
+
+
+class VariantPlugin:
+    """A target plugin registered the way a third-party one is: the RT700 under another name."""
+
+    @staticmethod
+    def etforge_targets() -> list[Any]:
+        return [dataclasses.replace(registry().target("imxrt700"), name="rt700-variant")]
+
+
+def test_a_plugins_target_gets_a_recipe() -> None:
+    """A target plugin's target has its recipe type, found through etforge's plugin registry,
+    and its recipe writes what ``etforge compile`` writes for it."""
+    model, example, calib = _model()
+    with extra_plugins(VariantPlugin()):
+        types = recipe_types()
+        assert "rt700-variant" not in {t.value for t in EtforgeRecipeType}
+        assert {t.value for t in types} == set(registry().targets) >= {"rt700-variant", "imxrt700cm"}
+        pte = export(model, calib, ExportRecipe.get_recipe(types.RT700_VARIANT)).get_pte_buffer()
+        assert pte == etforge.compile(model, example, target="rt700-variant", calibration=calib).pte
+    with pytest.raises(EtforgeError, match="unknown target 'rt700-variant'"):
+        ExportRecipe.get_recipe(types.RT700_VARIANT)  # the plugin is gone again
 
 
 def test_unknown_target_and_option_are_refused() -> None:
