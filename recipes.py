@@ -143,7 +143,7 @@ def target_recipe(
         train_fn=train_fn,
         calibration_inputs_fn=calib_fn,
         dynamic_batch_size=dynamic_batch_size,
-        pre_prepare_passes=[_Adapt(tgt)],
+        pre_prepare_passes=[_Adapt(tgt, qat)],
     )
     aten_passes: list[Any] = [_ExportAdapted(tgt)]
     if lowering == "early":
@@ -174,13 +174,17 @@ class _Adapt:
 
     ExecuTorch's QUANTIZE stage captures the model with the caller's (NCHW) inputs; a
     script adapts the model before export, so this re-exports the captured graph the same
-    way. A no-op where the target keeps NCHW (no NHWC CPU kernels)."""
+    way (a no-op where the target keeps NCHW). For post-training quantization a model
+    captured in training mode is refused: ExecuTorch's stage calibrates it as it is, with
+    dropout dropping and batch norm normalizing each batch by itself."""
 
-    def __init__(self, tgt: Target) -> None:
-        self.tgt = tgt
+    def __init__(self, tgt: Target, qat: bool) -> None:
+        self.tgt, self.qat = tgt, qat
 
     @_quiet
     def __call__(self, gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+        if not self.qat:
+            _refuse_training_mode(gm)
         example = tuple(_example_like(n.meta["val"]) for n in gm.graph.find_nodes(op="placeholder"))
         adapted, inputs, _ = self.tgt.adapt(gm, example)
         if adapted is gm and all(a is b for a, b in zip(inputs, example, strict=True)):
@@ -189,6 +193,25 @@ class _Adapt:
 
     def __repr__(self) -> str:
         return f"etforge.adapt({self.tgt.name})"
+
+
+#: ATen ops captured in training mode, and the position of their ``training`` argument.
+_TRAINING_ARG = {"aten.batch_norm.default": 5, "aten.dropout.default": 2, "aten.feature_dropout.default": 2}
+
+
+def _refuse_training_mode(gm: torch.fx.GraphModule) -> None:
+    """(ExecuTorch's stage re-raises it as ``RuntimeError("QuantizeStage: Pass ... raised an
+    error: <this line>")``, the etforge error its cause.)"""
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        position = _TRAINING_ARG.get(str(node.target))
+        if position is not None and len(node.args) > position and node.args[position] is True:
+            raise EtforgeError(
+                f"the model was captured in training mode ({node.name}: {node.target}): call "
+                "model.eval() before executorch.export.export, or give the recipe train_fn= for "
+                "quantization-aware training"
+            )
 
 
 class _ExportAdapted:

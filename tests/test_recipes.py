@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from executorch.export import ExportRecipe, export, recipe_registry
 from test_idiom import FACTORY, _model, _ops
 
@@ -75,6 +76,16 @@ def test_unknown_target_and_option_are_refused() -> None:
         target_recipe("imx93")
     with pytest.raises(EtforgeError, match="unknown option"):
         target_recipe("imxrt700", turbo=True)
+
+
+def test_a_model_in_training_mode_is_refused() -> None:
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU()).train()
+    x = torch.randn(2, 3, 6, 6)
+    with pytest.raises(
+        RuntimeError, match=r"captured in training mode \(batch_norm.*call model.eval\(\)"
+    ) as err:
+        export(model, [(x,)], target_recipe("imxrt700"))
+    assert isinstance(err.value.__cause__, EtforgeError)
 
 
 def test_options_pass_through_the_recipe() -> None:
