@@ -45,13 +45,14 @@ class Target:
         return registry().target(self.name)
 
     @_quiet
-    def quantizer(self) -> Any:
-        """The torchao PT2E quantizer composed from the target's rule plugins (+ its CPU rules)."""
+    def quantizer(self, qat: bool = False) -> Any:
+        """The torchao PT2E quantizer composed from the target's rule plugins (+ its CPU rules);
+        ``qat``: with fake-quantize specs, for ``prepare_qat_pt2e`` (``etforge.qat``)."""
         from etforge.core.build.pipeline import quantizer_for
         from etforge.core.registry.manager import registry
 
         reg = registry()
-        inner = quantizer_for(self.spec, self._options(), reg)
+        inner = quantizer_for(self.spec, self._options(), reg, is_qat=qat)
         if not [r for r in reg.rewrites_for(self.spec) if r.stage == "export"]:
             return inner
         return _rewriting_quantizer(inner, self.spec, reg)
@@ -339,6 +340,11 @@ def compile(  # noqa: A001 (the natural name, as in torch.compile)
     parsed = resolve_options(spec, options)  # the same checks as the CLI's --option
     example = tuple(example_inputs)
     what = type(model).__name__
+    if isinstance(model, torch.fx.GraphModule) and "etforge_qat" in model.meta:  # qat.PREPARED_KEY
+        raise EtforgeError(
+            f"{what} was prepared for quantization-aware training: compile it with etforge.qat.compile "
+            "(etforge.compile would quantize its fake-quantized graph again)"
+        )
     check_weights(dict(model.state_dict()), what)
     check_inputs(example, f"{what}: example input")
     calib = check_calibration(list(calibration), example, "calibration") if calibration is not None else None

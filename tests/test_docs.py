@@ -25,6 +25,7 @@ ORDER = [
     "codegen.md",
     "batch.md",
     "firmware.md",
+    "qat.md",
 ]
 BLOCK = re.compile(r"^```(\w+)\n(.*?)^```", re.S | re.M)
 

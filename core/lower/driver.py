@@ -235,31 +235,12 @@ def _lower_early(
     The delegates keep their shape stubs (``core/lower/delegate_stubs.py``) for the CPU lowering,
     until the caller's ``stubs`` scope ends.
     """
-    from executorch.exir.backend.backend_api import to_backend
-    from executorch.exir.tracer import _default_decomposition_table
-
     from etforge.core.lower import early
 
-    cpu_keep = set(getattr(config, "preserve_ops", None) or [])
-    if target.npu is None:
-        keep = cpu_keep
-    elif cpu_keep:
-        keep = set(_kept_whole(config, partitioner))
-    else:
-        keep = set(partitioner.ops_to_not_decompose(ep)[0])
-    work = clone_program(ep)
-    full = _decomposition_dict(
-        _default_decomposition_table(), {n.target for n in work.graph_module.graph.nodes}
-    )
     try:
-        early.prepare(work, keep, {k: v for k, v in full.items() if k not in keep})
-        split_shared_dequantizes(work.graph_module)
+        delegated, handles = _delegate_aten(ep, target, partitioner, config)
         if target.npu is None:  # nothing to delegate: the decomposition alone is the gain
-            return _to_edge_decomposed(work, config, why)
-        handles = early.handles_by_ancestor(work.graph_module)
-        delegated = to_backend(work, partitioner)
-        # Ops kept whole for the NPU that it did not take are decomposed, as to_edge would.
-        early.decompose(delegated, cpu_keep, {k: v for k, v in full.items() if k not in cpu_keep})
+            return _to_edge_decomposed(delegated, config, why)
     except early.NotExact as exc:
         why["reason"] = f"the early path cannot be exact: {exc}"
         return None
@@ -284,6 +265,67 @@ def _lower_early(
         )
         return None
     return edge
+
+
+def _delegate_aten(
+    ep: ExportedProgram, target: TargetSpec, partitioner: EtforgePartitioner, config: EdgeCompileConfig
+) -> tuple[ExportedProgram, dict[str, int]]:
+    """The early path's work on the quantized ATen program (a copy): the node forms ``to_edge``
+    would give, NPU partitions delegated, what the NPU left decomposed as ``to_edge`` would.
+    Returns the program and the debug handles by ancestor (for ``early.renumber``); on a
+    target without an NPU, the decomposed program. Raises ``early.NotExact``."""
+    from executorch.exir.backend.backend_api import to_backend
+    from executorch.exir.tracer import _default_decomposition_table
+
+    from etforge.core.lower import early
+
+    cpu_keep = set(getattr(config, "preserve_ops", None) or [])
+    if target.npu is None:
+        keep = cpu_keep
+    elif cpu_keep:
+        keep = set(_kept_whole(config, partitioner))
+    else:
+        keep = set(partitioner.ops_to_not_decompose(ep)[0])
+    work = clone_program(ep)
+    full = _decomposition_dict(
+        _default_decomposition_table(), {n.target for n in work.graph_module.graph.nodes}
+    )
+    early.prepare(work, keep, {k: v for k, v in full.items() if k not in keep})
+    split_shared_dequantizes(work.graph_module)
+    if target.npu is None:
+        return work, {}
+    handles = early.handles_by_ancestor(work.graph_module)
+    delegated = to_backend(work, partitioner)
+    # Ops kept whole for the NPU that it did not take are decomposed, as to_edge would.
+    early.decompose(delegated, cpu_keep, {k: v for k, v in full.items() if k not in cpu_keep})
+    return delegated, handles
+
+
+def delegate_early(
+    ep: ExportedProgram,
+    target: TargetSpec,
+    options: dict[str, Any] | None = None,
+    reg: Registry | None = None,
+) -> tuple[ExportedProgram | None, str]:
+    """The early path's NPU delegation alone, for a pipeline whose own ``to_edge`` lowers the
+    rest (ExecuTorch's recipe stages: ``etforge.recipes``). ``(program, "")``, or ``(None, why)``
+    when there is nothing to delegate early or it cannot be exact (lower the classic way)."""
+    from etforge.core.lower import early
+
+    if target.npu is None:
+        return None, f"{target.name} has no NPU"
+    if not _quantized(ep):
+        return None, "a float program: early delegation is proven on quantized programs only"
+    reg = reg or registry()
+    options = {**target.option_defaults(), **(options or {})}
+    config = reg.cpu_backend(target).edge_compile_config() or edge_config()
+    with backend.lowering(reg, options, target) as low:
+        partitioner = _partitioner(ep, target, options, reg, low)
+        try:
+            delegated, _ = _delegate_aten(ep, target, partitioner, config)
+        except early.NotExact as exc:
+            return None, f"the early path cannot be exact: {exc}"
+    return delegated, ""
 
 
 def _decomposition_dict(table: Any, ops: set[Any]) -> dict[Any, Any]:

@@ -19,9 +19,16 @@ from etforge.core.registry.manager import Registry, registry
 
 
 def quantizer_for(
-    target: TargetSpec, options: dict[str, Any] | None = None, reg: Registry | None = None
+    target: TargetSpec,
+    options: dict[str, Any] | None = None,
+    reg: Registry | None = None,
+    is_qat: bool = False,
 ) -> Any:
-    """The target's NPU rules first, then its CPU backend's quantizer for what they left."""
+    """The target's NPU rules first, then its CPU backend's quantizer for what they left.
+
+    ``is_qat``: fake-quantize specs, for ``prepare_qat_pt2e``: the rules' own, and the CPU
+    backend's quantizer's scheme with fake quantization (``core.quantize.qat_specs``).
+    """
     reg = reg or registry()
     options = {**target.option_defaults(), **(options or {})}
     rules = reg.rules_for(target)
@@ -29,8 +36,12 @@ def quantizer_for(
     # weights, not the NPU rule's per-channel ones).
     blocked = set(options.get("operators_not_to_delegate", ()))
     keep = (lambda node: node_op(node) not in blocked) if blocked else None
-    ours = ComposedQuantizer(rules, node_filter=keep) if rules else None
+    ours = ComposedQuantizer(rules, is_qat=is_qat, node_filter=keep) if rules else None
     cpu_q = reg.cpu_backend(target).quantizer(target, options)
+    if is_qat and cpu_q is not None:
+        from etforge.core.quantize.qat_specs import FakeQuantizing
+
+        cpu_q = FakeQuantizing(cpu_q)
     if ours is None and cpu_q is None:
         raise EtforgeError(f"target {target.name!r} composes no quantizer (no rules, no CPU quantizer)")
     if ours is None:
