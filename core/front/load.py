@@ -195,11 +195,23 @@ def _load_factory(spec: str, path: Path, factory: str) -> LoadedModel:
         raise EtforgeError(
             f"{path}: no callable {factory!r} (callables defined there: {', '.join(funcs) or 'none'})"
         )
+    seed, state = torch.initial_seed(), torch.random.get_rng_state()
     try:
         result = fn()
     except Exception as exc:
         raise EtforgeError(f"{path}:{factory}() raised {type(exc).__name__}: {_first_line(exc)}") from None
-    return _validate_factory_result(f"{path}:{factory}", result, spec)
+    loaded = _validate_factory_result(f"{path}:{factory}", result, spec)
+    if torch.initial_seed() == seed and not torch.equal(torch.random.get_rng_state(), state):
+        loaded.notes.append(UNSEEDED_NOTE.format(where=f"{path}:{factory}"))
+    return loaded
+
+
+#: Told when a factory drew from torch's default generator without seeding it: with this torch
+#: that generator starts from another seed in every process (docs/batch.md: determinism).
+UNSEEDED_NOTE = (
+    "{where} drew random numbers from torch's unseeded default generator (no torch.manual_seed): "
+    "if its weights or calibration data depend on them, each compile gives other bytes"
+)
 
 
 def _validate_factory_result(where: str, result: Any, spec: str) -> LoadedModel:
