@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,6 +11,7 @@ from typing import Any
 import jinja2
 
 from etforge import __version__
+from etforge.codegen import escape
 from etforge.codegen.delegates import read_delegates
 from etforge.codegen.kernels import catalogue, library_sizes
 from etforge.codegen.pte import ProgramInfo, read_program
@@ -32,18 +32,15 @@ class CodegenResult:
 
 
 def _env() -> jinja2.Environment:
-    return jinja2.Environment(
-        loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"),
-        undefined=jinja2.StrictUndefined,
-        trim_blocks=True,
-        lstrip_blocks=True,
-        keep_trailing_newline=True,
+    return escape.install(
+        jinja2.Environment(
+            loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"),
+            undefined=jinja2.StrictUndefined,
+            trim_blocks=True,
+            lstrip_blocks=True,
+            keep_trailing_newline=True,
+        )
     )
-
-
-def _ident(name: str) -> str:
-    ident = re.sub(r"\W", "_", name)
-    return ident if not ident[:1].isdigit() else f"m_{ident}"
 
 
 def _float_literal(value: float) -> str:
@@ -81,7 +78,7 @@ def _io(program: ProgramInfo, report: dict[str, Any] | None) -> list[dict[str, A
         methods.append(
             {
                 "name": m.name,
-                "ident": _ident(m.name),
+                "ident": escape.ident_from(m.name),
                 "arenas": m.arena_bytes,
                 "inputs": [x for x in ios if x["kind"] == "input"],
                 "outputs": [x for x in ios if x["kind"] == "output"],
@@ -96,6 +93,7 @@ def _neutron(out_dir: Path, report: dict[str, Any] | None, pte_dir: Path) -> tup
         return [], "absent: the program has no NPU partitions"
     selections = []
     for p in parts:
+        escape.c_identifier(p.get("name"), "report.json: partition name")  # also a file name here
         path = pte_dir / "partitions" / f"{p['name']}_kernel_selection.c"
         if p.get("kernel_selection") and path.is_file():
             selections.append({"name": p["name"], "code": path.read_text()})
@@ -179,11 +177,10 @@ def generate(
 
 
 def _check_names(namespace: str, prefix: str) -> None:
-    """The namespace and prefix end up in C and C++ identifiers: refuse what would not compile."""
-    if not re.fullmatch(r"[A-Za-z_]\w*(::[A-Za-z_]\w*)*", namespace):
-        raise EtforgeError(f"namespace {namespace!r} is not a C++ namespace")
-    if prefix and not re.fullmatch(r"[A-Za-z_]\w*", prefix):
-        raise EtforgeError(f"prefix {prefix!r} is not a C identifier prefix")
+    """The namespace and prefix end up in C and C++ identifiers and file names: refuse what
+    would not compile (a keyword, a namespace the generated code uses, a non-ASCII letter)."""
+    escape.cpp_namespace(namespace, "--namespace")
+    escape.c_prefix(prefix, "--prefix")
 
 
 def _kernel_entries(
