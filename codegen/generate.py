@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,7 +12,7 @@ from typing import Any
 import jinja2
 
 from etforge import __version__
-from etforge.codegen import escape
+from etforge.codegen import escape, program_facts
 from etforge.codegen.delegates import read_delegates
 from etforge.codegen.kernels import catalogue, library_sizes
 from etforge.codegen.pte import ProgramInfo, read_program
@@ -47,18 +48,22 @@ def _float_literal(value: float) -> str:
     return f"{value!r}f" if "e" in repr(value) or "." in repr(value) else f"{value!r}.0f"
 
 
-def _io(program: ProgramInfo, report: dict[str, Any] | None) -> list[dict[str, Any]]:
-    quant = (report or {}).get("io_quant", {})
+def _io(program: ProgramInfo) -> list[dict[str, Any]]:
+    """Each method's inputs and outputs as the program holds them: shape, dim order, and the
+    scale and zero point of their quantize / dequantize (never report.json's copy)."""
     methods = []
-    for m in program.methods:
+    for m, plan in zip(program.methods, program.program.execution_plan, strict=True):
+        q_in, q_out = program_facts.io_quant(plan)
+        quants = {
+            "input": [q for v, q in zip(plan.inputs, q_in, strict=True) if _is_tensor(plan, v)],
+            "output": [q for v, q in zip(plan.outputs, q_out, strict=True) if _is_tensor(plan, v)],
+        }
         ios = []
         for kind, tensors in (("input", m.inputs), ("output", m.outputs)):
             for i, t in enumerate(tensors):
-                q = (
-                    (quant.get(f"{kind}s") or [None] * (i + 1))[i]
-                    if quant.get(f"{kind}s") and i < len(quant[f"{kind}s"])
-                    else None
-                )
+                q = quants[kind][i] if i < len(quants[kind]) else None
+                if q is not None and not math.isfinite(q.scale):
+                    raise EtforgeError(f"{program.path}: {kind} {i} of {m.name!r} has scale {q.scale}")
                 ios.append(
                     {
                         "kind": kind,
@@ -69,9 +74,9 @@ def _io(program: ProgramInfo, report: dict[str, Any] | None) -> list[dict[str, A
                         "quant": None
                         if q is None
                         else {
-                            "scale": q["scale"],
-                            "zero_point": q["zero_point"],
-                            "scale_literal": _float_literal(q["scale"]),
+                            "scale": q.scale,
+                            "zero_point": q.zero_point,
+                            "scale_literal": _float_literal(q.scale),
                         },
                     }
                 )
@@ -85,6 +90,30 @@ def _io(program: ProgramInfo, report: dict[str, Any] | None) -> list[dict[str, A
             }
         )
     return methods
+
+
+def _is_tensor(plan: Any, index: int) -> bool:
+    return type(plan.values[index].val).__name__ == "Tensor"
+
+
+def _npu_memory(program: ProgramInfo, report: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """Each NPU partition's working memory: planned from its host-only payload; a device
+    payload's figure is the NPU compiler's (report.json, checked to be a byte count)."""
+    reported = {
+        p.get("name"): p.get("working_bytes")
+        for p in (report or {}).get("memory", {}).get("npu_partitions", [])
+        if isinstance(p, dict)
+    }
+    out = []
+    for name, working in program_facts.npu_working(program.program):
+        if working is None:
+            working = reported.get(name)
+            if not isinstance(working, int) or isinstance(working, bool) or working < 0:
+                raise EtforgeError(
+                    f"report.json: memory.npu_partitions {name!r} working_bytes {working!r} is not a byte count"
+                )
+        out.append({"name": name, "working_bytes": working})
+    return out
 
 
 def _neutron(out_dir: Path, report: dict[str, Any] | None, pte_dir: Path) -> tuple[list[dict[str, str]], str]:
@@ -154,9 +183,9 @@ def generate(
         "target": (report or {}).get("target", "unknown"),
         "cpu": (report or {}).get("cpu", "unknown"),
         "isa": (report or {}).get("isa") or "none",
-        "scratch_bytes": sum(x["bytes"] for x in (report or {}).get("memory", {}).get("scratch", [])),
-        "methods": _io(program, report),
-        "npu_memory": (report or {}).get("memory", {}).get("npu_partitions", []),
+        "scratch_bytes": sum(program_facts.scratch_bytes(plan) for plan in program.program.execution_plan),
+        "methods": _io(program),
+        "npu_memory": _npu_memory(program, report),
         "npu_source": (report or {}).get("memory", {}).get("npu_source", ""),
         "neutron_status": neutron_status,
         "neutron_selection": bool(selections),
