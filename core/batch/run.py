@@ -112,9 +112,21 @@ def load_manifest(path: Path, out: Path, cache_args: tuple[str, ...] = ()) -> li
     """A JSON or TOML manifest (format in docs/batch.md): ``models``, ``targets``, ``options``
     (a list of option tables, crossed with the rest), plus optional explicit ``jobs``."""
     try:
-        text = path.read_text()
+        raw = path.read_bytes()
     except OSError as exc:
         raise EtforgeError(f"manifest {path}: cannot read it ({exc.strerror})") from None
+    if len(raw) > MAX_MANIFEST_BYTES:
+        raise EtforgeError(f"manifest {path}: {len(raw):,} bytes, more than {MAX_MANIFEST_BYTES:,}")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise EtforgeError(
+            f"manifest {path}: not UTF-8 text (byte 0x{raw[exc.start]:02x} on line {line})"
+        ) from None
+    kind = "TOML" if path.suffix == ".toml" else "JSON"
+    if _nesting(text) > MAX_MANIFEST_NESTING:
+        raise EtforgeError(f"manifest {path}: nested more than {MAX_MANIFEST_NESTING} levels deep")
     try:
         if path.suffix == ".toml":
             import tomllib
@@ -122,6 +134,8 @@ def load_manifest(path: Path, out: Path, cache_args: tuple[str, ...] = ()) -> li
             data = tomllib.loads(text)
         else:
             data = json.loads(text)
+    except RecursionError:
+        raise EtforgeError(f"manifest {path}: nested too deeply to read as {kind}") from None
     except ValueError as exc:
         raise EtforgeError(f"manifest {path}: not valid {path.suffix.lstrip('.') or 'JSON'}: {exc}") from None
     if not isinstance(data, dict):
@@ -177,6 +191,25 @@ def load_manifest(path: Path, out: Path, cache_args: tuple[str, ...] = ()) -> li
     if dupes:
         raise EtforgeError(f"manifest {path}: two jobs would write the same output directory {dupes[0]}")
     return jobs
+
+
+#: A manifest lists models and options: a few levels of tables and lists, a few kilobytes.
+#: Deeper or larger input is refused before it is parsed (a recursive parser would overflow).
+MAX_MANIFEST_NESTING = 32
+MAX_MANIFEST_BYTES = 16 * 1024 * 1024
+
+
+def _nesting(text: str) -> int:
+    """An upper bound of the manifest's nesting: the deepest run of open brackets (strings
+    included: a bound only needs to be no smaller than the truth)."""
+    depth = deepest = 0
+    for ch in text:
+        if ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "]}":
+            depth = max(0, depth - 1)
+    return deepest
 
 
 def _jobs(
@@ -244,6 +277,7 @@ def run_job(job: Job, env: dict[str, str] | None = None, out: str | None = None)
         [*_etforge_argv(), *job.argv(out)],
         capture_output=True,
         text=True,
+        errors="backslashreplace",  # a child naming a non-UTF-8 path prints its raw bytes
         env={**os.environ, **(env or {}), "COLUMNS": "100"},
         stdin=subprocess.DEVNULL,
     )
