@@ -59,7 +59,8 @@ DIRECT_FORMAT = 3
 PT2, ZOO, OPT_IN = "pt2", "zoo", "opt-in"
 #: Environment variables of the stack that may change a build (a zoo model's or a program's,
 #: whose code no recorder watches): their values are in the front key. The cache's own
-#: location and switch are not (they change where outputs are kept, not what they are).
+#: location and switch are not (they change where outputs are kept, not what they are), nor
+#: the test suite's hooks (``ETFORGE_TEST_*``: where a test process writes what it imported).
 _KEY_ENV = ("TORCH", "PYTORCH", "EXECUTORCH", "ETFORGE", "LITERT", "INDUCTOR", "AOT", "FX_")
 _NOT_KEY_ENV = frozenset({"ETFORGE_CACHE_DIR", "ETFORGE_NO_CACHE"})
 #: Distributions a zoo model's code imports besides the stack (its data sets ship in one).
@@ -139,9 +140,14 @@ def front_key(
     fp.add("plugins", json.dumps(sorted(set(cache.plugin_fingerprints(reg)))))
     fp.add("stack", json.dumps(cache.stack_versions(), sort_keys=True))
     fp.add("npu_compiler", cache.npu_compiler_status(reg, target))
-    env = {k: v for k, v in os.environ.items() if k.startswith(_KEY_ENV) and k not in _NOT_KEY_ENV}
-    fp.add("env", json.dumps(env, sort_keys=True))
     how, _ = basis(model, True)
+    if how in (PT2, ZOO):  # an opted-in factory's variables are those the recorder saw it read
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if k.startswith(_KEY_ENV) and k not in _NOT_KEY_ENV and not k.startswith("ETFORGE_TEST_")
+        }
+        fp.add("env", json.dumps(env, sort_keys=True))
     if how == PT2:
         try:
             fp.add("pt2", sha256_file(model))
