@@ -98,19 +98,18 @@ def _is_tensor(plan: Any, index: int) -> bool:
 
 def _npu_memory(program: ProgramInfo, report: dict[str, Any] | None) -> list[dict[str, Any]]:
     """Each NPU partition's working memory: planned from its host-only payload; a device
-    payload's figure is the NPU compiler's (report.json, checked to be a byte count)."""
-    reported = {
-        p.get("name"): p.get("working_bytes")
-        for p in (report or {}).get("memory", {}).get("npu_partitions", [])
-        if isinstance(p, dict)
-    }
+    payload's figure is the NPU compiler's (report.json's, in program order, checked to be a
+    byte count: ``verify`` cannot hold it to the program)."""
+    reported = [p for p in (report or {}).get("memory", {}).get("npu_partitions", []) if isinstance(p, dict)]
     out = []
-    for name, working in program_facts.npu_working(program.program):
+    for i, (name, working) in enumerate(program_facts.npu_working(program.program)):
+        rep = reported[i] if i < len(reported) else {}
+        name = name if name is not None else str(rep.get("name", f"delegate {i}"))
         if working is None:
-            working = reported.get(name)
+            working = rep.get("working_bytes")
             if not isinstance(working, int) or isinstance(working, bool) or working < 0:
                 raise EtforgeError(
-                    f"report.json: memory.npu_partitions {name!r} working_bytes {working!r} is not a byte count"
+                    f"report.json: memory.npu_partitions[{i}].working_bytes {working!r} is not a byte count"
                 )
         out.append({"name": name, "working_bytes": working})
     return out

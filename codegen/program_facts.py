@@ -88,19 +88,20 @@ def scratch_bytes(plan: Any) -> int:
     return total
 
 
-def npu_working(program: Any) -> list[tuple[str, int | None]]:
-    """(partition, working bytes) of each NPU delegate: planned from a host-only payload's
-    LiteRT model; None for a device payload (the NPU compiler's figure: not in the program)."""
+def npu_working(program: Any) -> list[tuple[str | None, int | None]]:
+    """(partition, working bytes) of each NPU delegate, in program order: planned from a
+    host-only payload's LiteRT model; (None, None) for a device payload (its name and the NPU
+    compiler's figure are not in the program)."""
     from etforge.core.litert import payload
     from etforge.core.serialize.npu_memory import plan_partition
 
-    out: list[tuple[str, int | None]] = []
+    out: list[tuple[str | None, int | None]] = []
     for plan in program.execution_plan:
-        for i, d in enumerate(plan.delegates):
+        for d in plan.delegates:
             ref = d.processed
             data = bytes(program.backend_delegate_data[ref.index].data)
             if data[:4] != payload.MAGIC:
-                out.append((f"{plan.name}[{i}]", None))
+                out.append((None, None))
                 continue
             blob = payload.unpack(data)
             working = plan_partition(blob.partition, blob.data).working_bytes if blob.host_only else None

@@ -77,8 +77,10 @@ def mismatches(program: Any, pte: Path, report: dict[str, Any]) -> list[str]:
     else:
         for i, (rep, (name, size)) in enumerate(zip(parts, working, strict=True)):
             rep = rep if isinstance(rep, dict) else {}
-            check(f"memory.npu_partitions[{i}].name", rep.get("name"), name)
-            if size is not None:  # a device payload's figure is the NPU compiler's: not in the program
+            # A device payload's name and figure (the NPU compiler's) are not in the program.
+            if name is not None:
+                check(f"memory.npu_partitions[{i}].name", rep.get("name"), name)
+            if size is not None:
                 check(f"memory.npu_partitions[{i}].working_bytes", rep.get("working_bytes"), size)
         sizes = [p.get("working_bytes") for p in parts if isinstance(p, dict)]
         if all(isinstance(s, int) for s in sizes):
