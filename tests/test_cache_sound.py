@@ -15,6 +15,7 @@ import json
 import os
 import py_compile
 import sqlite3
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -211,3 +212,40 @@ def test_inputs_nothing_observes_never_give_a_stale_build(tmp_path: Path) -> Non
         assert _pte(cached, name) == _pte(fresh, name), f"{name}: stale ({_cache(cached, name)})"
         assert _cache(cached, name)["mode"] == "miss", name
         assert _cache(fresh, name)["mode"] == "miss" and "off" in _cache(fresh, name)["reason"]
+
+
+def test_direct_mode_by_construction_for_pt2_and_zoo(tmp_path: Path) -> None:
+    """A ``.pt2`` and a ``zoo:`` model are restored without a recorder: the program's bytes,
+    etforge's sources and the modules an import could find first are the key."""
+    env = {"ETFORGE_NO_CACHE": "0", "ETFORGE_CACHE_DIR": str(tmp_path / "cache")}
+    work = tmp_path / "work"
+    work.mkdir()
+
+    def compile_(spec: str, out: str, *extra: str) -> dict[str, str]:
+        proc = subprocess.run(
+            [sys.executable, "-m", "etforge", "compile", spec, "-o", str(tmp_path / out), *extra],
+            capture_output=True,
+            text=True,
+            env={**os.environ, **env},
+            cwd=work,  # sys.path[0] for `python -m`
+        )
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        return json.loads((tmp_path / out / "report.json").read_text())["cache"]
+
+    pt2 = tmp_path / "m.pt2"
+    _export_weights(pt2, 0.5)
+    assert compile_(str(pt2), "p1")["mode"] == "miss"
+    hit = compile_(str(pt2), "p2")
+    assert hit["mode"] == "direct" and ".pt2" in hit["reason"]
+    _export_weights(pt2, 2.5)
+    assert compile_(str(pt2), "p3")["mode"] == "miss"
+    compile_(str(pt2), "p4", "--no-cache")
+    assert (tmp_path / "p3" / "model.pte").read_bytes() == (tmp_path / "p4" / "model.pte").read_bytes()
+    assert (tmp_path / "p3" / "model.pte").read_bytes() != (tmp_path / "p1" / "model.pte").read_bytes()
+
+    assert compile_("zoo:ds_cnn", "z1")["mode"] == "miss"
+    assert compile_("zoo:ds_cnn", "z2")["mode"] == "direct"
+    (work / "out_dir").mkdir()  # not importable: still answered directly
+    assert compile_("zoo:ds_cnn", "z3")["mode"] == "direct"
+    (work / "numpy_helpers.py").write_text("")  # a module the working directory now offers
+    assert compile_("zoo:ds_cnn", "z4")["mode"] == "exported"

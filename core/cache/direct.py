@@ -159,7 +159,46 @@ def front_key(
         # that shadows one is another build even at the same versions.
         tops = ("torch", "numpy", "sklearn", "scipy", "executorch", "torchao", "ai_edge_litert")
         fp.add("origins", json.dumps({t: lazy_imports.module_origin(t) for t in tops}))
+    if how in (PT2, ZOO):
+        # A module dropped into a directory searched before site-packages (the working
+        # directory, PYTHONPATH) may shadow any the stack imports: another build.
+        fp.add("shadowing", json.dumps([(d, _importable_names(d)) for d in _searched_first()]))
     return fp.hexdigest()
+
+
+_MODULE_SUFFIXES = (".py", ".pyc", ".so", ".pyd", ".pth")
+
+
+def _searched_first() -> list[str]:
+    """The ``sys.path`` directories that are neither the interpreter's nor site directories."""
+    from etforge.core.cache.record import _Excluded
+
+    excluded = _Excluded(())
+    out = []
+    for entry in sys.path:
+        d = os.path.abspath(entry or os.getcwd())
+        if os.path.isdir(d) and not (d + os.sep).startswith(excluded.prefixes):
+            out.append(d)
+    return out
+
+
+def _importable_names(directory: str) -> str:
+    """A digest of the names in ``directory`` an import could find: modules and packages (a
+    plain directory is a namespace package only when nothing else has the name: ignored, so an
+    output directory written there is not another build)."""
+    names = []
+    try:
+        entries = sorted(os.scandir(directory), key=lambda e: e.name)
+    except OSError:
+        return "unreadable"
+    for e in entries:
+        if e.name.endswith(_MODULE_SUFFIXES):
+            names.append(e.name)
+        elif e.is_dir() and any(
+            os.path.exists(os.path.join(e.path, f)) for f in ("__init__.py", "__init__.pyc")
+        ):
+            names.append(e.name + "/")
+    return hashlib.sha256("\0".join(names).encode("utf-8", "surrogateescape")).hexdigest()
 
 
 def imported_distributions() -> dict[str, str]:
