@@ -33,6 +33,7 @@ def compile_many(
     raw_options: tuple[str, ...],
     jobs: int | None,
     ray_address: str | None,
+    cache_args: tuple[str, ...] = (),
 ) -> None:
     """Models × targets × options in parallel child compiles; a summary table; exit 1 if any failed."""
     from pathlib import Path
@@ -43,13 +44,15 @@ def compile_many(
     if manifest:
         if models:
             raise click.UsageError("give models on the command line or --manifest, not both")
-        plan = batch.load_manifest(Path(manifest), out)
+        plan = batch.load_manifest(Path(manifest), out, cache_args=cache_args)
     else:
         opts = parse_options(raw_options)
         resolved_options(
             named_target(obj.registry, target_name), opts
         )  # a bad option fails before any job runs
-        plan = batch.plan(list(models), [target_name], [opts], out, float_=float_, calib=calib)
+        plan = batch.plan(
+            list(models), [target_name], [opts], out, float_=float_, calib=calib, cache_args=cache_args
+        )
     for target in sorted({j.target for j in plan}):
         named_target(obj.registry, target, "manifest")  # an unknown target fails before any job runs
     where = f"Ray at {ray_address}" if ray_address else f"{jobs or os.cpu_count() or 1} local workers"

@@ -66,6 +66,15 @@ from etforge.core.registry.manager import Registry
 )
 @click.option("--no-cache", is_flag=True, help="Compile afresh; neither read nor fill the build cache.")
 @click.option(
+    "--cache",
+    "cache_mode",
+    type=click.Choice(["auto", "direct"]),
+    default="auto",
+    show_default=True,
+    help="'direct': also restore a factory's build before importing torch, trusting what it was "
+    "seen to read (docs/batch.md: the caveat); 'auto' does so only for .pt2 and zoo: models.",
+)
+@click.option(
     "--no-fallback",
     is_flag=True,
     help="Fail, writing nothing, where the compile would take a second-best path (report.json 'fallbacks').",
@@ -100,6 +109,7 @@ def compile_cmd(
     memory_budget: int | None,
     memory_map: str | None,
     no_cache: bool,
+    cache_mode: str,
     no_fallback: bool,
     quiet: bool,
     as_json: bool,
@@ -120,7 +130,21 @@ def compile_cmd(
                 "--etrecord, --memory-budget, --memory-map, --no-fallback and --json go with a single model"
             )
         compile_many(
-            obj, models, manifest, target_name, Path(out_dir), calib, float_, raw_options, jobs, ray_address
+            obj,
+            models,
+            manifest,
+            target_name,
+            Path(out_dir),
+            calib,
+            float_,
+            raw_options,
+            jobs,
+            ray_address,
+            cache_args=("--no-cache",)
+            if no_cache
+            else ("--cache", cache_mode)
+            if cache_mode != "auto"
+            else (),
         )
         return
     if not models:
@@ -156,6 +180,7 @@ def compile_cmd(
                 memory_budget,
                 use_cache,
                 no_fallback,
+                cache_mode == "direct",
             )
             generated, report, cached = _compile_into(job)
             fit = _check_memory_map(staging, report, regions, memory_map) if regions is not None else None
@@ -240,6 +265,8 @@ class _Job:
     memory_budget: int | None
     use_cache: bool = False
     no_fallback: bool = False
+    #: ``--cache direct``: a factory's build may be restored in direct mode (the author's call).
+    cache_direct: bool = False
 
     @property
     def flags(self) -> dict[str, Any]:
@@ -266,13 +293,23 @@ def _compile_into(job: _Job) -> tuple[Any, dict[str, Any], bool]:
     staging, reg, model, target, options, calib = (job.staging, job.reg, job.model, job.target, job.options, job.calib)  # fmt: skip
     float_, use_cache, flags = job.float_, job.use_cache, job.flags
     direct = None
+    direct_off = "direct mode unavailable for this command line"
     if use_cache:
         from etforge.core.cache import store as cache
-        from etforge.core.cache.direct import Session
+        from etforge.core.cache.direct import Session, basis
 
-        direct = Session.open(
-            model=model, target=target, options=options, flags=flags, calib=calib, reg=reg, exclude=[staging]
-        )
+        how, direct_off = basis(model, job.cache_direct)
+        if how is not None:
+            direct = Session.open(
+                model=model,
+                target=target,
+                options=options,
+                flags=flags,
+                calib=calib,
+                reg=reg,
+                exclude=[staging],
+                how=how,
+            )
         if direct is not None and direct.restore(staging):
             try:
                 report = output.load_report(staging / output.REPORT)
@@ -284,7 +321,7 @@ def _compile_into(job: _Job) -> tuple[Any, dict[str, Any], bool]:
                 direct.why = f"the cached build was not trusted: {exc}"
             say("warning", f"{direct.why}; rebuilding")
             direct.distrust(staging)  # never trusted: the entry goes, the normal path rebuilds
-    recording = direct.recorder.recording() if direct is not None else contextlib.nullcontext()
+    recording = direct.recording() if direct is not None else contextlib.nullcontext()
     from etforge.core.common import fallbacks
 
     with fallbacks.recording(job.no_fallback):  # the front end's and the compile's
@@ -293,7 +330,7 @@ def _compile_into(job: _Job) -> tuple[Any, dict[str, Any], bool]:
         return generated, _cache_info(staging, report, "miss", "the build cache is off"), cached
     if direct is not None and key is not None:
         direct.save(key)
-    direct_why = direct.why if direct is not None else "direct mode unavailable for this command line"
+    direct_why = direct.why if direct is not None else direct_off
     if cached:
         reason = f"the exported program and everything the build depends on are unchanged ({direct_why})"
         return generated, _cache_info(staging, report, "exported", reason), cached

@@ -62,8 +62,14 @@ def verify_on_device(
 @click.option(
     "--on", "runtime", type=click.Choice(["qemu-m33"]), required=True, help="The device runtime to run on."
 )
-@click.option("--samples", default=4, show_default=True, help="Seeded random inputs (as verify draws them).")
-@click.option("--seed", default=0, show_default=True)
+@click.option(
+    "--samples",
+    type=click.IntRange(min=1, max=10_000),
+    default=4,
+    show_default=True,
+    help="Seeded random inputs (as verify draws them).",
+)
+@click.option("--seed", type=click.IntRange(min=0, max=2**63 - 1), default=0, show_default=True)
 @click.option(
     "--inputs",
     default=None,

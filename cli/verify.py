@@ -64,12 +64,12 @@ def _finite(value: float | None, param: Any, low: float, high: float | None = No
 )
 @click.option(
     "--samples",
-    type=click.IntRange(min=1),
+    type=click.IntRange(min=1, max=10_000),  # each runs the whole program on the host: bounded
     default=32,
     show_default=True,
     help="Seeded random inputs to compare on.",
 )
-@click.option("--seed", default=0, show_default=True)
+@click.option("--seed", type=click.IntRange(min=0, max=2**63 - 1), default=0, show_default=True)
 @click.option(
     "--max-steps",
     type=float,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-import re
+import math
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,6 +12,7 @@ from typing import Any
 import jinja2
 
 from etforge import __version__
+from etforge.codegen import escape, program_facts
 from etforge.codegen.delegates import read_delegates
 from etforge.codegen.kernels import catalogue, library_sizes
 from etforge.codegen.pte import ProgramInfo, read_program
@@ -32,36 +33,37 @@ class CodegenResult:
 
 
 def _env() -> jinja2.Environment:
-    return jinja2.Environment(
-        loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"),
-        undefined=jinja2.StrictUndefined,
-        trim_blocks=True,
-        lstrip_blocks=True,
-        keep_trailing_newline=True,
+    return escape.install(
+        jinja2.Environment(
+            loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"),
+            undefined=jinja2.StrictUndefined,
+            trim_blocks=True,
+            lstrip_blocks=True,
+            keep_trailing_newline=True,
+        )
     )
-
-
-def _ident(name: str) -> str:
-    ident = re.sub(r"\W", "_", name)
-    return ident if not ident[:1].isdigit() else f"m_{ident}"
 
 
 def _float_literal(value: float) -> str:
     return f"{value!r}f" if "e" in repr(value) or "." in repr(value) else f"{value!r}.0f"
 
 
-def _io(program: ProgramInfo, report: dict[str, Any] | None) -> list[dict[str, Any]]:
-    quant = (report or {}).get("io_quant", {})
+def _io(program: ProgramInfo) -> list[dict[str, Any]]:
+    """Each method's inputs and outputs as the program holds them: shape, dim order, and the
+    scale and zero point of their quantize / dequantize (never report.json's copy)."""
     methods = []
-    for m in program.methods:
+    for m, plan in zip(program.methods, program.program.execution_plan, strict=True):
+        q_in, q_out = program_facts.io_quant(plan)
+        quants = {
+            "input": [q for v, q in zip(plan.inputs, q_in, strict=True) if _is_tensor(plan, v)],
+            "output": [q for v, q in zip(plan.outputs, q_out, strict=True) if _is_tensor(plan, v)],
+        }
         ios = []
         for kind, tensors in (("input", m.inputs), ("output", m.outputs)):
             for i, t in enumerate(tensors):
-                q = (
-                    (quant.get(f"{kind}s") or [None] * (i + 1))[i]
-                    if quant.get(f"{kind}s") and i < len(quant[f"{kind}s"])
-                    else None
-                )
+                q = quants[kind][i] if i < len(quants[kind]) else None
+                if q is not None and not math.isfinite(q.scale):
+                    raise EtforgeError(f"{program.path}: {kind} {i} of {m.name!r} has scale {q.scale}")
                 ios.append(
                     {
                         "kind": kind,
@@ -72,16 +74,16 @@ def _io(program: ProgramInfo, report: dict[str, Any] | None) -> list[dict[str, A
                         "quant": None
                         if q is None
                         else {
-                            "scale": q["scale"],
-                            "zero_point": q["zero_point"],
-                            "scale_literal": _float_literal(q["scale"]),
+                            "scale": q.scale,
+                            "zero_point": q.zero_point,
+                            "scale_literal": _float_literal(q.scale),
                         },
                     }
                 )
         methods.append(
             {
                 "name": m.name,
-                "ident": _ident(m.name),
+                "ident": escape.ident_from(m.name),
                 "arenas": m.arena_bytes,
                 "inputs": [x for x in ios if x["kind"] == "input"],
                 "outputs": [x for x in ios if x["kind"] == "output"],
@@ -90,12 +92,36 @@ def _io(program: ProgramInfo, report: dict[str, Any] | None) -> list[dict[str, A
     return methods
 
 
+def _is_tensor(plan: Any, index: int) -> bool:
+    return type(plan.values[index].val).__name__ == "Tensor"
+
+
+def _npu_memory(program: ProgramInfo, report: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """Each NPU partition's working memory: planned from its host-only payload; a device
+    payload's figure is the NPU compiler's (report.json's, in program order, checked to be a
+    byte count: ``verify`` cannot hold it to the program)."""
+    reported = [p for p in (report or {}).get("memory", {}).get("npu_partitions", []) if isinstance(p, dict)]
+    out = []
+    for i, (name, working) in enumerate(program_facts.npu_working(program.program)):
+        rep = reported[i] if i < len(reported) else {}
+        name = name if name is not None else str(rep.get("name", f"delegate {i}"))
+        if working is None:
+            working = rep.get("working_bytes")
+            if not isinstance(working, int) or isinstance(working, bool) or working < 0:
+                raise EtforgeError(
+                    f"report.json: memory.npu_partitions[{i}].working_bytes {working!r} is not a byte count"
+                )
+        out.append({"name": name, "working_bytes": working})
+    return out
+
+
 def _neutron(out_dir: Path, report: dict[str, Any] | None, pte_dir: Path) -> tuple[list[dict[str, str]], str]:
     parts = (report or {}).get("partitions", [])
     if not parts:
         return [], "absent: the program has no NPU partitions"
     selections = []
     for p in parts:
+        escape.c_identifier(p.get("name"), "report.json: partition name")  # also a file name here
         path = pte_dir / "partitions" / f"{p['name']}_kernel_selection.c"
         if p.get("kernel_selection") and path.is_file():
             selections.append({"name": p["name"], "code": path.read_text()})
@@ -156,9 +182,9 @@ def generate(
         "target": (report or {}).get("target", "unknown"),
         "cpu": (report or {}).get("cpu", "unknown"),
         "isa": (report or {}).get("isa") or "none",
-        "scratch_bytes": sum(x["bytes"] for x in (report or {}).get("memory", {}).get("scratch", [])),
-        "methods": _io(program, report),
-        "npu_memory": (report or {}).get("memory", {}).get("npu_partitions", []),
+        "scratch_bytes": sum(program_facts.scratch_bytes(plan) for plan in program.program.execution_plan),
+        "methods": _io(program),
+        "npu_memory": _npu_memory(program, report),
         "npu_source": (report or {}).get("memory", {}).get("npu_source", ""),
         "neutron_status": neutron_status,
         "neutron_selection": bool(selections),
@@ -179,11 +205,10 @@ def generate(
 
 
 def _check_names(namespace: str, prefix: str) -> None:
-    """The namespace and prefix end up in C and C++ identifiers: refuse what would not compile."""
-    if not re.fullmatch(r"[A-Za-z_]\w*(::[A-Za-z_]\w*)*", namespace):
-        raise EtforgeError(f"namespace {namespace!r} is not a C++ namespace")
-    if prefix and not re.fullmatch(r"[A-Za-z_]\w*", prefix):
-        raise EtforgeError(f"prefix {prefix!r} is not a C identifier prefix")
+    """The namespace and prefix end up in C and C++ identifiers and file names: refuse what
+    would not compile (a keyword, a namespace the generated code uses, a non-ASCII letter)."""
+    escape.cpp_namespace(namespace, "--namespace")
+    escape.c_prefix(prefix, "--prefix")
 
 
 def _kernel_entries(

@@ -283,6 +283,9 @@ def verify(
         check_program_file(out / output.QUANTIZED_PROGRAM)
     pte_path = out / output.PTE  # empty, truncated, corrupt or not this report's: refused here
     interp = PteInterpreter(check_pte(pte_path, report), str(pte_path))
+    from etforge.runtime.report_fields import refuse_forged
+
+    refuse_forged(interp.program, pte_path, report)  # the firmware's figures are the program's
     labeled = None
     if data is not None:
         from etforge.runtime.accuracy import load_labeled

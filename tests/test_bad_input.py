@@ -225,9 +225,9 @@ def test_non_utf8_paths_work_in_every_command(tmp_path: Path) -> None:
         assert proc.returncode == 0, proc.stdout + proc.stderr
         return proc.stdout
 
-    ok("compile", USER_MODEL, "-o", str(out))
+    ok("compile", USER_MODEL, "-o", str(out), "--cache", "direct")  # a factory: direct mode opted in
     assert json.loads((out / "report.json").read_text())["cache"]["mode"] == "miss"
-    ok("compile", USER_MODEL, "-o", str(out))
+    ok("compile", USER_MODEL, "-o", str(out), "--cache", "direct")
     assert json.loads((out / "report.json").read_text())["cache"]["mode"] == "direct"
     ok("report", str(out))
     ok("codegen", str(out / "model.pte"), "-o", str(out / "gen"))

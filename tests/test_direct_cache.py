@@ -180,7 +180,8 @@ def test_a_repointed_symlink_is_a_miss_end_to_end(tmp_path: Path) -> None:
     env = {"ETFORGE_NO_CACHE": "0", "ETFORGE_CACHE_DIR": str(tmp_path / "cache")}
 
     def compile_(out: str) -> dict[str, object]:
-        proc = run_cli("compile", f"{tmp_path / 'net.py'}:build", "-o", str(tmp_path / out), env=env)
+        spec = f"{tmp_path / 'net.py'}:build"
+        proc = run_cli("compile", spec, "-o", str(tmp_path / out), "--cache", "direct", env=env)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         report = json.loads((tmp_path / out / "report.json").read_text())
         assert f"cache: {report['cache']['mode']}" in proc.stdout  # the summary says it too

@@ -29,9 +29,9 @@ def test_verify_and_report_without_a_compile(tmp_path: Path) -> None:
 def test_codegen_rejects_bad_names_and_libraries(tmp_path: Path) -> None:
     pte = tmp_path / "x.pte"
     pte.write_bytes(b"\x00" * 64)
-    with pytest.raises(EtforgeError, match="is not a C\\+\\+ namespace"):
+    with pytest.raises(EtforgeError, match="--namespace 'not a namespace'.* is not a C/C\\+\\+ identifier"):
         generate(pte, tmp_path / "g", namespace="not a namespace")
-    with pytest.raises(EtforgeError, match="is not a C identifier prefix"):
+    with pytest.raises(EtforgeError, match="--prefix '9lives' is not a C/C\\+\\+ identifier"):
         generate(pte, tmp_path / "g", prefix="9lives")
     assert "does not exist" in _fails("codegen", str(tmp_path / "missing.pte"), "-o", str(tmp_path / "g"))
 

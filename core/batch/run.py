@@ -38,6 +38,8 @@ class Job:
     options: tuple[tuple[str, str], ...] = ()
     float_: bool = False
     calib: str | None = None
+    #: The caller's cache flags (``--no-cache``, ``--cache direct``), handed to every child.
+    cache_args: tuple[str, ...] = ()
 
     def argv(self, out: str | None = None) -> list[str]:
         args = ["compile", self.model, "--target", self.target, "-o", out or self.out]
@@ -47,7 +49,7 @@ class Job:
             args.append("--float")
         if self.calib:
             args += ["--calib", self.calib]
-        return args
+        return args + list(self.cache_args)
 
 
 @dataclass
@@ -80,6 +82,7 @@ def plan(
     *,
     float_: bool = False,
     calib: str | None = None,
+    cache_args: tuple[str, ...] = (),
 ) -> list[Job]:
     """Models × targets × option sets; each job's output is ``OUT/<model>/<target>[-<options>]``."""
     jobs = []
@@ -95,6 +98,7 @@ def plan(
                         options=tuple(sorted(opts.items())),
                         float_=float_,
                         calib=calib,
+                        cache_args=tuple(cache_args),
                     )
                 )
     outs = [j.out for j in jobs]
@@ -104,13 +108,25 @@ def plan(
     return jobs
 
 
-def load_manifest(path: Path, out: Path) -> list[Job]:
+def load_manifest(path: Path, out: Path, cache_args: tuple[str, ...] = ()) -> list[Job]:
     """A JSON or TOML manifest (format in docs/batch.md): ``models``, ``targets``, ``options``
     (a list of option tables, crossed with the rest), plus optional explicit ``jobs``."""
     try:
-        text = path.read_text()
+        raw = path.read_bytes()
     except OSError as exc:
         raise EtforgeError(f"manifest {path}: cannot read it ({exc.strerror})") from None
+    if len(raw) > MAX_MANIFEST_BYTES:
+        raise EtforgeError(f"manifest {path}: {len(raw):,} bytes, more than {MAX_MANIFEST_BYTES:,}")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise EtforgeError(
+            f"manifest {path}: not UTF-8 text (byte 0x{raw[exc.start]:02x} on line {line})"
+        ) from None
+    kind = "TOML" if path.suffix == ".toml" else "JSON"
+    if _nesting(text) > MAX_MANIFEST_NESTING:
+        raise EtforgeError(f"manifest {path}: nested more than {MAX_MANIFEST_NESTING} levels deep")
     try:
         if path.suffix == ".toml":
             import tomllib
@@ -118,6 +134,8 @@ def load_manifest(path: Path, out: Path) -> list[Job]:
             data = tomllib.loads(text)
         else:
             data = json.loads(text)
+    except RecursionError:
+        raise EtforgeError(f"manifest {path}: nested too deeply to read as {kind}") from None
     except ValueError as exc:
         raise EtforgeError(f"manifest {path}: not valid {path.suffix.lstrip('.') or 'JSON'}: {exc}") from None
     if not isinstance(data, dict):
@@ -153,7 +171,7 @@ def load_manifest(path: Path, out: Path) -> list[Job]:
         raise EtforgeError(f"manifest {path}: 'calib' must be the path of a .pt file, not {calib!r}")
     if calib is not None and not Path(calib).is_absolute():
         calib = str((base / calib).resolve())  # like the models: relative to the manifest
-    jobs = [j for m in models for j in _jobs(m, targets, option_sets, out, float_, calib)]
+    jobs = [j for m in models for j in _jobs(m, targets, option_sets, out, float_, calib, cache_args)]
     extras = data.get("jobs", [])
     if not isinstance(extras, list):
         raise EtforgeError(f"manifest {path}: 'jobs' must be a list of tables")
@@ -164,9 +182,8 @@ def load_manifest(path: Path, out: Path) -> list[Job]:
         if not isinstance(opts, dict):
             raise EtforgeError(f"manifest {path}: jobs[{i}].options must be a table")
         model = model_ref(extra["model"], f"jobs[{i}].model")
-        jobs += _jobs(
-            model, [extra["target"]], [_option_table(opts, path, f"jobs[{i}].options")], out, float_, calib
-        )
+        table = _option_table(opts, path, f"jobs[{i}].options")
+        jobs += _jobs(model, [extra["target"]], [table], out, float_, calib, cache_args)
     if not jobs:
         raise EtforgeError(f"manifest {path}: no jobs (give 'models' and 'targets', or 'jobs')")
     outs = [j.out for j in jobs]
@@ -176,10 +193,35 @@ def load_manifest(path: Path, out: Path) -> list[Job]:
     return jobs
 
 
+#: A manifest lists models and options: a few levels of tables and lists, a few kilobytes.
+#: Deeper or larger input is refused before it is parsed (a recursive parser would overflow).
+MAX_MANIFEST_NESTING = 32
+MAX_MANIFEST_BYTES = 16 * 1024 * 1024
+
+
+def _nesting(text: str) -> int:
+    """An upper bound of the manifest's nesting: the deepest run of open brackets (strings
+    included: a bound only needs to be no smaller than the truth)."""
+    depth = deepest = 0
+    for ch in text:
+        if ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "]}":
+            depth = max(0, depth - 1)
+    return deepest
+
+
 def _jobs(
-    model: str, targets: list[str], option_sets: list[dict[str, str]], out: Path, float_: bool, calib: Any
+    model: str,
+    targets: list[str],
+    option_sets: list[dict[str, str]],
+    out: Path,
+    float_: bool,
+    calib: Any,
+    cache_args: tuple[str, ...] = (),
 ) -> list[Job]:
-    return plan([model], targets, option_sets, out, float_=float_, calib=calib)
+    return plan([model], targets, option_sets, out, float_=float_, calib=calib, cache_args=cache_args)
 
 
 def _option_table(table: dict[Any, Any], path: Path, where: str) -> dict[str, str]:
@@ -235,6 +277,7 @@ def run_job(job: Job, env: dict[str, str] | None = None, out: str | None = None)
         [*_etforge_argv(), *job.argv(out)],
         capture_output=True,
         text=True,
+        errors="backslashreplace",  # a child naming a non-UTF-8 path prints its raw bytes
         env={**os.environ, **(env or {}), "COLUMNS": "100"},
         stdin=subprocess.DEVNULL,
     )
@@ -266,7 +309,13 @@ def run_local(
 
 def _ray_task(job_fields: dict[str, Any], env: dict[str, str]) -> tuple[dict[str, Any], bytes]:
     """Runs on a Ray worker: compile into a private directory and ship it back as a tar archive."""
-    job = Job(**{**job_fields, "options": tuple(tuple(p) for p in job_fields["options"])})
+    job = Job(
+        **{
+            **job_fields,
+            "options": tuple(tuple(p) for p in job_fields["options"]),
+            "cache_args": tuple(job_fields.get("cache_args", ())),
+        }
+    )
     with tempfile.TemporaryDirectory(prefix="etforge-ray-") as tmp:
         out = str(Path(tmp) / "out")
         res = run_job(job, env, out=out)

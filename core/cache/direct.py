@@ -17,6 +17,12 @@ restores that build's entry through :meth:`BuildCache.restore`, which re-checks 
 file. Anything else — a changed input, a corrupt manifest, a failed restore — falls back to
 the normal path, which recompiles or hits with the full key and rewrites the manifest; a
 build that read something nothing observes writes no manifest (docs/batch.md: the rule).
+
+Direct mode answers only where every input is known by construction (:func:`basis`): a
+``.pt2`` program (its bytes are in the front key), a ``zoo:`` model (etforge's sources and
+versions are), and a factory whose author opted in with ``--cache direct`` (then the
+recorder's observations are trusted, with the caveat docs/batch.md gives). Any other factory
+is answered by the full key after the export, which nothing the factory reads can make stale.
 """
 
 from __future__ import annotations
@@ -48,7 +54,39 @@ from etforge.core.common import lazy_imports
 from etforge.core.common.digest import sha256_file
 
 #: Bump when the manifest layout or the front key's composition changes.
-DIRECT_FORMAT = 2
+DIRECT_FORMAT = 3
+#: Direct-mode bases (:func:`basis`): inputs known by construction, or observed (opt-in).
+PT2, ZOO, OPT_IN = "pt2", "zoo", "opt-in"
+#: Environment variables of the stack that may change a build (a zoo model's or a program's,
+#: whose code no recorder watches): their values are in the front key. The cache's own
+#: location and switch are not (they change where outputs are kept, not what they are), nor
+#: the test suite's hooks (``ETFORGE_TEST_*``: where a test process writes what it imported).
+_KEY_ENV = ("TORCH", "PYTORCH", "EXECUTORCH", "ETFORGE", "LITERT", "INDUCTOR", "AOT", "FX_")
+_NOT_KEY_ENV = frozenset({"ETFORGE_CACHE_DIR", "ETFORGE_NO_CACHE"})
+#: Distributions a zoo model's code imports besides the stack (its data sets ship in one).
+_ZOO_DISTS = ("scikit-learn", "numpy", "scipy")
+
+
+def basis(model: str, opt_in: bool) -> tuple[str | None, str]:
+    """(how direct mode may answer for ``model``, or None; why), from the spec alone.
+
+    A ``.pt2`` and a ``zoo:`` model have inputs known by construction; a factory's code can
+    read anything (a C extension's reads are invisible), so it gets direct mode only when its
+    author opts in (``--cache direct``)."""
+    if model.endswith(".pt2"):
+        return PT2, "a .pt2 program: its bytes are the key"
+    if model.startswith("zoo:"):
+        return ZOO, "a zoo model: etforge's sources and the stack's versions are the key"
+    if opt_in:
+        return (
+            OPT_IN,
+            "opted in (--cache direct): the files, variables and imports the factory read are the key",
+        )
+    return None, (
+        "direct mode is off for a factory (what its code reads cannot all be known; --cache direct opts in)"
+    )
+
+
 DIRECT_DIR = "direct"
 
 
@@ -102,7 +140,65 @@ def front_key(
     fp.add("plugins", json.dumps(sorted(set(cache.plugin_fingerprints(reg)))))
     fp.add("stack", json.dumps(cache.stack_versions(), sort_keys=True))
     fp.add("npu_compiler", cache.npu_compiler_status(reg, target))
+    how, _ = basis(model, True)
+    if how in (PT2, ZOO):  # an opted-in factory's variables are those the recorder saw it read
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if k.startswith(_KEY_ENV) and k not in _NOT_KEY_ENV and not k.startswith("ETFORGE_TEST_")
+        }
+        fp.add("env", json.dumps(env, sort_keys=True))
+    if how == PT2:
+        try:
+            fp.add("pt2", sha256_file(model))
+        except OSError:
+            return None  # the normal path names the problem
+    elif how == ZOO:
+        fp.add("zoo", json.dumps({d: _version(d) for d in _ZOO_DISTS}))
+        # Where the stack's top-level packages are imported from: a module on PYTHONPATH
+        # that shadows one is another build even at the same versions.
+        tops = ("torch", "numpy", "sklearn", "scipy", "executorch", "torchao", "ai_edge_litert")
+        fp.add("origins", json.dumps({t: lazy_imports.module_origin(t) for t in tops}))
+    if how in (PT2, ZOO):
+        # A module dropped into a directory searched before site-packages (the working
+        # directory, PYTHONPATH) may shadow any the stack imports: another build.
+        fp.add("shadowing", json.dumps([(d, _importable_names(d)) for d in _searched_first()]))
     return fp.hexdigest()
+
+
+_MODULE_SUFFIXES = (".py", ".pyc", ".so", ".pyd", ".pth")
+
+
+def _searched_first() -> list[str]:
+    """The ``sys.path`` directories that are neither the interpreter's nor site directories."""
+    from etforge.core.cache.record import _Excluded
+
+    excluded = _Excluded(())
+    out = []
+    for entry in sys.path:
+        d = os.path.abspath(entry or os.getcwd())
+        if os.path.isdir(d) and not (d + os.sep).startswith(excluded.prefixes):
+            out.append(d)
+    return out
+
+
+def _importable_names(directory: str) -> str:
+    """A digest of the names in ``directory`` an import could find: modules and packages (a
+    plain directory is a namespace package only when nothing else has the name: ignored, so an
+    output directory written there is not another build)."""
+    names = []
+    try:
+        entries = sorted(os.scandir(directory), key=lambda e: e.name)
+    except OSError:
+        return "unreadable"
+    for e in entries:
+        if e.name.endswith(_MODULE_SUFFIXES):
+            names.append(e.name)
+        elif e.is_dir() and any(
+            os.path.exists(os.path.join(e.path, f)) for f in ("__init__.py", "__init__.pyc")
+        ):
+            names.append(e.name + "/")
+    return hashlib.sha256("\0".join(names).encode("utf-8", "surrogateescape")).hexdigest()
 
 
 def imported_distributions() -> dict[str, str]:
@@ -345,8 +441,14 @@ class Session:
     """Direct mode for one compile: look up before anything heavy, record during the build,
     write the manifest after it."""
 
-    def __init__(self, front: str, exclude: Iterable[Path | str], model: str, calib: str | None) -> None:
+    def __init__(
+        self, front: str, exclude: Iterable[Path | str], model: str, calib: str | None, how: str = OPT_IN
+    ) -> None:
         self.front = front
+        #: :data:`PT2` / :data:`ZOO` (inputs known by construction: nothing is recorded) or
+        #: :data:`OPT_IN` (the recorder's observations are the inputs).
+        self.how = how
+        self.basis_why = basis(model, how == OPT_IN)[1]
         self.store = DirectCache()
         excluded = [*exclude, cache.default_dir()]
         if calib:
@@ -368,18 +470,23 @@ class Session:
         calib: str | None,
         reg: Any,
         exclude: Iterable[Path | str] = (),
+        how: str = OPT_IN,
     ) -> Session | None:
         try:
             front = front_key(model=model, target=target, options=options, flags=flags, calib=calib, reg=reg)
         except Exception:  # noqa: BLE001  (direct mode is an optimisation: off, never an error)
             return None
-        return None if front is None else cls(front, exclude, model, calib)
+        return None if front is None else cls(front, exclude, model, calib, how)
+
+    def recording(self) -> contextlib.AbstractContextManager[Any]:
+        """What watches the build: the recorder for an opted-in factory, nothing otherwise."""
+        return self.recorder.recording() if self.how == OPT_IN else contextlib.nullcontext()
 
     def restore(self, dest: Path) -> bool:
         """Restore the recorded build into ``dest``; on any failure ``dest`` is emptied again."""
         try:
             if self.store.restore(self.front, dest):
-                self.why = self.store.why
+                self.why = self.store.why if self.how == OPT_IN else f"{self.basis_why}, unchanged"
                 return True
             self.why = self.store.why
         except Exception as exc:  # noqa: BLE001  (direct mode only ever falls back)
@@ -405,6 +512,13 @@ class Session:
 
     def save(self, build_key: str) -> None:
         """Write the manifest of the build just recorded (skipped if a file changed under it)."""
+        if self.how != OPT_IN:  # every input is in the front key
+            try:
+                self.store.save(self.front, build_key, {}, {})
+                self.why = f"direct mode on for the next compile: {self.basis_why}"
+            except Exception as exc:  # noqa: BLE001
+                self.why = f"direct-mode manifest not written ({type(exc).__name__})"
+            return
         if self.recorder.broken:
             self.why = "direct mode off for this build: recording its inputs failed"
             return

@@ -20,7 +20,7 @@ from etforge.core.contracts.target import TargetSpec
 from etforge.core.front.asserts import drop_metadata_asserts
 from etforge.core.front.context_regions import inline_context_regions
 from etforge.core.front.functionalize import functionalize
-from etforge.core.front.load import as_float32, has_float64, refuse_float64
+from etforge.core.front.load import as_float32, has_float64, refuse_float64, refuse_no_tensor_output
 from etforge.core.front.signature import check_example
 from etforge.core.front.state import refuse_running_state
 from etforge.core.registry.manager import Registry, registry
@@ -158,6 +158,7 @@ def front_end(
         program, mutations = functionalize(program, owned=not regions)
         program, asserts = drop_metadata_asserts(program, owned=program is not given)
         refuse_running_state(program, what)
+        refuse_no_tensor_output(program, what)
         return Front(program, tuple(example), calib, notes + regions + mutations + asserts)
     assert module is not None
     if not owned and (
@@ -179,4 +180,5 @@ def front_end(
     program, mutations = functionalize(program)
     program, asserts = drop_metadata_asserts(program)
     refuse_running_state(program, what)
+    refuse_no_tensor_output(program, what)
     return Front(program, tuple(example), calib, notes + regions + mutations + asserts)

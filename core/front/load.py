@@ -147,6 +147,7 @@ def load_program(path: Path | str) -> torch.export.ExportedProgram:
     import logging
 
     path = Path(path)
+    check_archive(path)  # before anything inflates it
     quiet = logging.getLogger("torch._export.serde.serialize")
     level = quiet.level
     quiet.setLevel(logging.ERROR)  # its "fallback to weights_only=False" warning never applies here
@@ -161,6 +162,33 @@ def load_program(path: Path | str) -> torch.export.ExportedProgram:
         ) from None
     finally:
         quiet.setLevel(level)
+
+
+#: A ``.pt2`` stores its tensors uncompressed (torch.export.save): its entries inflate to about
+#: the archive's size. A bound well above that refuses a decompression bomb before any entry
+#: is inflated, and still admits an archive someone recompressed.
+MAX_INFLATE_RATIO = 16
+#: Slack for small archives (their metadata compresses well).
+INFLATE_SLACK_BYTES = 64 * 1024 * 1024
+
+
+def check_archive(path: Path) -> None:
+    """Refuse a zip archive whose entries, as its directory declares them (zip readers,
+    Python's and torch's, stop at the declared size), inflate beyond the bound, naming it."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as archive:
+            declared = sum(info.file_size for info in archive.infolist())
+    except (zipfile.BadZipFile, OSError, ValueError):
+        return  # not an archive: the reader names the problem
+    size = path.stat().st_size
+    bound = MAX_INFLATE_RATIO * size + INFLATE_SLACK_BYTES
+    if declared > bound:
+        raise EtforgeError(
+            f"{path}: refused: its {size:,}-byte archive inflates to {declared:,} bytes, more than "
+            f"{MAX_INFLATE_RATIO}x its size + {INFLATE_SLACK_BYTES // 2**20} MiB (a .pt2 stores its tensors uncompressed)"
+        )
 
 
 def _unpickle_detail(text: str) -> str:
@@ -195,11 +223,33 @@ def _load_factory(spec: str, path: Path, factory: str) -> LoadedModel:
         raise EtforgeError(
             f"{path}: no callable {factory!r} (callables defined there: {', '.join(funcs) or 'none'})"
         )
+    seed, state = torch.initial_seed(), torch.random.get_rng_state()
     try:
         result = fn()
     except Exception as exc:
         raise EtforgeError(f"{path}:{factory}() raised {type(exc).__name__}: {_first_line(exc)}") from None
-    return _validate_factory_result(f"{path}:{factory}", result, spec)
+    loaded = _validate_factory_result(f"{path}:{factory}", result, spec)
+    if torch.initial_seed() == seed and not torch.equal(torch.random.get_rng_state(), state):
+        loaded.notes.append(UNSEEDED_NOTE.format(where=f"{path}:{factory}"))
+    return loaded
+
+
+def refuse_no_tensor_output(program: torch.export.ExportedProgram, what: str) -> None:
+    """A program must return a tensor: one whose forward returns None, a string or other
+    constants has nothing to compute (ExecuTorch's planner would fail on it without a name)."""
+    out = next(n for n in program.graph.nodes if n.op == "output")
+    leaves = torch.utils._pytree.tree_leaves(out.args[0])
+    if not any(isinstance(leaf, torch.fx.Node) for leaf in leaves):
+        got = ", ".join(sorted({type(x).__name__ for x in leaves})) or "nothing"
+        raise EtforgeError(f"{what}: forward returns {got}, no tensor; return the model's output tensor(s)")
+
+
+#: Told when a factory drew from torch's default generator without seeding it: with this torch
+#: that generator starts from another seed in every process (docs/batch.md: determinism).
+UNSEEDED_NOTE = (
+    "{where} drew random numbers from torch's unseeded default generator (no torch.manual_seed): "
+    "if its weights or calibration data depend on them, each compile gives other bytes"
+)
 
 
 def _validate_factory_result(where: str, result: Any, spec: str) -> LoadedModel:
