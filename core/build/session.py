@@ -50,7 +50,7 @@ from etforge.core.front import signature
 from etforge.core.front.export import Front, front_end
 from etforge.core.graph.deferred_code import deferred_code
 from etforge.core.graph.shared_provenance import shared_provenance
-from etforge.core.lower import boundaries, kernel_check
+from etforge.core.lower import boundaries, float_ops, kernel_check
 from etforge.core.lower.partitioner import Decision, EtforgePartitioner
 from etforge.core.registry.manager import Registry, registry
 
@@ -174,6 +174,13 @@ class CompileSession:
                 notes.append(f"graph rewrites applied: {', '.join(rewritten)}")
             calib = list(front.calibration) if front.calibration else [tuple(front.example)]
             float_ep, built = self._build_with_kernels(float_ep, calib)
+            if self.quantize:  # an int8 program: every float op left on the CPU is told
+                float_ops.record(
+                    built.edge.exported_program(),
+                    built.partitioner.decisions,
+                    tgt.name,
+                    reg.cpu_backend(tgt).name,
+                )
             with self.stage("float check"):
                 same = self._equivalence(front.program, float_ep, calib[0], rewritten)
             if same is not None and not same.passed and self.strict:  # else: the report says it

@@ -255,7 +255,11 @@ def _lower_early(
         early.prepare(work, keep, {k: v for k, v in full.items() if k not in keep})
         split_shared_dequantizes(work.graph_module)
         if target.npu is None:  # nothing to delegate: the decomposition alone is the gain
-            return _to_edge_decomposed(work, config, why)
+            edge = _to_edge_decomposed(work, config, why)
+            # Every node's row in the report (where it runs, MACs, bytes): decided on a copy,
+            # since deciding marks node meta the program must not carry.
+            partitioner.decide(clone_program(edge.exported_program()))
+            return edge
         handles = early.handles_by_ancestor(work.graph_module)
         delegated = to_backend(work, partitioner)
         # Ops kept whole for the NPU that it did not take are decomposed, as to_edge would.
