@@ -114,10 +114,15 @@ def test_the_classic_relowering_is_a_recorded_decision() -> None:
     model, example = LoneLinear().eval(), (torch.randn(1, 8),)
     options = {"min_partition_ops": 2}
     classic = etforge.compile(model, example, target="imxrt700", options=options, lowering="classic")
-    (fb,) = classic.report["fallbacks"]
+    # the refused linear and the cumsum run in float on imxrt700's CPU: told too, in both
+    fb, *floats = classic.report["fallbacks"]
     assert fb["what"] == "re-lowered with every op decomposed" and "aten_linear_default" in fb["why"], fb
+    assert {f["what"] for f in floats} == {"runs in float on the CPU"}, floats
+    assert any("cumsum" in f["where"] for f in floats) and any("addmm" in f["where"] for f in floats)
     early = etforge.compile(model, example, target="imxrt700", options=options)
-    assert early.report["fallbacks"] == [] and early.pte == classic.pte
+    assert early.pte == classic.pte
+    # the same ops told (the early path names the linear by its ATen node, the classic by addmm)
+    assert [f["why"] for f in early.report["fallbacks"]] == [f["why"] for f in floats]
     with pytest.raises(StrictFallback, match="re-lowered with every op decomposed"):
         etforge.compile(model, example, target="imxrt700", options=options, lowering="classic", strict=True)
 

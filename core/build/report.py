@@ -106,7 +106,10 @@ def build_report(result: CompileResult, reg: Registry, model: str) -> dict[str, 
         ],
         # the pytree leaves of what forward returns, in the .pte's output order (core.front.signature)
         "outputs": signature.describe_outputs(result.host_program),
-        "stages": {k: round(v, 4) for k, v in result.stage_seconds.items()},
+        # every stage and attempt: a second build round's "lower (round 2)", and inside the last
+        # lowering its parts ("lower: delegate (early attempt)", "lower: cpu_lowering")
+        "stages": {k: round(v, 4) for k, v in result.stage_seconds.items()}
+        | {f"lower: {k}": round(v, 4) for k, v in result.lower_breakdown.items()},
         # "early" | "classic" and why; "fallback": the early path was tried and could not be exact.
         "lowering": dict(result.lowering),
         "nodes": nodes,

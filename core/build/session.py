@@ -138,6 +138,8 @@ class CompileSession:
         self.progress = progress or _no_progress
         self.on_programs = on_programs
         self.times: dict[str, float] = {}
+        self._round = 1  # the quantize + lower round (another after a decomposition)
+        self._rounds: list[dict[str, Any]] = []  # each round's lowering, when there are several
         self._observed: list[Any] = []  # the observed model's output on the first calibration batch
 
     @contextlib.contextmanager
@@ -146,7 +148,9 @@ class CompileSession:
         start = time.perf_counter()
         with self.progress(name):
             yield
-        self.times[name] = time.perf_counter() - start
+        # A stage run again (a second build round) keeps every attempt's time: "lower (round 2)".
+        key = name if self._round <= 1 else f"{name} (round {self._round})"
+        self.times[key] = time.perf_counter() - start
 
     def run(
         self,
@@ -247,10 +251,23 @@ class CompileSession:
         before anything is serialized or written."""
         libraries = kernel_check.libraries_for(self.registry.cpu_backend(self.target))
         decomposed: list[str] = []
-        for _ in range(kernel_check.MAX_ROUNDS):
+        for round_ in range(1, kernel_check.MAX_ROUNDS + 1):
+            self._round = round_
             built = self._build(float_ep, calib)
             missing = kernel_check.missing_kernels(built.edge.exported_program(), libraries)
+            self._rounds.append(
+                {
+                    "round": round_,
+                    **{k: built.lowering.get(k) for k in ("path", "fallback", "reason")},
+                    "seconds": {k: round(v, 4) for k, v in built.breakdown.items()},
+                    "outcome": "built"
+                    if not missing
+                    else f"rebuilt: no kernel for {', '.join(sorted({m.op for m in missing}))}",
+                }
+            )
             if not missing:
+                if len(self._rounds) > 1:  # the report's lowering names every round it took
+                    built.lowering["rounds"] = list(self._rounds)
                 return float_ep, built
             table = kernel_check.next_decomposition(
                 missing, float_ep, decomposed, libraries, self.target.name

@@ -95,7 +95,9 @@ def lower(
     if drop_dead_constants(cpu_ep) or cpu_ep is not host:
         edge = EdgeProgramManager({"forward": cpu_ep}, compile_config=config)
     t2 = time.perf_counter()
-    return edge, partitioner, parts, {f"delegate ({why['path']})": t1 - t0, "cpu_lowering": t2 - t1}
+    times = {f"delegate ({a['path']} attempt)": a["seconds"] for a in why.get("attempts", [])[:-1]}
+    times[f"delegate ({why['path']})"] = t1 - t0 - sum(times.values())
+    return edge, partitioner, parts, {**times, "cpu_lowering": t2 - t1}
 
 
 def _delegate(
@@ -124,7 +126,9 @@ def _delegate(
             why["reason"] = "a float program: early delegation is proven on quantized programs only"
         else:
             partitioner = _partitioner(ep, target, options, reg, low)
+            start = time.perf_counter()
             edge = _lower_early(ep, target, options, reg, partitioner, config, why, stubs)
+            early_seconds = time.perf_counter() - start
             if edge is not None:
                 why = {
                     **why,
@@ -136,10 +140,22 @@ def _delegate(
                 return edge, partitioner, low.in_tag_order(), why
             why["fallback"] = True
             why.pop("edge_passes_skipped", None)  # the early attempt's: the classic path runs them all
-            fallbacks.record("lower", "lowered the classic way (slower)", "", why["reason"])
+            # every attempt and its time: the report's stages name the early one too
+            why["attempts"] = [{"path": "early", "seconds": round(early_seconds, 4), "result": why["reason"]}]
+            fallbacks.record(
+                "lower",
+                "lowered the classic way (slower)",
+                "",
+                f"{why['reason']} (early attempt: {early_seconds:.1f} s)",
+            )
         low.partitions.clear()
         partitioner = _partitioner(ep, target, options, reg, low)
+        start = time.perf_counter()
         edge = _lower_classic(ep, partitioner, config, low)
+        if why.get("attempts"):
+            why["attempts"].append(
+                {"path": "classic", "seconds": round(time.perf_counter() - start, 4), "result": "lowered"}
+            )
         return edge, partitioner, low.in_tag_order(), why
 
 

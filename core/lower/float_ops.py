@@ -43,6 +43,13 @@ def float_nodes(ep: ExportedProgram) -> list[Node]:
     constants = _constant_inputs(ep)
     out = []
     for node in ep.graph_module.graph.nodes:
+        if (
+            node.op == "call_function"
+            and node.all_input_nodes
+            and all(a.name in constants for a in node.all_input_nodes)
+        ):
+            constants.add(node.name)  # computed from weights alone (a weight's dequantize, a transpose of it)
+            continue
         if node.op != "call_function":
             continue
         op = node_op(node)
