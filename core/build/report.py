@@ -130,6 +130,11 @@ def build_report(result: CompileResult, reg: Registry, model: str) -> dict[str, 
         # second-best paths taken (stage, what, where, why): core.common.fallbacks; --strict refuses them
         "fallbacks": [f.as_dict() for f in result.fallbacks],
         "io_quant": _io_quant(result.host_program),
+        # what the int8 ranges were observed on; example_only: no calibration data was given
+        "calibration": {
+            "samples": result.calibration_samples,
+            "example_only": result.calibrated_on_example,
+        },
     }
 
 

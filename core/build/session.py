@@ -87,6 +87,10 @@ class CompileResult:
     fallbacks: list[Fallback] = field(default_factory=list)
     #: The edited float model against the exported one (``core.build.equivalence``); None: unedited.
     equivalence: Equivalence | None = None
+    #: Calibration batches the observers saw, and whether they were the example input alone
+    #: (no calibration data given: the int8 ranges fit one input; the report and summary say so).
+    calibration_samples: int = 0
+    calibrated_on_example: bool = False
 
 
 @dataclass
@@ -203,6 +207,8 @@ class CompileSession:
                 input_ranges=signature.input_ranges(front.example, calib),
                 fallbacks=list(log.items),
                 equivalence=same,
+                calibration_samples=len(calib) if self.quantize else 0,
+                calibrated_on_example=self.quantize and not front.calibration,
             )
             self._check_memory(result)
         return result

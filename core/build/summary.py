@@ -51,6 +51,13 @@ def cpu_groups(report: dict[str, Any]) -> list[tuple[int, str, str, str]]:
     ]
 
 
+#: Said (summary and ``compile --json``) when no calibration data was given.
+CALIBRATION_WARNING = (
+    "warning: calibrated on the example input alone (1 sample): the int8 ranges fit that one "
+    "input and real inputs may clip; pass real data with --calib FILE (.pt: a list of input "
+    "tuples; .npz: x with one sample per row) or calibration= in the API"
+)
+
 #: Lines of the summary at most (``compile`` prints its eight stage lines above it).
 MAX_LINES = 16
 
@@ -132,6 +139,8 @@ def summary_lines(report: dict[str, Any], out: str | None = None, width: int = 8
             "verify fails this build",
             width,
         )
+    if (report.get("calibration") or {}).get("example_only"):  # int8 ranges from one input
+        lines += _fill(CALIBRATION_WARNING, width)
     for fb in report.get("fallbacks", []):  # second-best paths: never cut, never silent
         where = f" ({fb.get('where')})" if fb.get("where") else ""
         lines += _fill(f"fallback: {fb.get('what')}{where}: {fb.get('why')}", width)
@@ -207,6 +216,10 @@ def summary_data(report: dict[str, Any], out: str | None = None) -> dict[str, An
         },
         "notes": notes,
         "fallbacks": list(report.get("fallbacks", [])),
+        "calibration": report.get("calibration"),
+        "warnings": [CALIBRATION_WARNING.removeprefix("warning: ")]
+        if (report.get("calibration") or {}).get("example_only")
+        else [],
         "float_equivalence": report.get("float_equivalence"),
         "host_only": bool(report.get("host_only")),
         "npu_compiler": (report.get("npu_compiler") or {}).get("status"),
