@@ -229,3 +229,10 @@ def etforge_targets() -> list[TargetSpec]:
 @hookimpl
 def etforge_cpu_backends() -> list[CpuBackend]:
     return [CortexMBackend()]
+
+
+@hookimpl
+def etforge_rewrites() -> list[Any]:
+    from etforge.plugins.targets.cortex_m_conv1d import Conv1dAsConv2d
+
+    return [Conv1dAsConv2d()]
