@@ -234,5 +234,6 @@ def etforge_cpu_backends() -> list[CpuBackend]:
 @hookimpl
 def etforge_rewrites() -> list[Any]:
     from etforge.plugins.targets.cortex_m_conv1d import Conv1dAsConv2d
+    from etforge.plugins.targets.cortex_m_prelu import PReluAsInt8Ops
 
-    return [Conv1dAsConv2d()]
+    return [Conv1dAsConv2d(), PReluAsInt8Ops()]
