@@ -109,6 +109,8 @@ def _write_pictures(out: Any, data: dict[str, Any], html_file: str | None, me_di
     if html_file:
         from etforge.codegen.placement_html import render
 
+        data = _with_profile(Path(out), data)
+
         path = Path(html_file)
         tmp = path.with_name(path.name + ".tmp")
         try:
@@ -127,3 +129,30 @@ def _write_pictures(out: Any, data: dict[str, Any], html_file: str | None, me_di
         console.print(
             f"wrote Model Explorer node data: {', '.join(escape(str(f)) for f in files)}", soft_wrap=True
         )
+
+
+def _with_profile(out: Any, data: dict[str, Any]) -> dict[str, Any]:
+    """The report with the last ``run --profile``'s counts per node (``OUT/profile.json``), when
+    it was made from this very program (its ``.pte`` hash)."""
+    path = out / "profile.json"
+    if not path.is_file():
+        return data
+    from etforge.runtime.device_profile import node_counts
+
+    try:
+        prof = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise EtforgeError(f"{path}: unreadable ({exc}); run --profile again or delete it") from None
+    if prof.get("pte_sha256") != data.get("pte_sha256"):
+        return data  # a profile of another compile: not shown
+    counts = node_counts(prof)
+    nodes = [
+        n | ({"emulator_instructions": counts[n["node"]]} if n["node"] in counts else {})
+        for n in data["nodes"]
+    ]
+    parts = {p["partition"]: p["instructions"] for p in prof.get("partitions", [])}
+    partitions = [
+        p | ({"emulator_instructions": parts[p["name"]]} if p.get("name") in parts else {})
+        for p in data.get("partitions", [])
+    ]
+    return data | {"nodes": nodes, "partitions": partitions, "profile_label": prof.get("label")}

@@ -194,6 +194,8 @@ def node_details(node: dict[str, Any], layout_conversions: set[str]) -> dict[str
             else "-"
         ),
     }
+    if node.get("emulator_instructions") is not None:  # etforge run --profile (OUT/profile.json)
+        out["emulator instructions"] = f"{node['emulator_instructions']:,} (QEMU -icount, not device cycles)"
     if lib != NPU:
         out["reason"] = node.get("reason") or "not offered to the NPU"
         if node.get("float"):
@@ -264,6 +266,8 @@ def render(report: dict[str, Any]) -> str:
         y1 = max(b.y for b in members) + BOX_H + 10
         info = next(p for p in report["partitions"] if p.get("name") == part)
         label = f"NPU {part}: {info.get('litert_ops', 0)} LiteRT ops, {info.get('boundary_transposes', 0)} transposes"
+        if info.get("emulator_instructions") is not None:
+            label += f", {info['emulator_instructions']:,} emulator instructions"
         svg.append(
             f'<g class="partition" data-partition="{html.escape(part)}"><rect x="{x0}" y="{y0}" '
             f'width="{x1 - x0}" height="{y1 - y0}" rx="8"/><text x="{x0 + 6}" y="{y0 + 14}">'

@@ -130,6 +130,9 @@ def build_report(result: CompileResult, reg: Registry, model: str) -> dict[str, 
         # second-best paths taken (stage, what, where, why): core.common.fallbacks; --strict refuses them
         "fallbacks": [f.as_dict() for f in result.fallbacks],
         "io_quant": _io_quant(result.host_program),
+        # ExecuTorch instruction index -> the debug handle of the node it runs (the emitter's
+        # map): a device profile per instruction maps onto nodes[] and partitions with it
+        "instruction_handles": _instruction_handles(result),
         # what the int8 ranges were observed on; example_only: no calibration data was given
         "calibration": {
             "samples": result.calibration_samples,
@@ -210,6 +213,19 @@ def _mark_fused(nodes: list[dict[str, Any]]) -> None:
         n["fused_into"] = producer["node"]
         n["kernel"] = producer["kernel"]
         n["placement"] = producer["placement"]
+
+
+def _instruction_handles(result: CompileResult) -> dict[str, int | None]:
+    """The ``forward`` plan's instruction index -> debug handle (``debug_handle_map``)."""
+    try:
+        table = (result.executorch.debug_handle_map or {}).get("forward", {})
+    except Exception:  # an emitter without the map: the profile says it cannot attribute
+        return {}
+    out: dict[str, int | None] = {}
+    for index, handle in sorted(table.items()):
+        first = handle[0] if isinstance(handle, (list, tuple)) and handle else handle
+        out[str(index)] = int(first) if isinstance(first, int) else None
+    return out
 
 
 def _library_finder(program: ExportedProgram, cpu: CpuBackend) -> Callable[[str], str | None]:
