@@ -61,7 +61,9 @@ def test_run_profile_maps_instructions_to_edge_nodes(tmp_path: Path, request: py
     conv = next(n for n in nodes.values() if n["op"] == "aten.convolution.default")
     assert "cortex_m::quantized_conv2d.out" in rows[conv["node"]]["kernel_ops"]
     linear = next(n for n in nodes.values() if n["op"] == "aten.linear.default")
-    assert rows[linear["node"]]["kernel_ops"][0] == "cortex_m::quantized_linear.out"  # (+ its output dequantize)
+    assert (
+        rows[linear["node"]]["kernel_ops"][0] == "cortex_m::quantized_linear.out"
+    )  # (+ its output dequantize)
     for row in prof["nodes"]:  # each row's instructions run the op the report says runs it
         for name in row["node"].split(", "):
             assert nodes[name]["debug_handle"] == row["debug_handle"]
