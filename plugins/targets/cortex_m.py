@@ -112,10 +112,7 @@ class CortexMBackend(CpuBackend):
         from etforge.plugins.targets.cortex_m_unfused import with_unfused_activations
 
         logging.getLogger("executorch.exir.pass_manager").setLevel(logging.ERROR)
-        import time
-
         config = target_config(target, options)
-        start = time.perf_counter()
         try:
             passes = with_unfused_activations(list(CortexMPassManager.legacy_pass_list))
             work = copy_program(ep)
@@ -137,8 +134,9 @@ class CortexMBackend(CpuBackend):
             "cpu_lowering",
             "re-ran ExecuTorch's Cortex-M passes with the CMSIS-NN substitution right after the q/dq folding",
             "CortexMPassManager",
-            # the recovered error by type and where (pass, node), and the attempt's time
-            f"the usual pass order{pass_failure(first, ep)} (after {time.perf_counter() - start:.1f} s)",
+            # the recovered error by type and where (pass, node); its time is in the report's
+            # stages ("lower: cpu_lowering"), not here: fallbacks compare equal across runs
+            f"the usual pass order{pass_failure(first, ep)}",
         )
 
         passes = with_unfused_activations(list(CortexMPassManager.pass_list))
