@@ -34,9 +34,8 @@ def _calibrated(model: nn.Module, shape: tuple[int, ...]) -> tuple[nn.Module, li
     g = torch.Generator().manual_seed(1)
     batches = [(torch.randn(shape, generator=g),) for _ in range(4)]
     model.train()
-    with torch.no_grad():
-        for (x,) in batches:  # running statistics that are not the identity
-            model(x * 2 + 0.5)
+    with torch.no_grad():  # running statistics that are not the identity
+        model(torch.cat([x for (x,) in batches]) * 2 + 0.5)
     return model.eval(), batches
 
 
@@ -112,3 +111,28 @@ def test_the_face_detector_is_bit_exact_on_qemu(tmp_path: Path, request: pytest.
     v = device.verify(out, "qemu-m33", samples=2)
     assert v.failures == [] and v.identical == v.samples == 2, v.failures
     assert v.planned == v.report_arena
+
+
+class LooseBatchNorms(nn.Module):
+    """BatchNorms no layer folds: on the raw 2-D features, and on a transposed 3-D sequence."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bn_in, self.fc1 = nn.BatchNorm1d(12), nn.Linear(12, 24)
+        self.bn_seq, self.fc2 = nn.BatchNorm1d(4), nn.Linear(4 * 6, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.fc1(self.bn_in(x)))  # [N, 24]
+        seq = self.bn_seq(h.reshape(-1, 6, 4).transpose(1, 2))  # [N, 4, 6], BN over the 4 channels
+        return self.fc2(seq.flatten(1))
+
+
+def test_batch_norms_no_layer_folds_run_int8() -> None:
+    model, calib = _calibrated(LooseBatchNorms(), (1, 12))
+    compiled = etforge.compile(model, calib[0], target="cortex-m33", calibration=calib, strict=True)
+    report = compiled.report
+    assert report["fallbacks"] == [] and report["float_equivalence"]["passed"], report["float_equivalence"]
+    ops = report["cpu_ops"]
+    assert ops.get("cortex_m.quantized_linear.default") == 3, ops  # fc1, fc2 and the diagonal one
+    assert any("conv2d" in op for op in ops), ops  # the 3-D one: a depthwise 1x1 conv
+    assert compiled.verify(samples=3).ok

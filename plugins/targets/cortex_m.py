@@ -231,7 +231,8 @@ def etforge_cpu_backends() -> list[CpuBackend]:
 
 @hookimpl
 def etforge_rewrites() -> list[Any]:
+    from etforge.plugins.targets.cortex_m_batch_norm import BatchNormAsInt8Layer
     from etforge.plugins.targets.cortex_m_conv1d import Conv1dAsConv2d
     from etforge.plugins.targets.cortex_m_prelu import PReluAsInt8Ops
 
-    return [Conv1dAsConv2d(), PReluAsInt8Ops()]
+    return [BatchNormAsInt8Layer(), Conv1dAsConv2d(), PReluAsInt8Ops()]
