@@ -102,7 +102,7 @@ def test_summary_is_bounded_for_any_report() -> None:
     assert "…" not in text and "explanation " * 8 + "fix" in text, lines
     for _, _, _, why in cpu_groups(report)[:2]:  # the reasons shown are whole
         assert " ".join(why.split()) in text, (why, lines)
-    assert "more in report.json" in text, lines
+    assert "more (etforge report /some/output/dir --json)" in text, lines  # the notes not shown
 
 
 def test_piped_tables_keep_whole_names() -> None:
