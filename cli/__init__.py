@@ -24,6 +24,7 @@ from etforge.cli.device import run_cmd
 from etforge.cli.listing import ops, plugins, targets
 from etforge.cli.report import report
 from etforge.cli.verify import verify
+from etforge.cli.zoo import zoo
 from etforge.cli.zoo_data import zoo_data
 from etforge.core.common.errors import EtforgeError, first_line
 
@@ -105,7 +106,7 @@ def main(ctx: click.Context, strict: bool, debug: bool, verbose: bool) -> None:
 
 
 # One module per command (each imports torch and the core lazily, inside the command).
-for _command in (plugins, targets, ops, compile_cmd, report, codegen, run_cmd, verify, zoo_data, cache):
+for _command in (plugins, targets, ops, compile_cmd, report, codegen, run_cmd, verify, zoo_data, zoo, cache):
     main.add_command(_command)
 for _command in (cmake_dir_cmd, cmake_runtime_cmd):  # the firmware build's CMake package
     main.add_command(_command)

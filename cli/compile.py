@@ -40,7 +40,10 @@ from etforge.core.registry.manager import Registry
     "-o", "--output", "out_dir", required=True, type=click.Path(file_okay=False), help="Output directory."
 )
 @click.option(
-    "--calib", "calib", type=click.Path(), help="Calibration data: a .pt file with a list of input tuples."
+    "--calib",
+    "calib",
+    type=click.Path(),
+    help="Calibration data: a .pt file with a list of input tuples, or a .npz with x ([N, *input]; x0, x1 ... for several inputs), as verify --data reads.",
 )
 @click.option("--float", "float_", is_flag=True, help="Do not quantize (float32).")
 @click.option(

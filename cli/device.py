@@ -80,6 +80,11 @@ def verify_on_device(
 @click.option(
     "--save", default=None, metavar="FILE", help="Write the outputs to FILE (.npz, out<j>[sample, ...])."
 )
+@click.option(
+    "--profile",
+    is_flag=True,
+    help="Emulator instructions per Edge node and NPU partition (not device cycles); writes OUT/profile.json.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @firmware_source_options
 def run_cmd(
@@ -89,6 +94,7 @@ def run_cmd(
     seed: int,
     inputs: str | None,
     save: str | None,
+    profile: bool,
     as_json: bool,
     executorch_src: str | None,
     cmsis_nn_src: str | None,
@@ -110,10 +116,16 @@ def run_cmd(
         )  # fmt: skip
     if save is not None:
         summary.save_outputs(dev, Path(save))
+    if profile:  # per Edge node (cli/profile_view.py)
+        from etforge.cli import profile_view
+
+        per_node = profile_view.profile(Path(out_dir), dev)
     if as_json:
-        click.echo(json.dumps(summary.run_json(dev), indent=2))
+        click.echo(json.dumps(summary.run_json(dev) | ({"profile": per_node} if profile else {}), indent=2))
         return
     for line in summary.run_lines(dev):
         console.print(escape(line), soft_wrap=True)
+    if profile:
+        profile_view.show(per_node, Path(out_dir))
     if save is not None:
         console.print(f"wrote {save}")

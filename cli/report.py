@@ -20,7 +20,10 @@ from etforge.core.common.errors import EtforgeError
 @click.command()
 @click.argument("out_dir", type=click.Path(file_okay=False))
 @click.option(
-    "--ops", "by_op", is_flag=True, help="Per Edge node: placement, LiteRT ops / Cortex-M op, MACs."
+    "--ops",
+    "by_op",
+    is_flag=True,
+    help="Per Edge node: placement, LiteRT ops / CPU op and its kernel library, MACs, bytes.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option(
@@ -62,20 +65,38 @@ def report(out_dir: str, by_op: bool, as_json: bool, html_file: str | None, me_d
                 ", ".join(f"{o['partition']}#{o['index']} {o['op']}" for o in n["litert_ops"]) or "(folded)"
             )
         else:
-            ran_as = n["cpu_op"] or "-"
+            ran_as = n["cpu_op"] or (f"(fused into {n['fused_into']})" if n.get("fused_into") else "-")
         who = f"{n['converter']} ({n['plugin']})" if n.get("converter") else "-"
-        rows.append({"node": n["node"], "op": n["op"], "placement": n["placement"], "runs_as": ran_as, "macs": n["macs"],
-                     "debug_handle": n["debug_handle"], "decided_by": who, "reason": n.get("reason") or ""})  # fmt: skip
+        reason = n.get("reason") or ""
+        if n.get("float"):  # a recorded fallback: the int8 program runs this node in float
+            reason = f"in float ({', '.join(n.get('float_ops', []))}): a fallback" + (
+                f"; {reason}" if reason else ""
+            )
+        rows.append({"node": n["node"], "op": n["op"], "placement": n["placement"], "runs_as": ran_as,
+                     "kernel": n.get("kernel"), "macs": n["macs"], "bytes": n.get("bytes", 0),
+                     "debug_handle": n["debug_handle"], "decided_by": who, "reason": reason})  # fmt: skip
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
     table = Table(title=f"{data['model']} on {data['target']}: Edge node -> what runs it")
-    for col in ("node", "op", "placement", "LiteRT ops / CPU op", "decided by", "MACs", "reason"):
+    cols = (
+        "node",
+        "op",
+        "placement",
+        "LiteRT ops / CPU op",
+        "kernel",
+        "decided by",
+        "MACs",
+        "bytes",
+        "reason",
+    )
+    for col in cols:
         table.add_column(col, overflow="fold")
     for r in rows:
         table.add_row(
-            r["node"], r["op"], r["placement"], r["runs_as"], r["decided_by"], f"{r['macs']:,}", r["reason"]
-        )
+            r["node"], r["op"], r["placement"], r["runs_as"], r["kernel"] or "-", r["decided_by"],
+            f"{r['macs']:,}", f"{r['bytes']:,}", r["reason"],
+        )  # fmt: skip
     print_table(table)
 
 
@@ -87,6 +108,8 @@ def _write_pictures(out: Any, data: dict[str, Any], html_file: str | None, me_di
         raise EtforgeError(f"{out}: its report.json has no graph edges (an older etforge); recompile it")
     if html_file:
         from etforge.codegen.placement_html import render
+
+        data = _with_profile(Path(out), data)
 
         path = Path(html_file)
         tmp = path.with_name(path.name + ".tmp")
@@ -106,3 +129,30 @@ def _write_pictures(out: Any, data: dict[str, Any], html_file: str | None, me_di
         console.print(
             f"wrote Model Explorer node data: {', '.join(escape(str(f)) for f in files)}", soft_wrap=True
         )
+
+
+def _with_profile(out: Any, data: dict[str, Any]) -> dict[str, Any]:
+    """The report with the last ``run --profile``'s counts per node (``OUT/profile.json``), when
+    it was made from this very program (its ``.pte`` hash)."""
+    path = out / "profile.json"
+    if not path.is_file():
+        return data
+    from etforge.runtime.device_profile import node_counts
+
+    try:
+        prof = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise EtforgeError(f"{path}: unreadable ({exc}); run --profile again or delete it") from None
+    if prof.get("pte_sha256") != data.get("pte_sha256"):
+        return data  # a profile of another compile: not shown
+    counts = node_counts(prof)
+    nodes = [
+        n | ({"emulator_instructions": counts[n["node"]]} if n["node"] in counts else {})
+        for n in data["nodes"]
+    ]
+    parts = {p["partition"]: p["instructions"] for p in prof.get("partitions", [])}
+    partitions = [
+        p | ({"emulator_instructions": parts[p["name"]]} if p.get("name") in parts else {})
+        for p in data.get("partitions", [])
+    ]
+    return data | {"nodes": nodes, "partitions": partitions, "profile_label": prof.get("label")}

@@ -57,8 +57,10 @@ def test_compile_fits_one_screen_without_noise(tmp_path: Path) -> None:
 
 
 def test_summary_is_bounded_for_any_report() -> None:
-    """A report with many CPU op groups, long notes and long names still fits 80x24."""
-    from etforge.core.build.summary import summary_lines
+    """A report with many CPU op groups, long notes and long names still fits 80x24, and no
+    line is cut: reasons and the host-only status are wrapped whole, notes that do not fit
+    are counted (report.json has them)."""
+    from etforge.core.build.summary import cpu_groups, summary_lines
 
     nodes = [
         {
@@ -89,13 +91,18 @@ def test_summary_is_bounded_for_any_report() -> None:
             "num_macs": {"value": 16, "assumption": True, "source": "assumption: " + "why " * 40}
         },
         "host_only": True,
-        "npu_compiler": {"status": "eIQ Neutron SDK not installed: " + "explanation " * 30},
+        "npu_compiler": {"status": "eIQ Neutron SDK not installed: " + "explanation " * 8 + "fix"},
     }
     lines = summary_lines(report, "/some/output/dir", width=SCREEN[0])
     # room for compile's stage lines above it: load, export, rewrite, quantize, lower,
     # serialize, write, codegen
     assert len(lines) <= SCREEN[1] - 8, lines
     assert max(len(ln) for ln in lines) <= SCREEN[0], lines
+    text = " ".join(" ".join(lines).split())
+    assert "…" not in text and "explanation " * 8 + "fix" in text, lines
+    for _, _, _, why in cpu_groups(report)[:2]:  # the reasons shown are whole
+        assert " ".join(why.split()) in text, (why, lines)
+    assert "more (etforge report /some/output/dir --json)" in text, lines  # the notes not shown
 
 
 def test_piped_tables_keep_whole_names() -> None:

@@ -240,5 +240,6 @@ def test_a_decomposition_that_mutates_falls_back_to_the_classic_path(monkeypatch
     assert early.pte == classic.pte
     assert early.lowering["path"] == "classic" and early.lowering["fallback"], early.lowering
     assert "edge_passes_skipped" not in early.lowering  # the classic path runs every Edge pass
-    assert [(f.stage, f.what) for f in early.fallbacks] == [("lower", "lowered the classic way (slower)")]
-    assert "adaptive_avg_pool2d" in early.fallbacks[0].why and "mutates" in early.fallbacks[0].why
+    lowered = [f for f in early.fallbacks if f.stage == "lower"]  # (+ float CPU ops, float_ops.py)
+    assert [(f.stage, f.what) for f in lowered] == [("lower", "lowered the classic way (slower)")]
+    assert "adaptive_avg_pool2d" in lowered[0].why and "mutates" in lowered[0].why

@@ -25,8 +25,9 @@ from support import run_cli
 ZOO = ["cifarnet", "ds_cnn", "resnet8", "autoencoder", "digits_cnn"]
 #: Architecture-suite families (tests/models/architectures.py) whose cortex-m33 programs the
 #: portable kernels used to refuse (mobilenet_v3_se, shufflenet: mixed dim orders) or miscompute
-#: (unet: channels-last ``cat``), and two more conv-heavy ones (plugins/targets/dim_orders.py).
-FAMILIES = ["mobilenet_v3_se", "shufflenet", "unet", "efficientnet_lite", "dilated"]
+#: (unet: channels-last ``cat``), and two more conv-heavy ones (plugins/targets/dim_orders.py);
+#: audio_conv1d's 1-D convs run as CMSIS-NN 2-D convs of height 1 (plugins/targets/cortex_m_conv1d.py).
+FAMILIES = ["mobilenet_v3_se", "shufflenet", "unet", "efficientnet_lite", "dilated", "audio_conv1d"]
 REALIGNED = {"mobilenet_v3_se", "shufflenet", "unet"}
 #: Programs known to differ on the device (none: the host runs etforge's CMSIS-NN-exact kernels).
 XFAIL: dict[str, str] = {}

@@ -120,9 +120,11 @@ def test_batch_norm_not_after_a_conv_becomes_its_affine_map() -> None:
     model, example, _ = _pre_activation()
     before, after, applied = _rewrite(model, example)
     bn = "aten.batch_norm.default"
-    assert before.count(bn) == 4 and after.count(bn) == 1  # the conv's BN is left to PT2E
+    # the conv's BN and the BatchNorm1d after the 2-D linear are left to PT2E's folds (a
+    # mul + add for the latter ran in float on cortex-m33: zoo:autoencoder)
+    assert before.count(bn) == 4 and after.count(bn) == 2
     assert after.count("aten.conv2d.default") == before.count("aten.conv2d.default") + 2  # depthwise 1x1
-    assert {"aten.mul.Tensor", "aten.add.Tensor"} <= set(after)  # the 2-D BatchNorm1d
+    assert after.count("aten.mul.Tensor") == before.count("aten.mul.Tensor")  # no affine mul added
     assert "StandaloneBatchNorm" in applied
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 from torch.export import ExportedProgram
@@ -17,7 +18,7 @@ from etforge.core.build.session import CompileResult
 from etforge.core.contracts.cpu_backend import CpuBackend
 from etforge.core.front import signature
 from etforge.core.graph.utils import node_op
-from etforge.core.lower import boundaries
+from etforge.core.lower import boundaries, float_ops
 from etforge.core.registry.manager import Registry
 from etforge.core.serialize import npu_memory
 from etforge.core.serialize.memory import memory_stats
@@ -96,6 +97,7 @@ def build_report(result: CompileResult, reg: Registry, model: str) -> dict[str, 
         # Device figures the decisions used; "assumption": true marks values that are not vendor data.
         "npu_figures": result.target.npu.figures() if result.target.npu is not None else {},
         "host_only": any(p.host_only for p in result.partitions),
+        "has_npu": result.target.npu is not None,
         "inputs": [
             {"shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")}
             # an integer input's [min, max] over example and calibration: verify samples it
@@ -104,7 +106,10 @@ def build_report(result: CompileResult, reg: Registry, model: str) -> dict[str, 
         ],
         # the pytree leaves of what forward returns, in the .pte's output order (core.front.signature)
         "outputs": signature.describe_outputs(result.host_program),
-        "stages": {k: round(v, 4) for k, v in result.stage_seconds.items()},
+        # every stage and attempt: a second build round's "lower (round 2)", and inside the last
+        # lowering its parts ("lower: delegate (early attempt)", "lower: cpu_lowering")
+        "stages": {k: round(v, 4) for k, v in result.stage_seconds.items()}
+        | {f"lower: {k}": round(v, 4) for k, v in result.lower_breakdown.items()},
         # "early" | "classic" and why; "fallback": the early path was tried and could not be exact.
         "lowering": dict(result.lowering),
         "nodes": nodes,
@@ -125,6 +130,14 @@ def build_report(result: CompileResult, reg: Registry, model: str) -> dict[str, 
         # second-best paths taken (stage, what, where, why): core.common.fallbacks; --strict refuses them
         "fallbacks": [f.as_dict() for f in result.fallbacks],
         "io_quant": _io_quant(result.host_program),
+        # ExecuTorch instruction index -> the debug handle of the node it runs (the emitter's
+        # map): a device profile per instruction maps onto nodes[] and partitions with it
+        "instruction_handles": _instruction_handles(result),
+        # what the int8 ranges were observed on; example_only: no calibration data was given
+        "calibration": {
+            "samples": result.calibration_samples,
+            "example_only": result.calibrated_on_example,
+        },
     }
 
 
@@ -132,6 +145,12 @@ def _node_rows(result: CompileResult, cpu: CpuBackend) -> list[dict[str, Any]]:
     """One row per compute node: where it runs, who decided and why, what it became (the
     LiteRT ops of its partition, or the CPU op that runs it)."""
     final = _final_ops(result.host_program, cpu)
+    # a node the CPU lowering kept (same name) runs as itself: decomposed nodes share a handle
+    kept = {
+        n.name: node_op(n)
+        for n in result.host_program.graph_module.graph.nodes
+        if n.op == "call_function" and not _is_qdq(node_op(n))
+    }
     litert_ops: dict[str, list[dict[str, Any]]] = {}
     for p in result.partitions:
         for index, names in p.converted.op_nodes.items():
@@ -139,12 +158,17 @@ def _node_rows(result: CompileResult, cpu: CpuBackend) -> list[dict[str, Any]]:
                 litert_ops.setdefault(name, []).append(
                     {"partition": p.name, "index": index, "op": p.converted.operators[index]}
                 )
+    floats = float_ops.by_edge_node(result.host_program, result.decisions) if result.quantized else {}
+    library = _library_finder(result.host_program, cpu)
     nodes = []
     for d in result.decisions:
         placement = "npu" if d.npu else cpu.placement
-        cpu_op = None if d.npu else final.get(d.handle) if d.handle is not None else None
+        cpu_op = (
+            None if d.npu else kept.get(d.node) or (final.get(d.handle) if d.handle is not None else None)
+        )
         if not d.npu and cpu.kernel_namespaces and not cpu.runs(cpu_op or ""):
             placement = "portable"  # none of the backend's kernels took it
+        float_ran = floats.get(d.node, [])
         nodes.append(
             {
                 "node": d.node,
@@ -158,13 +182,66 @@ def _node_rows(result: CompileResult, cpu: CpuBackend) -> list[dict[str, Any]]:
                 "debug_handle": d.handle,
                 "litert_ops": litert_ops.get(d.node, []),
                 "cpu_op": cpu_op,
+                # the kernel library that runs it on the CPU (CMSIS-NN, ExecuTorch quantized, portable)
+                "kernel": library(cpu_op) if cpu_op else None,
+                # a quantized program's node that runs float ops on the CPU (a recorded fallback)
+                "float": bool(float_ran),
+                "float_ops": float_ran,
+                "fused_into": None,
                 "inputs": list(d.inputs),
                 "shape": list(d.shape) if d.shape is not None else None,
                 "dtype": d.dtype,
                 "bytes": d.bytes,
             }
         )
+    _mark_fused(nodes)
     return nodes
+
+
+def _mark_fused(nodes: list[dict[str, Any]]) -> None:
+    """A CPU node no op of the program runs (a ReLU the producer's kernel clamps in its
+    output) is ``fused_into`` its producer: it runs where, and on the kernel, the producer does."""
+    rows = {n["node"]: n for n in nodes}
+    for n in nodes:
+        if n["placement"] == "npu" or n["cpu_op"] or not n["inputs"]:
+            continue
+        producer = rows.get(n["inputs"][0])
+        while producer is not None and producer.get("fused_into"):
+            producer = rows.get(producer["fused_into"])
+        if producer is None or producer["placement"] == "npu" or not producer["cpu_op"]:
+            continue
+        n["fused_into"] = producer["node"]
+        n["kernel"] = producer["kernel"]
+        n["placement"] = producer["placement"]
+
+
+def _instruction_handles(result: CompileResult) -> dict[str, int | None]:
+    """The ``forward`` plan's instruction index -> debug handle (``debug_handle_map``)."""
+    try:
+        table = (result.executorch.debug_handle_map or {}).get("forward", {})
+    except Exception:  # an emitter without the map: the profile says it cannot attribute
+        return {}
+    out: dict[str, int | None] = {}
+    for index, handle in sorted(table.items()):
+        first = handle[0] if isinstance(handle, (list, tuple)) and handle else handle
+        out[str(index)] = int(first) if isinstance(first, int) else None
+    return out
+
+
+def _library_finder(program: ExportedProgram, cpu: CpuBackend) -> Callable[[str], str | None]:
+    """CPU op name -> the title of the first kernel library of ``cpu`` that provides it."""
+    from etforge.core.lower import kernel_check
+
+    libraries = kernel_check.libraries_for(cpu)
+    targets = {node_op(n): n.target for n in program.graph_module.graph.nodes if n.op == "call_function"}
+    found: dict[str, str | None] = {}
+
+    def library(op: str) -> str | None:
+        if op not in found:
+            found[op] = kernel_check.library_of(targets.get(op), libraries)
+        return found[op]
+
+    return library
 
 
 def _partition_row(p: Partition) -> dict[str, Any]:

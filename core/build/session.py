@@ -50,7 +50,7 @@ from etforge.core.front import signature
 from etforge.core.front.export import Front, front_end
 from etforge.core.graph.deferred_code import deferred_code
 from etforge.core.graph.shared_provenance import shared_provenance
-from etforge.core.lower import boundaries, kernel_check
+from etforge.core.lower import boundaries, float_ops, kernel_check
 from etforge.core.lower.partitioner import Decision, EtforgePartitioner
 from etforge.core.registry.manager import Registry, registry
 
@@ -87,6 +87,10 @@ class CompileResult:
     fallbacks: list[Fallback] = field(default_factory=list)
     #: The edited float model against the exported one (``core.build.equivalence``); None: unedited.
     equivalence: Equivalence | None = None
+    #: Calibration batches the observers saw, and whether they were the example input alone
+    #: (no calibration data given: the int8 ranges fit one input; the report and summary say so).
+    calibration_samples: int = 0
+    calibrated_on_example: bool = False
 
 
 @dataclass
@@ -138,6 +142,8 @@ class CompileSession:
         self.progress = progress or _no_progress
         self.on_programs = on_programs
         self.times: dict[str, float] = {}
+        self._round = 1  # the quantize + lower round (another after a decomposition)
+        self._rounds: list[dict[str, Any]] = []  # each round's lowering, when there are several
         self._observed: list[Any] = []  # the observed model's output on the first calibration batch
 
     @contextlib.contextmanager
@@ -146,7 +152,9 @@ class CompileSession:
         start = time.perf_counter()
         with self.progress(name):
             yield
-        self.times[name] = time.perf_counter() - start
+        # A stage run again (a second build round) keeps every attempt's time: "lower (round 2)".
+        key = name if self._round <= 1 else f"{name} (round {self._round})"
+        self.times[key] = time.perf_counter() - start
 
     def run(
         self,
@@ -174,6 +182,13 @@ class CompileSession:
                 notes.append(f"graph rewrites applied: {', '.join(rewritten)}")
             calib = list(front.calibration) if front.calibration else [tuple(front.example)]
             float_ep, built = self._build_with_kernels(float_ep, calib)
+            if self.quantize:  # an int8 program: every float op left on the CPU is told
+                float_ops.record(
+                    built.edge.exported_program(),
+                    built.partitioner.decisions,
+                    tgt.name,
+                    reg.cpu_backend(tgt).name,
+                )
             with self.stage("float check"):
                 same = self._equivalence(front.program, float_ep, calib[0], rewritten)
             if same is not None and not same.passed and self.strict:  # else: the report says it
@@ -192,6 +207,8 @@ class CompileSession:
                 input_ranges=signature.input_ranges(front.example, calib),
                 fallbacks=list(log.items),
                 equivalence=same,
+                calibration_samples=len(calib) if self.quantize else 0,
+                calibrated_on_example=self.quantize and not front.calibration,
             )
             self._check_memory(result)
         return result
@@ -240,10 +257,23 @@ class CompileSession:
         before anything is serialized or written."""
         libraries = kernel_check.libraries_for(self.registry.cpu_backend(self.target))
         decomposed: list[str] = []
-        for _ in range(kernel_check.MAX_ROUNDS):
+        for round_ in range(1, kernel_check.MAX_ROUNDS + 1):
+            self._round = round_
             built = self._build(float_ep, calib)
             missing = kernel_check.missing_kernels(built.edge.exported_program(), libraries)
+            self._rounds.append(
+                {
+                    "round": round_,
+                    **{k: built.lowering.get(k) for k in ("path", "fallback", "reason")},
+                    "seconds": {k: round(v, 4) for k, v in built.breakdown.items()},
+                    "outcome": "built"
+                    if not missing
+                    else f"rebuilt: no kernel for {', '.join(sorted({m.op for m in missing}))}",
+                }
+            )
             if not missing:
+                if len(self._rounds) > 1:  # the report's lowering names every round it took
+                    built.lowering["rounds"] = list(self._rounds)
                 return float_ep, built
             table = kernel_check.next_decomposition(
                 missing, float_ep, decomposed, libraries, self.target.name

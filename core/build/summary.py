@@ -1,7 +1,8 @@
 """The compile summary people read: one screen (80 columns) whatever the model's size.
 
-At most 16 lines (``summary_lines``), so with the eight stage lines above it ``compile``'s
-default output fits an 80x24 terminal.
+At most 16 lines (``summary_lines``) unless fallbacks or warnings need more, so with the
+eight stage lines above it ``compile``'s default output fits an 80x24 terminal. No line is
+cut: text is wrapped between words, and notes beyond the bound are counted, not shown.
 
 The per-node detail lives in ``etforge report OUT --ops``; this gives the figures that
 matter (NPU share, partitions, the CPU's ops grouped with the reason each stayed there,
@@ -19,9 +20,9 @@ MAX_CPU_GROUPS = 2
 MAX_NOTES = 2
 
 
-def _fill(text: str, width: int, indent: str = "", hang: str = "    ", most: int = 0) -> list[str]:
-    """Wrapped at ``width``; with ``most``, cut to that many lines, the cut marked with "…"."""
-    lines = textwrap.wrap(
+def _fill(text: str, width: int, indent: str = "", hang: str = "    ") -> list[str]:
+    """Wrapped at ``width`` between words, never cut: a line may carry the fix."""
+    return textwrap.wrap(
         text,
         width=width,
         initial_indent=indent,
@@ -29,29 +30,33 @@ def _fill(text: str, width: int, indent: str = "", hang: str = "    ", most: int
         break_long_words=False,
         break_on_hyphens=False,
     ) or [indent]
-    if most and len(lines) > most:
-        lines = lines[:most]
-        lines[-1] = _one(lines[-1] + " …", width)
-    return lines
-
-
-def _one(text: str, width: int) -> str:
-    """``text`` on one line: cut with an ellipsis (the full text is in ``report --ops``)."""
-    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def cpu_groups(report: dict[str, Any]) -> list[tuple[int, str, str, str]]:
     """(count, Edge op, what runs it, reason) for the nodes off the NPU, most frequent first."""
     groups: Counter[tuple[str, str, str]] = Counter()
+    no_npu = report.get("has_npu") is False  # every node is the CPU's: say what runs it
     for n in report["nodes"]:
         if n.get("placement") == "npu":
             continue
         runs = n.get("cpu_op") or n.get("placement") or "cpu"
-        groups[(n.get("op", "?"), runs, n.get("reason") or "not offered to the NPU")] += 1
+        why = n.get("reason") or "not offered to the NPU"
+        if n.get("fused_into"):
+            runs, why = "fused", f"fused into its producer's {n.get('kernel')} kernel"
+        elif no_npu and n.get("kernel"):
+            why = f"{n['kernel']} kernel" + (", in float (a fallback)" if n.get("float") else "")
+        groups[(n.get("op", "?"), runs, why)] += 1
     return [
         (c, op, runs, why) for (op, runs, why), c in sorted(groups.items(), key=lambda kv: (-kv[1], kv[0]))
     ]
 
+
+#: Said (summary and ``compile --json``) when no calibration data was given.
+CALIBRATION_WARNING = (
+    "warning: calibrated on the example input alone (1 sample): the int8 ranges fit that one "
+    "input and real inputs may clip; pass real data with --calib FILE (.pt: a list of input "
+    "tuples; .npz: x with one sample per row) or calibration= in the API"
+)
 
 #: Lines of the summary at most (``compile`` prints its eight stage lines above it).
 MAX_LINES = 16
@@ -72,16 +77,11 @@ def _pack(items: list[str], width: int, indent: str, hang: str = "    ") -> list
 def summary_lines(report: dict[str, Any], out: str | None = None, width: int = 80) -> list[str]:
     """Plain-text lines, each at most ``width`` columns (bar a single word longer than that).
 
-    Notes get as many lines as fit in :data:`MAX_LINES`, cut with "…" when they do not.
+    Nothing is cut mid-text: every line is wrapped between words (a reason, a fallback or a
+    note may end with the fix). The bound of :data:`MAX_LINES` is kept by showing whole notes
+    only while they fit, and naming how many more ``report.json`` holds; fallbacks and the
+    float-check warning are always shown whole, whatever their length.
     """
-    for most in (4, 3, 2, 1):
-        lines = _build(report, out, width, most)
-        if len(lines) <= MAX_LINES:
-            break
-    return lines
-
-
-def _build(report: dict[str, Any], out: str | None, width: int, most: int) -> list[str]:
     lines: list[str] = []
     macs = report.get("macs", {})
     total = macs.get("total", 0)
@@ -91,29 +91,27 @@ def _build(report: dict[str, Any], out: str | None, width: int, most: int) -> li
         head += f"{100 * macs.get('npu_share', 0.0):.1f}% of {total:,} MACs on the NPU"
     else:
         head += f"every op on the CPU ({report.get('cpu_backend', 'cpu')}), {total:,} MACs"
-    lines.append(_one(head, width))
+    lines += _fill(head, width)
     if parts:
         ops = sum(p.get("litert_ops", 0) for p in parts)
         transposes = sum(p.get("boundary_transposes", 0) for p in parts)
         cpu_conversions = len(report.get("cpu_layout_conversions", []))
-        lines.append(
-            _one(
-                f"  NPU: {len(parts)} partition(s), {ops} LiteRT ops, {transposes} boundary transposes"
-                + (f" (+{cpu_conversions} on the CPU)" if cpu_conversions else ""),
-                width,
-            )
+        lines += _fill(
+            f"  NPU: {len(parts)} partition(s), {ops} LiteRT ops, {transposes} boundary transposes"
+            + (f" (+{cpu_conversions} on the CPU)" if cpu_conversions else ""),
+            width,
         )
     groups = cpu_groups(report)
     off = sum(g[0] for g in groups)
     if groups:
-        lines.append(_one(f"  CPU: {off} node(s) ({report.get('cpu_backend', 'cpu')})", width))
+        lines += _fill(f"  CPU: {off} node(s) ({report.get('cpu_backend', 'cpu')})", width)
         for count, op, runs, why in groups[:MAX_CPU_GROUPS]:
             via = f" as {runs}" if runs not in (op, "portable") else ""
-            lines.append(_one(f"    {count}× {op}{via}: {why}", width))
+            lines += _fill(f"{count}× {op}{via}: {why}", width, "    ")
         if len(groups) > MAX_CPU_GROUPS:
             rest = sum(g[0] for g in groups[MAX_CPU_GROUPS:])
-            lines.append(
-                _one(f"    +{rest} more in {len(groups) - MAX_CPU_GROUPS} group(s): report --ops", width)
+            lines += _fill(
+                f"+{rest} more in {len(groups) - MAX_CPU_GROUPS} group(s): report --ops", width, "    "
             )
     mem = report.get("memory", {})
     arena = ", ".join(f"{b:,} B" for b in mem.get("arena_bytes", [])) or "0 B"
@@ -125,7 +123,7 @@ def _build(report: dict[str, Any], out: str | None, width: int, most: int) -> li
         ],
         width,
         "  ",
-    )[:2]
+    )
     if mem.get("npu_partitions"):
         parts = ", ".join(f"{p['name']} {p['working_bytes']:,} B" for p in mem["npu_partitions"])
         lines += _fill(
@@ -133,33 +131,47 @@ def _build(report: dict[str, Any], out: str | None, width: int, most: int) -> li
             "the NPU compiler, when it is installed)",
             width,
             "  ",
-            most=most,
         )
     same = report.get("float_equivalence") or {}
-    if same.get("passed") is False:  # never cut: verify fails this build
+    if same.get("passed") is False:  # verify fails this build
         lines += _fill(
             f"warning: the compiled model does not compute the exported one: {same.get('why')}; "
             "verify fails this build",
             width,
-            most=most,
         )
+    if (report.get("calibration") or {}).get("example_only"):  # int8 ranges from one input
+        lines += _fill(CALIBRATION_WARNING, width)
     for fb in report.get("fallbacks", []):  # second-best paths: never cut, never silent
         where = f" ({fb.get('where')})" if fb.get("where") else ""
-        lines += _fill(f"fallback: {fb.get('what')}{where}: {fb.get('why')}", width, most=most)
-    notes = list(report.get("notes", []))
-    for fig, info in (report.get("npu_figures") or {}).items():
-        if isinstance(info, dict) and info.get("assumption"):  # decided with a figure that is not vendor data
-            notes.append(f"NPU {fig}={info.get('value')} is an {info.get('source')}")
-    for note in notes[:MAX_NOTES]:
-        lines += _fill(f"note: {note}", width, most=most)
-    if len(notes) > MAX_NOTES:
-        lines.append(f"note: +{len(notes) - MAX_NOTES} more in report.json")
+        lines += _fill(f"fallback: {fb.get('what')}{where}: {fb.get('why')}", width)
+    tail: list[str] = []
     if report.get("host_only"):
         status = report.get("npu_compiler", {}).get("status", "")
-        lines += _fill(f"host-only: {status}", width, most=most)
+        tail += _fill(f"host-only: {status}", width)
     if out is not None:
-        lines.append(f"per node: etforge report {out} --ops")  # one line: a long path stays whole
-    return lines
+        tail.append(f"per node: etforge report {out} --ops")  # one line: a long path stays whole
+    notes = summary_notes(report)
+    shown = 0
+    for note in notes[:MAX_NOTES]:
+        text = _fill(f"note: {note}", width)
+        more = 1 if shown + 1 < len(notes) else 0  # room for the "+N more" line
+        if len(lines) + len(text) + len(tail) + more > MAX_LINES:
+            break
+        lines += text
+        shown += 1
+    if shown < len(notes):
+        where = f"etforge report {out} --json" if out is not None else "report.json"
+        lines += _fill(f"note: +{len(notes) - shown} more ({where})", width)
+    return lines + tail
+
+
+def summary_notes(report: dict[str, Any]) -> list[str]:
+    """The report's notes, then each device figure decided with that is not vendor data."""
+    notes = list(report.get("notes", []))
+    for fig, info in (report.get("npu_figures") or {}).items():
+        if isinstance(info, dict) and info.get("assumption"):
+            notes.append(f"NPU {fig}={info.get('value')} is an {info.get('source')}")
+    return notes
 
 
 def final_line(report: dict[str, Any], out: str) -> str:
@@ -179,10 +191,7 @@ def summary_data(report: dict[str, Any], out: str | None = None) -> dict[str, An
     """What the summary says, as data (``compile --json``); nothing cut, every note kept."""
     macs = report.get("macs", {})
     mem = report.get("memory", {})
-    notes = list(report.get("notes", []))
-    for fig, info in (report.get("npu_figures") or {}).items():
-        if isinstance(info, dict) and info.get("assumption"):
-            notes.append(f"NPU {fig}={info.get('value')} is an {info.get('source')}")
+    notes = summary_notes(report)
     return {
         "model": report.get("model"),
         "target": report.get("target"),
@@ -207,6 +216,10 @@ def summary_data(report: dict[str, Any], out: str | None = None) -> dict[str, An
         },
         "notes": notes,
         "fallbacks": list(report.get("fallbacks", [])),
+        "calibration": report.get("calibration"),
+        "warnings": [CALIBRATION_WARNING.removeprefix("warning: ")]
+        if (report.get("calibration") or {}).get("example_only")
+        else [],
         "float_equivalence": report.get("float_equivalence"),
         "host_only": bool(report.get("host_only")),
         "npu_compiler": (report.get("npu_compiler") or {}).get("status"),

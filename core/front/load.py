@@ -274,10 +274,13 @@ def _validate_factory_result(where: str, result: Any, spec: str) -> LoadedModel:
 
 
 def load_calibration(path: str, example: tuple[torch.Tensor, ...]) -> list[tuple[torch.Tensor, ...]]:
-    """A ``.pt`` file holding a list of input tuples (or tensors, for single-input models)."""
+    """A ``.pt`` file holding a list of input tuples (or tensors, for single-input models), or
+    a ``.npz`` (:func:`load_calibration_npz`)."""
     file = Path(path)
     if not file.is_file():
         raise EtforgeError(f"calibration file {file} does not exist")
+    if file.suffix == ".npz":
+        return load_calibration_npz(file, example)
     try:
         data = torch.load(file, weights_only=True)
     except Exception as exc:
@@ -296,6 +299,64 @@ def load_calibration(path: str, example: tuple[torch.Tensor, ...]) -> list[tuple
             f"calibration file {file}: expected a list of input tuples, got {type(data).__name__}"
         )
     return check_calibration(list(data), example, str(file))
+
+
+def load_calibration_npz(file: Path, example: tuple[torch.Tensor, ...]) -> list[tuple[torch.Tensor, ...]]:
+    """Calibration samples from a ``.npz`` (``numpy.savez``), as ``verify --data`` reads one:
+    array ``x`` for a one-input model (``y``, labels, is ignored), else one array per program
+    input in order (``x0``, ``x1`` ... or the archive's order); each holds one sample per row
+    without the batch dimension of 1 (``verify --data``'s ``x``), or ``[N, *input]``, or one
+    sample of the input's shape. Floating arrays take the example
+    input's float dtype (numpy saves float64); integer inputs need integer arrays."""
+    import numpy as np
+
+    try:
+        with np.load(file, allow_pickle=False) as archive:
+            arrays = {k: archive[k] for k in archive.keys()}  # noqa: SIM118 (an NpzFile)
+    except Exception as exc:  # noqa: BLE001 - zip/pickle errors become one line
+        raise EtforgeError(
+            f"calibration file {file}: not a readable .npz archive ({type(exc).__name__}: {exc})"
+        ) from None
+    others = [k for k in arrays if k != "y"]
+    if "x" in arrays and len(example) == 1:
+        chosen = [arrays["x"]]
+    elif sorted(others) == sorted(f"x{i}" for i in range(len(others))):
+        chosen = [arrays[f"x{i}"] for i in range(len(others))]
+    else:
+        chosen = [arrays[k] for k in others]
+    if len(chosen) != len(example):
+        raise EtforgeError(
+            f"calibration file {file}: holds {len(chosen)} array(s) ({', '.join(arrays) or 'none'}), the model "
+            f"takes {len(example)} input(s); save x ([N, *input]) or x0, x1 ... one per input"
+        )
+    columns = []
+    for j, (array, want) in enumerate(zip(chosen, example, strict=True)):
+        t = torch.from_numpy(np.ascontiguousarray(array))
+        if t.dim() == want.dim() and want.shape[0] == 1 and t.shape[1:] == want.shape[1:]:
+            t = t.unsqueeze(1)  # one sample per row, batch dimension of 1 left out (verify --data's x)
+        elif t.dim() == want.dim():
+            t = t.unsqueeze(0)  # one sample
+        if t.dim() != want.dim() + 1 or tuple(t.shape[1:]) != tuple(want.shape):
+            raise EtforgeError(
+                f"calibration file {file}: input {j} is {list(array.shape)}; expected "
+                f"[N, {', '.join(map(str, want.shape[1:] if want.shape[0] == 1 else want.shape))}] (a sample per row)"
+            )
+        if want.is_floating_point() and t.is_floating_point():
+            t = t.to(want.dtype)
+        elif not want.is_floating_point() and not t.is_floating_point():
+            t = t.to(want.dtype)
+        else:
+            raise EtforgeError(
+                f"calibration file {file}: input {j} holds {t.dtype}; the model takes {want.dtype}"
+            )
+        columns.append(t.unbind(0))
+    if len({len(c) for c in columns}) != 1:
+        raise EtforgeError(
+            f"calibration file {file}: the inputs hold different sample counts {[len(c) for c in columns]}"
+        )
+    return check_calibration(
+        [tuple(c[i] for c in columns) for i in range(len(columns[0]))], example, str(file)
+    )
 
 
 def check_calibration(

@@ -95,7 +95,9 @@ def lower(
     if drop_dead_constants(cpu_ep) or cpu_ep is not host:
         edge = EdgeProgramManager({"forward": cpu_ep}, compile_config=config)
     t2 = time.perf_counter()
-    return edge, partitioner, parts, {f"delegate ({why['path']})": t1 - t0, "cpu_lowering": t2 - t1}
+    times = {f"delegate ({a['path']} attempt)": a["seconds"] for a in why.get("attempts", [])[:-1]}
+    times[f"delegate ({why['path']})"] = t1 - t0 - sum(times.values())
+    return edge, partitioner, parts, {**times, "cpu_lowering": t2 - t1}
 
 
 def _delegate(
@@ -124,7 +126,9 @@ def _delegate(
             why["reason"] = "a float program: early delegation is proven on quantized programs only"
         else:
             partitioner = _partitioner(ep, target, options, reg, low)
+            start = time.perf_counter()
             edge = _lower_early(ep, target, options, reg, partitioner, config, why, stubs)
+            early_seconds = time.perf_counter() - start
             if edge is not None:
                 why = {
                     **why,
@@ -136,10 +140,18 @@ def _delegate(
                 return edge, partitioner, low.in_tag_order(), why
             why["fallback"] = True
             why.pop("edge_passes_skipped", None)  # the early attempt's: the classic path runs them all
+            # every attempt and its time: the report's stages name the early one too
+            why["attempts"] = [{"path": "early", "seconds": round(early_seconds, 4), "result": why["reason"]}]
+            # the attempt's time is in lowering.attempts and the stages: fallbacks compare equal across runs
             fallbacks.record("lower", "lowered the classic way (slower)", "", why["reason"])
         low.partitions.clear()
         partitioner = _partitioner(ep, target, options, reg, low)
+        start = time.perf_counter()
         edge = _lower_classic(ep, partitioner, config, low)
+        if why.get("attempts"):
+            why["attempts"].append(
+                {"path": "classic", "seconds": round(time.perf_counter() - start, 4), "result": "lowered"}
+            )
         return edge, partitioner, low.in_tag_order(), why
 
 
@@ -240,7 +252,11 @@ def _lower_early(
     try:
         delegated, handles = _delegate_aten(ep, target, partitioner, config)
         if target.npu is None:  # nothing to delegate: the decomposition alone is the gain
-            return _to_edge_decomposed(delegated, config, why)
+            edge = _to_edge_decomposed(delegated, config, why)
+            # Every node's row in the report (where it runs, MACs, bytes): decided on a copy,
+            # since deciding marks node meta the program must not carry.
+            partitioner.decide(clone_program(edge.exported_program()))
+            return edge
     except early.NotExact as exc:
         why["reason"] = f"the early path cannot be exact: {exc}"
         return None

@@ -128,6 +128,20 @@ def registered_name(op: torch._ops.OpOverload) -> tuple[str, bool]:
     return _qualified(out), True
 
 
+def library_of(target: Any, libraries: Sequence[KernelLibrary]) -> str | None:
+    """The title of the first library in ``libraries`` with a kernel for the call_function
+    ``target`` (the report's ``kernel``), or None (a runtime op, or none provides it)."""
+    op = _overload(target)
+    if op is None:
+        return None
+    name, has_out = registered_name(op)
+    for lib in libraries:
+        have = library_operators(lib.yaml)
+        if (has_out and name in have) or (not has_out and name.removesuffix(".default") in have):
+            return lib.title
+    return None
+
+
 def _is_runtime_op(name: str) -> bool:
     return name in RUNTIME_OPS or name.split("::")[0] in RUNTIME_NAMESPACES
 
