@@ -265,6 +265,22 @@ def verify(
 ) -> Verification:
     """Verify the compile in ``out``; ``data``: labeled samples (``runtime.accuracy``) to
     measure the accuracy drop on."""
+    from etforge.core.common.threads import one_thread
+
+    with one_thread():  # batch-1 ops: a spinning OpenMP pool only takes cores from others
+        return _verify(out, samples, seed, max_steps, min_top1, kernels, data, max_accuracy_drop)
+
+
+def _verify(
+    out: Path,
+    samples: int,
+    seed: int,
+    max_steps: float | None,
+    min_top1: int | None,
+    kernels: str,
+    data: str | None,
+    max_accuracy_drop: float,
+) -> Verification:
     from etforge.core.front.load import check_program_file
     from etforge.core.serialize.pte_check import check_pte
 
