@@ -163,7 +163,7 @@ def verify(
     }  # fmt: skip
     if script is None:
         _compiled_output(Path(out_dir))  # a wrong path fails here, before torch loads
-    v = _verify_on_host(Path(out_dir), script, checks, quiet)
+    v = _verify_on_host(Path(out_dir), script, checks, quiet or as_json)
     _show(v, out_dir, kernels, as_json, quiet)
 
 
