@@ -122,6 +122,7 @@ def compile_cmd(
     from etforge.core.build import output
     from etforge.core.cache import store as cache
 
+    _check_model_path(model)  # a wrong path fails here, before torch loads
     out = Path(out_dir)
     reg = obj.registry
     target = named_target(reg, target_name)
@@ -295,6 +296,26 @@ def _build_into(
             say("warning", str(exc))
             key = None
     return generated, report, False, key
+
+
+def _check_model_path(spec: str) -> None:
+    """The file a MODEL names exists and is of its kind, else one error line (the checks
+    ``core.front.load`` makes first, made here without importing torch: a typo in a path
+    costs no torch import)."""
+    from pathlib import Path
+
+    if spec.startswith("zoo:"):
+        return  # the zoo's names are known once it is imported (with torch)
+    if spec.endswith(".pt2"):
+        path = Path(spec)
+    elif ":" not in spec:
+        raise EtforgeError(f"model {spec!r}: expected zoo:NAME, path/to/file.py:factory or a .pt2 file")
+    else:
+        path = Path(spec.rsplit(":", 1)[0])
+        if path.suffix != ".py":
+            raise EtforgeError(f"model {spec!r}: {path} is not a .py file")
+    if not path.is_file():
+        raise EtforgeError(f"model file {path} does not exist")
 
 
 def _front_end(job: _Job, recording: contextlib.AbstractContextManager[Any]) -> tuple[Any, Any, Any]:
