@@ -22,6 +22,7 @@ from etforge.core.common.errors import EtforgeError
 from etforge.core.front.load import load_program
 from etforge.core.litert import payload
 from etforge.core.registry.manager import Registry, registry
+from etforge.runtime import exact_pass
 from etforge.runtime.accuracy import DEFAULT_MAX_ACCURACY_DROP, Labeled, evaluate
 from etforge.runtime.host import run_program
 from etforge.runtime.inputs import seeded_inputs
@@ -137,6 +138,9 @@ class Verification:
     notes: list[str] = field(default_factory=list)
     #: Per output leaf (``runtime.outputs``): name, kind, what it was compared as, agreement.
     outputs: list[dict[str, Any]] = field(default_factory=list)
+    #: Samples whose per-op gates the device simulation's one pass proved (``runtime.exact_pass``);
+    #: the others (the first, any with a value off) ran the teacher-forced checks.
+    samples_from_simulation: int = 0
     #: Seconds per step (``runtime.verify_steps``): where verify's time went.
     seconds: dict[str, float] = field(default_factory=dict)
 
@@ -459,6 +463,8 @@ def compare(
     sim_worst, sim_not_exact, sim_unforced = 0.0, {}, {}
     scales = leaf_scales(program)
     aliases = observer_names(qep) if qep is not None else {}
+    template: list[OpParity] | None = None  # the first sample's teacher-forced results
+    fast = 0
     for index, batch in enumerate(_inputs(report, seed, samples)):
         steps.status(f"sample {index + 1}/{samples}: running the program, each op against its reference, "
                      "the device simulation")  # fmt: skip
@@ -472,14 +478,34 @@ def compare(
         if edge_outputs is not None:  # the .pte interpreter is compared with them (``verify``)
             edge_outputs.append(outs)
         start = steps.add("samples: the program's runs", start) + start
-        npu_values: dict[str, torch.Tensor] = {}
-        for lowered, args in calls:
-            ops.extend(op_parity(lowered, args, record=npu_values))  # always the device's arithmetic
-        start = steps.add("samples: NPU ops against their references", start) + start
+        sim, judged = None, None
+        if template is not None and q_fn is not None:  # one pass where it proves the per-op gates
+            npu_values = exact_pass.litert_values(calls)
+            cpu_values = values.values(q_fn)
+            seen: exact_pass.Seen = {}
+            sim = simulate(q_fn, batch, values.kinds(q_fn), {**npu_values, **cpu_values}, seen)
+            judged = exact_pass.judged(template, npu_values, cpu_values, seen)
+            start = steps.add("samples: the device simulation", start) + start
+        if judged is not None:
+            fast += 1
+            ops.extend(p for p in judged if p.partition != "cpu")
+            cpu_ops.extend(p for p in judged if p.partition == "cpu")
+        else:  # teacher-forced, op by op: names any value off (op, index, values)
+            npu_values = {}
+            sample_ops: list[OpParity] = []
+            for lowered, args in calls:
+                sample_ops.extend(op_parity(lowered, args, record=npu_values))  # the device's arithmetic
+            ops.extend(sample_ops)
+            start = steps.add("samples: NPU ops against their references", start) + start
+            if q_fn is not None:
+                sample_ops += (sample_cpu := values.compare(q_fn, batch))
+                cpu_ops.extend(sample_cpu)
+                start = steps.add("samples: CPU ops against their references", start) + start
+                if template is None:
+                    template = sample_ops
         if q_fn is not None:
-            cpu_ops.extend(values.compare(q_fn, batch))
-            start = steps.add("samples: CPU ops against their references", start) + start
-            sim = simulate(q_fn, batch, values.kinds(q_fn), {**npu_values, **values.values(q_fn)})
+            if sim is None:
+                sim = simulate(q_fn, batch, values.kinds(q_fn), {**npu_values, **values.values(q_fn)})
             sim_worst = max(sim_worst, _simulation_steps(program, sim.raw, device_outs, scales))
             sim_not_exact.update(sim.not_exact)
             sim_unforced.update(sim.unforced)
@@ -523,6 +549,7 @@ def compare(
         whole_model_on_npu=on_npu,
     )
     result.outputs = [leaf.as_dict() for leaf in check.leaves]
+    result.samples_from_simulation = fast
     if q_fn is not None and check.primary is not None:
         result.reference_spread_top1, result.top1_vs_exact = top1_spread, top1_exact
     if scale and q_fn is not None:
@@ -533,7 +560,8 @@ def compare(
             f"{result.op_values:,} NPU and {result.cpu_values:,} CPU int8 values against their references"
             + (", every output value against the device simulation" if q_fn is not None else "")
         )
-        steps.finished(f"ran {samples} samples: {compared} ({time.perf_counter() - loop_start:.1f} s)")
+        how = f"; {fast} of them judged op by op from the simulation's one pass" if fast else ""
+        steps.finished(f"ran {samples} samples{how}: {compared} ({time.perf_counter() - loop_start:.1f} s)")
     _float_check(result, float_ep, report, samples, seed, steps)
     if q_fn is not None and any(scales):
         _gate_simulation(result, sim_worst, sim_not_exact, sim_unforced)
