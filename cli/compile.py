@@ -122,11 +122,11 @@ def compile_cmd(
     from etforge.core.build import output
     from etforge.core.cache import store as cache
 
-    _check_model_path(model)  # a wrong path fails here, before torch loads
     out = Path(out_dir)
     reg = obj.registry
     target = named_target(reg, target_name)
-    options = resolved_options(target, parse_options(raw_options))
+    options = resolved_options(target, parse_options(raw_options))  # usage errors (exit 2) first
+    _check_model_path(model)  # a wrong path fails here, before torch loads
     staging = output.prepare(out)  # OUT must be replaceable before anything is compiled
     output.kill_point("staging")
     use_cache = cache.enabled() and not no_cache

@@ -10,6 +10,10 @@ import pytest
 # Every compile in the suite builds afresh (tests swap plugins, SDK doubles and fault hooks
 # under one version); the build-cache tests turn the cache on explicitly.
 os.environ.setdefault("ETFORGE_NO_CACHE", "1")
+# CI runs two workers (-n 2) on two cores: one numeric thread each, here and in every CLI
+# subprocess, so no OpenMP pool spin-waits for the core the other worker holds (issue 47).
+# A test of the thread count's effect sets it itself (test_determinism).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginManager) -> None:
