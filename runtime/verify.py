@@ -447,6 +447,30 @@ def compare(
     evaluation is otherwise reported, not gated: on random weights it measures how the network
     amplifies rounding torch does differently (MobileNetV2-96: 23 steps), not the conversion.
     """
+    from etforge.core.common.threads import one_thread
+
+    with one_thread():  # batch-1 ops: a spinning OpenMP pool only takes cores from others
+        return _compare(
+            program, float_ep, qep, report, samples, seed, max_steps, min_top1, kernels, data,
+            max_accuracy_drop, edge_outputs, steps,
+        )  # fmt: skip
+
+
+def _compare(
+    program: ExportedProgram,
+    float_ep: ExportedProgram,
+    qep: ExportedProgram | None,
+    report: dict[str, Any],
+    samples: int,
+    seed: int,
+    max_steps: float | None,
+    min_top1: int | None,
+    kernels: str,
+    data: Labeled | None,
+    max_accuracy_drop: float,
+    edge_outputs: list[list[torch.Tensor]] | None,
+    steps: Steps | None,
+) -> Verification:
     import time
 
     steps = steps or Steps()
