@@ -2,6 +2,7 @@
 
 Run: .venv/bin/python bench/verify.py [--models ...] [--targets ...] [--samples 32]
      .venv/bin/python bench/verify.py --speed [--models mobilenet_v2_96] [--samples 4]
+     .venv/bin/python bench/verify.py --cost [--busy] [...]  (bench/verify_cost.py: verify ÷ compile)
 ``--speed``: per cortex-m33 model, the time per sample of verify's host reference path (the
 ``model.pte`` interpreter plus the lowered Edge program, both running every ``cortex_m`` op) with
 etforge's CMSIS-NN-exact kernels and with ExecuTorch's Python reference implementations (what
@@ -25,6 +26,7 @@ what the lowered Edge program computes (verify requires all).
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from typing import Any
 
@@ -44,6 +46,12 @@ from etforge.zoo import digits
 
 
 def main() -> None:
+    if "--cost" in sys.argv:  # verify's cost against the compile's, as processes
+        sys.argv.remove("--cost")
+        from verify_cost import main as cost
+
+        cost()
+        return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(zoo.ZOO))
     parser.add_argument("--targets", default="imxrt700,imxrt700cm,cortex-m33")

@@ -166,7 +166,8 @@ def compile_cmd(
     out = Path(out_dir)
     reg = obj.registry
     target = named_target(reg, target_name)
-    options = resolved_options(target, parse_options(raw_options))
+    options = resolved_options(target, parse_options(raw_options))  # usage errors (exit 2) first
+    _check_model_path(model)  # a wrong path fails here, before torch loads
     staging = output.prepare(out)  # OUT must be replaceable before anything is compiled
     use_cache = cache.enabled() and not no_cache
     try:
@@ -389,6 +390,26 @@ def _build_into(
             say("warning", str(exc))
             key = None
     return generated, report, False, key
+
+
+def _check_model_path(spec: str) -> None:
+    """The file a MODEL names exists and is of its kind, else one error line (the checks
+    ``core.front.load`` makes first, made here without importing torch: a typo in a path
+    costs no torch import)."""
+    from pathlib import Path
+
+    if spec.startswith("zoo:"):
+        return  # the zoo's names are known once it is imported (with torch)
+    if spec.endswith(".pt2"):
+        path = Path(spec)
+    elif ":" not in spec:
+        raise EtforgeError(f"model {spec!r}: expected zoo:NAME, path/to/file.py:factory or a .pt2 file")
+    else:
+        path = Path(spec.rsplit(":", 1)[0])
+        if path.suffix != ".py":
+            raise EtforgeError(f"model {spec!r}: {path} is not a .py file")
+    if not path.is_file():
+        raise EtforgeError(f"model file {path} does not exist")
 
 
 def _front_end(job: _Job, recording: contextlib.AbstractContextManager[Any]) -> tuple[Any, Any, Any]:

@@ -28,6 +28,7 @@ def interpreter(model: bytes, kernels: str, preserve_all_tensors: bool = False) 
         raise ValueError(f"unknown LiteRT kernels {kernels!r} (known: {', '.join(KERNELS)})")
     resolver = OpResolverType.AUTO if kernels == "default" else OpResolverType.BUILTIN_REF
     from etforge.core.common.quiet import native_stderr
+    from etforge.core.common.threads import LITERT_THREADS
 
     with warnings.catch_warnings(), native_stderr():  # "preserving every tensor is for debugging": it is
         warnings.simplefilter("ignore", UserWarning)
@@ -35,6 +36,7 @@ def interpreter(model: bytes, kernels: str, preserve_all_tensors: bool = False) 
             model_content=model,
             experimental_op_resolver_type=resolver,
             experimental_preserve_all_tensors=preserve_all_tensors,
+            num_threads=LITERT_THREADS,  # no spinning pool beside other processes
         )
         it.allocate_tensors()
     return it

@@ -61,12 +61,15 @@ def simulate(
     inputs: Sequence[torch.Tensor],
     kinds: Mapping[str, tuple[str, str]] | None = None,
     program_values: Mapping[str, torch.Tensor] | None = None,
+    seen: dict[str, tuple[torch.Tensor | None, torch.Tensor]] | None = None,
 ) -> Simulation:
     """Run the PT2E program ``module`` in the device's arithmetic.
 
     ``kinds``: quantize node -> (kernel kind, host op) for the values the host computes on the
     CPU (absent: an NPU value); ``program_values``: the compiled program's int8 values by
-    quantize node, used for ops with no rule (see the module doc).
+    quantize node, used for ops with no rule (see the module doc); ``seen`` (when given)
+    collects, per per-tensor quantize node, (its rule's value, None without a rule; torch's
+    value on the simulation's inputs): ``runtime.exact_pass`` judges the ops from them.
     """
     from etforge.runtime.cortex_m_kernels import cmsis_reference
     from etforge.runtime.device_ref import NotExact, Reference
@@ -82,15 +85,24 @@ def simulate(
                 return out
             kind, host_op = kinds.get(n.name, (NPU, ""))
             src = n.args[0]
-            if kind == PORTABLE:
-                return out  # the portable kernel's dequantize, float op, quantize: torch's
-            if kind == NPU and (not isinstance(src, torch.fx.Node) or src.op == "placeholder"):
-                return out  # the program's input quantization: the same on both sides
+            if kind == PORTABLE or (
+                kind == NPU and (not isinstance(src, torch.fx.Node) or src.op == "placeholder")
+            ):
+                # the portable kernel's dequantize, float op, quantize: torch's; the program's
+                # input quantization: the same on both sides
+                if seen is not None:
+                    seen[n.name] = (out, out)
+                return out
             value = lambda a: self.env[a]  # noqa: E731
             try:
                 rule = cmsis_reference(value, host_op) if kind == CORTEX_M else Reference(value)
-                return laid_out_as(rule(n), out)
+                ruled = laid_out_as(rule(n), out)
+                if seen is not None:
+                    seen[n.name] = (ruled, out)
+                return ruled
             except NotExact as why:
+                if seen is not None:
+                    seen[n.name] = (None, out)
                 not_exact[n.name] = str(why)
                 ours = program_values.get(n.name)
                 if ours is not None and tuple(ours.shape) == tuple(out.shape):

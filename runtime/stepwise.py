@@ -55,6 +55,8 @@ class OpParity:
     #: the same values against torch's float evaluation of the quantized op (a figure)
     torch_max_steps: int = 0
     torch_values_off: int = 0
+    #: the quantize node holding the compared value (the program's node name)
+    qnode: str = ""
 
 
 def _measure(partition: str, node: str, ours: torch.Tensor, ref: torch.Tensor, **extra: Any) -> OpParity:
@@ -73,8 +75,8 @@ def _measure(partition: str, node: str, ours: torch.Tensor, ref: torch.Tensor, *
 DEVICE_KERNELS = "reference"
 
 
-def _skipped(partition: str, node: str, ref: torch.Tensor, reason: str) -> OpParity:
-    return OpParity(partition, node, 0, 0, 0, skipped=ref.numel(), skip_reason=reason)
+def _skipped(partition: str, node: str, ref: torch.Tensor, reason: str, qnode: str = "") -> OpParity:
+    return OpParity(partition, node, 0, 0, 0, skipped=ref.numel(), skip_reason=reason, qnode=qnode)
 
 
 #: Why an int8 value of a partition was not compared.
@@ -115,12 +117,12 @@ def op_parity(
                 return ref
             src = n.args[0] if n.args and isinstance(n.args[0], torch.fx.Node) else n
             if n.name not in values:
-                found.append(_skipped(blob.partition, src.name, ref, NOT_RECORDED))
+                found.append(_skipped(blob.partition, src.name, ref, NOT_RECORDED, n.name))
                 return ref
             index, perm = values[n.name]
             ours = torch.from_numpy(np.array(it.get_tensor(index))).permute(layout.inverse(perm))
             if tuple(ours.shape) != tuple(ref.shape):
-                found.append(_skipped(blob.partition, src.name, ref, SHAPE_MISMATCH))
+                found.append(_skipped(blob.partition, src.name, ref, SHAPE_MISMATCH, n.name))
                 return ref
             if record is not None:
                 record[n.name] = ours
@@ -130,9 +132,13 @@ def op_parity(
             try:
                 exact = Reference(lambda a: self.env[a], perm_of)(n)
             except NotExact as why:
-                found.append(_measure(blob.partition, src.name, ours, ref, reason=str(why), **vs_torch))
+                found.append(
+                    _measure(blob.partition, src.name, ours, ref, reason=str(why), qnode=n.name, **vs_torch)
+                )
                 return laid_out_as(ours, ref)
-            found.append(_measure(blob.partition, src.name, ours, exact, device_exact=True, **vs_torch))
+            found.append(
+                _measure(blob.partition, src.name, ours, exact, device_exact=True, qnode=n.name, **vs_torch)
+            )
             return laid_out_as(ours, ref)
 
     program = lowered.original_module
@@ -298,7 +304,7 @@ class HostInt8Values:
                 host_name, kind, host_op, ours = forced[n.name]
                 if tuple(ours.shape) != tuple(ref.shape):
                     if kind:
-                        found.append(_skipped("cpu", host_name, ref, SHAPE_MISMATCH))
+                        found.append(_skipped("cpu", host_name, ref, SHAPE_MISMATCH, n.name))
                     return ref
                 if kind:
                     exact, why = cpu_reference(n, kind, host_op, lambda a: self.env[a], ref)
@@ -306,8 +312,11 @@ class HostInt8Values:
                     vs_torch = {"torch_max_steps": int(off.max()) if off.numel() else 0,
                                 "torch_values_off": int((off > 0).sum())}  # fmt: skip
                     found.append(
-                        _measure("cpu", host_name, ours, exact, device_exact=not why, reason=why, **vs_torch)
-                    )
+                        _measure(
+                            "cpu", host_name, ours, exact, device_exact=not why, reason=why, qnode=n.name,
+                            **vs_torch,
+                        )
+                    )  # fmt: skip
                 return laid_out_as(ours, ref)
 
         with torch.no_grad():

@@ -22,6 +22,7 @@ from etforge.core.common.errors import EtforgeError
 from etforge.core.front.load import load_program
 from etforge.core.litert import payload
 from etforge.core.registry.manager import Registry, registry
+from etforge.runtime import exact_pass
 from etforge.runtime.accuracy import DEFAULT_MAX_ACCURACY_DROP, Labeled, evaluate
 from etforge.runtime.host import run_program
 from etforge.runtime.inputs import seeded_inputs
@@ -30,6 +31,7 @@ from etforge.runtime.pte_agreement import Agreement, compare_with_edge
 from etforge.runtime.pte_interpreter import PteInterpreter
 from etforge.runtime.simulate import SIM_MAX_STEPS, output_steps, simulate
 from etforge.runtime.stepwise import HostInt8Values, OpParity, observer_names, op_parity
+from etforge.runtime.verify_steps import Steps
 
 # The gates. Each is a fixed number, never a figure measured from the model under test (a
 # bound derived from the model's own behaviour loosens itself exactly where it should hold).
@@ -136,6 +138,11 @@ class Verification:
     notes: list[str] = field(default_factory=list)
     #: Per output leaf (``runtime.outputs``): name, kind, what it was compared as, agreement.
     outputs: list[dict[str, Any]] = field(default_factory=list)
+    #: Samples whose per-op gates the device simulation's one pass proved (``runtime.exact_pass``);
+    #: the others (the first, any with a value off) ran the teacher-forced checks.
+    samples_from_simulation: int = 0
+    #: Seconds per step (``runtime.verify_steps``): where verify's time went.
+    seconds: dict[str, float] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -262,9 +269,30 @@ def verify(
     kernels: str = "default",
     data: str | None = None,
     max_accuracy_drop: float = DEFAULT_MAX_ACCURACY_DROP,
+    steps: Steps | None = None,
 ) -> Verification:
     """Verify the compile in ``out``; ``data``: labeled samples (``runtime.accuracy``) to
-    measure the accuracy drop on."""
+    measure the accuracy drop on; ``steps``: progress callbacks (``runtime.verify_steps``)."""
+    from etforge.core.common.threads import one_thread
+
+    steps = steps or Steps()
+    with one_thread():  # batch-1 ops: a spinning OpenMP pool only takes cores from others
+        result = _verify(out, samples, seed, max_steps, min_top1, kernels, data, max_accuracy_drop, steps)
+    result.seconds = dict(steps.seconds)
+    return result
+
+
+def _verify(
+    out: Path,
+    samples: int,
+    seed: int,
+    max_steps: float | None,
+    min_top1: int | None,
+    kernels: str,
+    data: str | None,
+    max_accuracy_drop: float,
+    steps: Steps,
+) -> Verification:
     from etforge.core.front.load import check_program_file
     from etforge.core.serialize.pte_check import check_pte
 
@@ -277,30 +305,45 @@ def verify(
     report = output.load_report(report_path)  # corrupt or foreign: named, not a traceback
     from etforge.runtime import artifact
 
-    hash_notes = artifact.check_hashes(out, report)  # a side file from another compile: named
-    check_program_file(out / output.FLOAT_PROGRAM)  # truncated programs: named, not a zip traceback
-    if report["quantized"]:
-        check_program_file(out / output.QUANTIZED_PROGRAM)
-    pte_path = out / output.PTE  # empty, truncated, corrupt or not this report's: refused here
-    interp = PteInterpreter(check_pte(pte_path, report), str(pte_path))
-    from etforge.runtime.report_fields import refuse_forged
+    with steps.step("files", "checking the hash chain and reading the compiled files") as done:
+        hash_notes = artifact.check_hashes(out, report)  # a side file from another compile: named
+        check_program_file(out / output.FLOAT_PROGRAM)  # truncated programs: named, not a zip traceback
+        if report["quantized"]:
+            check_program_file(out / output.QUANTIZED_PROGRAM)
+        pte_path = out / output.PTE  # empty, truncated, corrupt or not this report's: refused here
+        interp = PteInterpreter(check_pte(pte_path, report), str(pte_path))
+        from etforge.runtime.report_fields import refuse_forged
 
-    refuse_forged(interp.program, pte_path, report)  # the firmware's figures are the program's
+        refuse_forged(interp.program, pte_path, report)  # the firmware's figures are the program's
+        done["line"] = (
+            f"hash chain: {output.PTE} and {len(report.get('files_sha256') or {})} side file(s) "
+            f"match {output.REPORT}, its firmware fields the program's"
+        )
     labeled = None
     if data is not None:
         from etforge.runtime.accuracy import load_labeled
 
         labeled = load_labeled(data, report)  # bad data fails before the long rebuild
     parts: list[Any] = []
-    program, float_ep, qep, stand_ins = rebuild(out, report, registry(), parts)
-    byte_notes: list[str] = []
-    byte_failures = artifact.compare_payloads(
-        pte_path, interp.program, {p.name: p.processed for p in parts}, byte_notes
-    )
-    byte_failures += [
-        f"{f}: not a partition of the program in {pte_path.name}; remove it or recompile"
-        for f in artifact.stray_partition_files(out, [p.name for p in parts])
-    ]
+    source = output.QUANTIZED_PROGRAM if report["quantized"] else output.FLOAT_PROGRAM
+    with steps.step("rebuild", f"rebuilding the lowered program from {source}") as done:
+        program, float_ep, qep, stand_ins = rebuild(out, report, registry(), parts)
+        done["line"] = (
+            f"rebuilt the lowered program from {source}: {len(parts)} NPU partition(s), "
+            "each equal to its partitions/*.tflite"
+        )
+    with steps.step("payloads", "comparing the delegate payloads with the rebuilt ones") as done:
+        byte_notes: list[str] = []
+        byte_failures = artifact.compare_payloads(
+            pte_path, interp.program, {p.name: p.processed for p in parts}, byte_notes
+        )
+        byte_failures += [
+            f"{f}: not a partition of the program in {pte_path.name}; remove it or recompile"
+            for f in artifact.stray_partition_files(out, [p.name for p in parts])
+        ]
+        done["line"] = f"payload bytes: {len(parts)} delegate payload(s) " + (
+            "equal to the rebuilt ones; no stray partition files" if not byte_failures else "DIFFER (below)"
+        )
     device = [bytes(d.data) for d in interp.program.backend_delegate_data]
     if byte_failures and any(not raw.startswith(payload.MAGIC) and raw not in stand_ins for raw in device):
         # device code that is not the rebuilt one has no LiteRT source to run in its place
@@ -309,7 +352,7 @@ def verify(
     with payload.host_stand_ins(stand_ins):
         result, agreement = _run_checks(
             interp, program, float_ep, qep, report, samples, seed, max_steps, min_top1, kernels,
-            labeled, max_accuracy_drop, edge_outputs,
+            labeled, max_accuracy_drop, edge_outputs, steps,
         )  # fmt: skip
     from etforge.runtime.cortex_m_kernels import NOT_PROVEN
 
@@ -350,6 +393,7 @@ def _run_checks(
     labeled: Any,
     max_accuracy_drop: float,
     edge_outputs: list[list[torch.Tensor]],
+    steps: Steps,
 ) -> tuple[Verification, Agreement]:
     result = compare(
         program,
@@ -364,9 +408,15 @@ def _run_checks(
         data=labeled,
         max_accuracy_drop=max_accuracy_drop,
         edge_outputs=edge_outputs,
+        steps=steps,
     )
     batches = _inputs(report, seed, samples)
-    result.pte = agreement = compare_with_edge(interp, program, batches, kernels, edge_outputs)
+    with steps.step("pte", f"running model.pte in the host interpreter on {samples} samples") as done:
+        result.pte = agreement = compare_with_edge(interp, program, batches, kernels, edge_outputs)
+        done["line"] = (
+            f"model.pte (host interpreter, planned offsets) vs the Edge program: {agreement.agreed}/"
+            f"{agreement.samples} samples identical"
+        )
     return result, agreement
 
 
@@ -383,6 +433,7 @@ def compare(
     data: Labeled | None = None,
     max_accuracy_drop: float = DEFAULT_MAX_ACCURACY_DROP,
     edge_outputs: list[list[torch.Tensor]] | None = None,
+    steps: Steps | None = None,
 ) -> Verification:
     """Run ``program`` on seeded inputs and compare with the float and quantized references.
 
@@ -399,6 +450,34 @@ def compare(
     evaluation is otherwise reported, not gated: on random weights it measures how the network
     amplifies rounding torch does differently (MobileNetV2-96: 23 steps), not the conversion.
     """
+    from etforge.core.common.threads import one_thread
+
+    with one_thread():  # batch-1 ops: a spinning OpenMP pool only takes cores from others
+        return _compare(
+            program, float_ep, qep, report, samples, seed, max_steps, min_top1, kernels, data,
+            max_accuracy_drop, edge_outputs, steps,
+        )  # fmt: skip
+
+
+def _compare(
+    program: ExportedProgram,
+    float_ep: ExportedProgram,
+    qep: ExportedProgram | None,
+    report: dict[str, Any],
+    samples: int,
+    seed: int,
+    max_steps: float | None,
+    min_top1: int | None,
+    kernels: str,
+    data: Labeled | None,
+    max_accuracy_drop: float,
+    edge_outputs: list[list[torch.Tensor]] | None,
+    steps: Steps | None,
+) -> Verification:
+    import time
+
+    steps = steps or Steps()
+    loop_start = time.perf_counter()
     check = OutputCheck(program)
     float_fn = float_ep.module(check_guards=False)
     q_fn = qep.module(check_guards=False) if qep is not None else None
@@ -411,28 +490,58 @@ def compare(
     sim_worst, sim_not_exact, sim_unforced = 0.0, {}, {}
     scales = leaf_scales(program)
     aliases = observer_names(qep) if qep is not None else {}
-    for batch in _inputs(report, seed, samples):
+    template: list[OpParity] | None = None  # the first sample's teacher-forced results
+    fast = 0
+    for index, batch in enumerate(_inputs(report, seed, samples)):
+        steps.status(f"sample {index + 1}/{samples}: running the program, each op against its reference, "
+                     "the device simulation")  # fmt: skip
         # The device's arithmetic (LiteRT reference kernels, the Cortex-M kernels): what the
         # per-op gates and the simulation judge; the user's kernels for the end-to-end figures.
+        start = time.perf_counter()
         calls: list[Any] = []
         values = HostInt8Values(aliases)
         device_outs = run_program(program, batch, "reference", calls, values)
         outs = device_outs if kernels == "reference" or not calls else run_program(program, batch, kernels)
         if edge_outputs is not None:  # the .pte interpreter is compared with them (``verify``)
             edge_outputs.append(outs)
-        npu_values: dict[str, torch.Tensor] = {}
-        for lowered, args in calls:
-            ops.extend(op_parity(lowered, args, record=npu_values))  # always the device's arithmetic
+        start = steps.add("samples: the program's runs", start) + start
+        sim, judged = None, None
+        if template is not None and q_fn is not None:  # one pass where it proves the per-op gates
+            npu_values = exact_pass.litert_values(calls)
+            cpu_values = values.values(q_fn)
+            seen: exact_pass.Seen = {}
+            sim = simulate(q_fn, batch, values.kinds(q_fn), {**npu_values, **cpu_values}, seen)
+            judged = exact_pass.judged(template, npu_values, cpu_values, seen)
+            start = steps.add("samples: the device simulation", start) + start
+        if judged is not None:
+            fast += 1
+            ops.extend(p for p in judged if p.partition != "cpu")
+            cpu_ops.extend(p for p in judged if p.partition == "cpu")
+        else:  # teacher-forced, op by op: names any value off (op, index, values)
+            npu_values = {}
+            sample_ops: list[OpParity] = []
+            for lowered, args in calls:
+                sample_ops.extend(op_parity(lowered, args, record=npu_values))  # the device's arithmetic
+            ops.extend(sample_ops)
+            start = steps.add("samples: NPU ops against their references", start) + start
+            if q_fn is not None:
+                sample_ops += (sample_cpu := values.compare(q_fn, batch))
+                cpu_ops.extend(sample_cpu)
+                start = steps.add("samples: CPU ops against their references", start) + start
+                if template is None:
+                    template = sample_ops
         if q_fn is not None:
-            cpu_ops.extend(values.compare(q_fn, batch))
-            sim = simulate(q_fn, batch, values.kinds(q_fn), {**npu_values, **values.values(q_fn)})
+            if sim is None:
+                sim = simulate(q_fn, batch, values.kinds(q_fn), {**npu_values, **values.values(q_fn)})
             sim_worst = max(sim_worst, _simulation_steps(program, sim.raw, device_outs, scales))
             sim_not_exact.update(sim.not_exact)
             sim_unforced.update(sim.unforced)
+            start = steps.add("samples: the device simulation", start) + start
         with torch.no_grad():  # every output leaf, in the program's order (``runtime.outputs``)
             flat_f = flatten(program, float_fn(*batch))
             flat_q = flatten(program, q_fn(*batch)) if q_fn is not None else flat_f
         flat_exact = exact_leaves(program, q_fn, batch) if q_fn is not None else flat_q
+        steps.add("samples: torch's references (float, float32, float64)", start)
         check.add(outs, flat_exact)
         if check.primary is None:  # no float output: the leaves' own checks are all there is
             continue
@@ -441,10 +550,10 @@ def compare(
         scale = scales[p]
         max_abs_f = max(max_abs_f, float((ours - ref_f).abs().max()))
         if scale:
-            steps = (ours - ref_q).abs() / scale
-            worst = max(worst, float(steps.max()))
-            total += float(steps.sum())
-            count += steps.numel()
+            off = (ours - ref_q).abs() / scale
+            worst = max(worst, float(off.max()))
+            total += float(off.sum())
+            count += off.numel()
             spread = max(spread, float((ref_q - exact).abs().max()) / scale)
             vs_exact = max(vs_exact, float((ours - exact).abs().max()) / scale)
         top1_spread += int(top1_agrees(ref_q, exact))
@@ -467,12 +576,20 @@ def compare(
         whole_model_on_npu=on_npu,
     )
     result.outputs = [leaf.as_dict() for leaf in check.leaves]
+    result.samples_from_simulation = fast
     if q_fn is not None and check.primary is not None:
         result.reference_spread_top1, result.top1_vs_exact = top1_spread, top1_exact
     if scale and q_fn is not None:
         result.reference_spread_steps, result.max_steps_vs_exact = spread, vs_exact
     _gate_ops(result, ops, cpu_ops)
-    _float_check(result, float_ep, report, samples, seed)
+    if steps.finished is not None:
+        compared = (
+            f"{result.op_values:,} NPU and {result.cpu_values:,} CPU int8 values against their references"
+            + (", every output value against the device simulation" if q_fn is not None else "")
+        )
+        how = f"; {fast} of them judged op by op from the simulation's one pass" if fast else ""
+        steps.finished(f"ran {samples} samples{how}: {compared} ({time.perf_counter() - loop_start:.1f} s)")
+    _float_check(result, float_ep, report, samples, seed, steps)
     if q_fn is not None and any(scales):
         _gate_simulation(result, sim_worst, sim_not_exact, sim_unforced)
     need = result.top1_required = min_top1 if min_top1 is not None else top1_required(samples)
@@ -497,7 +614,11 @@ def compare(
             f"max difference from the quantized reference (exact value) {vs_exact:.1f} steps > {max_steps:g}"
         )
     if data is not None:
-        _gate_accuracy(result, program, float_ep, data, report, kernels, max_accuracy_drop)
+        with steps.step("accuracy", f"measuring the accuracy on {data.source}") as done:
+            _gate_accuracy(result, program, float_ep, data, report, kernels, max_accuracy_drop)
+            done["line"] = (
+                f"accuracy on {data.source}: {result.data_samples} labeled samples, float vs compiled"
+            )
     return result
 
 
@@ -650,7 +771,12 @@ FLOAT_CHECK_SAMPLES = 4
 
 
 def _float_check(
-    result: Verification, float_ep: ExportedProgram, report: dict[str, Any], samples: int, seed: int
+    result: Verification,
+    float_ep: ExportedProgram,
+    report: dict[str, Any],
+    samples: int,
+    seed: int,
+    steps: Steps,
 ) -> None:
     """Every NPU converter in float form against the float Edge ops (``runtime.float_check``)."""
     from etforge.runtime import float_check
@@ -661,7 +787,12 @@ def _float_check(
         return
     options = {k: tuple(v) if isinstance(v, list) else v for k, v in report["options"].items()}
     batches = _inputs(report, seed, min(samples, FLOAT_CHECK_SAMPLES))
-    ops = float_check.check_float_program(float_ep, target, options, reg, batches)
+    doing = f"float check: lowering {output.FLOAT_PROGRAM}, NPU ops in float32 on {len(batches)} samples"
+    with steps.step("float check", doing) as done:
+        ops = float_check.check_float_program(float_ep, target, options, reg, batches)
+        done["line"] = (
+            f"float check: {len(ops)} NPU ops in float32 against the float Edge ops, {len(batches)} samples"
+        )
     result.float_ops = len(ops)
     result.float_max_rel = max((o.rel_error for o in ops), default=None)
     result.failures.extend(float_check.failures(ops))

@@ -17,6 +17,10 @@ from support import THIRD_PARTY as _THIRD_PARTY  # noqa: E402
 if (_THIRD_PARTY / "executorch").is_dir():
     os.environ.setdefault("ETFORGE_EXECUTORCH_SRC", str(_THIRD_PARTY / "executorch"))
     os.environ.setdefault("ETFORGE_CMSIS_NN_SRC", str(_THIRD_PARTY / "cmsis-nn"))
+# CI runs two workers (-n 2) on two cores: one numeric thread each, here and in every CLI
+# subprocess, so no OpenMP pool spin-waits for the core the other worker holds (issue 47).
+# A test of the thread count's effect sets it itself (test_determinism).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginManager) -> None:
@@ -47,6 +51,18 @@ SLOW_FILES = frozenset(
         "verify_device", "zoo_graphs",
     )
 )  # fmt: skip
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """Under ``-m "not slow"`` a ``SLOW_FILES`` file is not even imported: every test in it is
+    deselected anyway, and importing them (ExecuTorch, hypothesis ...) was most of the fast
+    tier's collection time (issue 47)."""
+    if (
+        collection_path.name in SLOW_FILES
+        and " ".join(config.getoption("markexpr", "").split()) == "not slow"
+    ):
+        return True
+    return None
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -1,4 +1,4 @@
-"""Test helpers: installed distributions on disk, a CLI runner in a subprocess, CMSIS-NN built for the host."""
+"""Test helpers: installed distributions on disk, a CLI runner (in process or a subprocess), CMSIS-NN built for the host."""
 
 from __future__ import annotations
 
@@ -39,12 +39,34 @@ def write_distribution(
     return root
 
 
+#: Environment variables ``run_cli`` can set for an in-process run (read when the command
+#: runs, not at import; no kill points, no plugin paths): any other runs a subprocess.
+IN_PROCESS_ENV = frozenset({"ETFORGE_NO_CACHE", "ETFORGE_CACHE_DIR", "COLUMNS"})
+#: Commands that stay subprocesses: several models compile in worker processes.
+SUBPROCESS_ONLY = frozenset({"--manifest", "--jobs", "--ray-address", "--runtime", "--on"})
+
+
 def run_cli(
     *args: str,
     pythonpath: Path | None = None,
     python: str = sys.executable,
     env: dict[str, str] | None = None,
+    subprocess_only: bool = False,
 ) -> subprocess.CompletedProcess[str]:
+    """``etforge ARGS``: in this process (``cli_in_process``) where a subprocess adds nothing —
+    the same interpreter, no plugin path, only ``IN_PROCESS_ENV`` variables — else (or with
+    ``subprocess_only``: the end-to-end runs) as ``python -m etforge``. Importing torch and
+    ExecuTorch once per test process instead of once per command is most of what the CLI
+    tests cost (issue 47)."""
+    if (
+        not subprocess_only
+        and pythonpath is None
+        and python == sys.executable
+        and set(env or {}) <= IN_PROCESS_ENV
+        and not SUBPROCESS_ONLY & set(args)
+        and not (args and args[0] == "compile" and _several_models(args))
+    ):
+        return cli_in_process(*args, env=env)
     env = {**os.environ, **(env or {})}
     if pythonpath is not None:
         env["PYTHONPATH"] = f"{pythonpath}{os.pathsep}{env.get('PYTHONPATH', '')}"
@@ -52,6 +74,78 @@ def run_cli(
     return subprocess.run(
         [python, "-m", "etforge", *args], capture_output=True, text=True, env=env, timeout=600
     )
+
+
+def _several_models(args: tuple[str, ...]) -> bool:
+    """More than one positional MODEL after ``compile`` (a batch: worker processes)."""
+    positional, skip = 0, False
+    for a in args[1:]:
+        if skip:
+            skip = False
+        elif a.startswith("-"):
+            skip = "=" not in a and a not in (
+                "--float",
+                "--no-cache",
+                "--quiet",
+                "-q",
+                "--json",
+                "--no-fallback",
+            )
+        else:
+            positional += 1
+    return positional > 1
+
+
+def cli_in_process(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``etforge ARGS`` run by click's runner in this process, as ``run_cli`` returns it: exit
+    code, stdout, and stderr — Python's and what native code wrote to file descriptors 1 and 2
+    (LiteRT's and ExecuTorch's C++ logs), so a test of the output sees what a terminal would.
+    The CLI's per-run state (``--debug``, ``--quiet``, a broken pipe, the console width, the
+    root logger's handlers) is reset around the run."""
+    import logging
+    import tempfile
+
+    from click.testing import CliRunner
+
+    from etforge.cli import common, main
+
+    env = {"COLUMNS": "200", **(env or {})}
+    saved = dict(common.DEBUG), dict(common.OUTPUT), dict(common.PIPE)
+    widths = common.console.width, common.err_console.width
+    common.DEBUG["on"] = env.get("ETFORGE_DEBUG", os.environ.get("ETFORGE_DEBUG", "")) not in ("", "0")
+    common.console.width = common.err_console.width = int(env["COLUMNS"])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    native = [tempfile.TemporaryFile(), tempfile.TemporaryFile()]
+    kept = [os.dup(1), os.dup(2)]
+    # A log record reaches stderr as in a process of its own (``logging.lastResort``), not
+    # pytest's capture handlers on the root logger.
+    root_handlers, logging.getLogger().handlers = logging.getLogger().handlers, []
+    try:
+        os.dup2(native[0].fileno(), 1)
+        os.dup2(native[1].fileno(), 2)
+        result = CliRunner().invoke(main, list(args), env=env, catch_exceptions=False)
+    finally:
+        os.dup2(kept[0], 1)
+        os.dup2(kept[1], 2)
+        for fd in kept:
+            os.close(fd)
+        common.DEBUG.update(saved[0])
+        common.OUTPUT.update(saved[1])
+        common.PIPE.update(saved[2])
+        common.console.width, common.err_console.width = widths
+        logging.getLogger().handlers = root_handlers
+    out, err = (_read(f) for f in native)
+    return subprocess.CompletedProcess(
+        ["etforge", *args], result.exit_code, result.stdout + out, result.stderr + err
+    )
+
+
+def _read(f: Any) -> str:
+    f.seek(0)
+    text = f.read().decode(errors="replace")
+    f.close()
+    return text
 
 
 def conv_head(calibration: int = 4) -> tuple[Any, list[tuple[Any, ...]]]:

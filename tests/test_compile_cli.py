@@ -46,7 +46,7 @@ def test_compile_writes_program_partitions_and_report(compiled: dict[str, Path])
 def test_verify_passes_on_compiled_output(compiled: dict[str, Path]) -> None:
     proc = run_cli("verify", str(compiled["imxrt700"]))
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "top-1 agreement vs quantized ref" in proc.stdout and "verify passed" in proc.stdout
+    assert "top-1 vs quantized ref in float64" in proc.stdout and "verify passed" in proc.stdout
 
 
 def test_verify_fails_when_outputs_were_tampered_with(compiled: dict[str, Path], tmp_path: Path) -> None:

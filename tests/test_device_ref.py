@@ -410,3 +410,36 @@ def test_fully_connected_requantizes_at_double_precision(seed: int) -> None:
     operands = [(*sx, torch.int8), (sw, 0, torch.int8), (bscale, 0, torch.int32)]
     ours = _edge_value(torch.ops.aten.linear.default, operands, out, [x, w, bias])
     assert int((litert != ours).sum()) == 0
+
+
+def test_vectorized_multipliers_equal_quantize_multiplier_per_element() -> None:
+    """``multipliers`` (verify's per-channel path, vectorized) is ``QuantizeMultiplier`` on each
+    element, the edges included: zero, a shift below -31 (0, 0), above 30 (saturated), a
+    mantissa rounding up to 2^31 (halved, shift + 1), negative reals."""
+    import numpy as np
+
+    from etforge.runtime import tflite_int as ti
+
+    g = np.random.default_rng(0)
+    reals = np.concatenate(
+        [
+            g.uniform(1e-6, 1.0, 500),
+            np.exp(g.uniform(-30, 5, 500)),
+            [
+                0.0,
+                2.0**-40,
+                2.0**-32,
+                2.0**-31,
+                2.0**31,
+                2.0**40,
+                1 - 2.0**-34,
+                0.5 - 2.0**-35,
+                -0.3,
+                -(2.0**-35),
+            ],
+        ]
+    ).reshape(2, -1)
+    m, s = ti.multipliers(reals)
+    want = [ti.quantize_multiplier(float(r)) for r in reals.reshape(-1)]
+    assert m.shape == s.shape == reals.shape and m.dtype == s.dtype == np.int64
+    assert list(zip(m.reshape(-1).tolist(), s.reshape(-1).tolist(), strict=True)) == want

@@ -1,0 +1,93 @@
+"""Benchmark: what ``etforge verify`` costs against the compile it checks, alone and beside a busy process.
+
+Run: .venv/bin/python bench/verify_cost.py [--models mobilenet_v2_96] [--targets imxrt700cm,cortex-m33]
+                                           [--samples 32] [--busy]
+(or ``bench/verify.py --cost ...``).
+
+Per model and target, in this one run: ``etforge compile zoo:M --target T --no-cache -o OUT``
+and ``etforge verify OUT --samples N --json`` as their own processes, with the environment as
+the user has it (no ``OMP_NUM_THREADS``: the thread counts are etforge's own choice). Printed:
+each one's wall and CPU seconds (user + system of the process and its children) and
+verify ÷ compile for both (the goal: <= 1.0), and verify's seconds per step
+(``Verification.seconds``: where its time goes). ``--busy``: verify again beside one busy
+process (a Python loop that never sleeps, started first and stopped after) and the ratio of
+its CPU seconds beside it to alone (the goal: <= 1.2: no thread of verify's spins for a core
+the other process holds). Wall times follow the machine's load; the ratios come from one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+BUSY = "while True:\n    pass\n"
+
+
+def timed(argv: list[str], env: dict[str, str]) -> tuple[float, float, str]:
+    """(wall s, CPU s, stdout) of one child process; CPU = its user + system, children included."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env)
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(argv[2:6])} failed: {proc.stderr[-2000:]}")
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall, cpu, proc.stdout
+
+
+def etforge(*args: str) -> list[str]:
+    return [sys.executable, "-m", "etforge", *args]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="mobilenet_v2_96")
+    parser.add_argument("--targets", default="imxrt700cm,cortex-m33")
+    parser.add_argument("--samples", type=int, default=32)
+    parser.add_argument("--busy", action="store_true", help="verify again beside one busy process")
+    args = parser.parse_args()
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    print(
+        f"{'model':>16} {'target':>11} {'compile s':>9} {'cpu':>6} {'verify s':>8} {'cpu':>6} "
+        f"{'verify/compile wall':>19} {'cpu':>5}"
+        + (f" {'busy: verify cpu':>16} {'ratio':>5}" if args.busy else "")
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        for model in args.models.split(","):
+            for target in args.targets.split(","):
+                out = str(Path(tmp) / f"{model}-{target}")
+                c_wall, c_cpu, _ = timed(
+                    etforge("compile", f"zoo:{model}", "--target", target, "--no-cache", "-o", out), env
+                )
+                check = etforge("verify", out, "--samples", str(args.samples), "--json")
+                v_wall, v_cpu, text = timed(check, env)
+                line = (
+                    f"{model:>16} {target:>11} {c_wall:>9.1f} {c_cpu:>6.1f} {v_wall:>8.1f} {v_cpu:>6.1f} "
+                    f"{v_wall / c_wall:>18.2f}x {v_cpu / c_cpu:>4.2f}x"
+                )
+                if args.busy:
+                    busy = subprocess.Popen([sys.executable, "-c", BUSY])
+                    try:
+                        _, b_cpu, _ = timed(check, env)
+                    finally:
+                        busy.kill()
+                        busy.wait()
+                    line += f" {b_cpu:>16.1f} {b_cpu / v_cpu:>4.2f}x"
+                print(line, flush=True)
+                seconds = json.loads(text)["seconds"]
+                print(
+                    "    verify's steps (s): " + ", ".join(f"{k} {v:.1f}" for k, v in seconds.items()),
+                    flush=True,
+                )
+
+
+if __name__ == "__main__":
+    main()
