@@ -6,9 +6,10 @@ portable kernels have their own rules (``kernels/portable/cpu``):
 * ``tensors_have_same_dim_order``: a kernel's tensors are all contiguous or all channels-last
   (a 0-d or 1-D tensor counts as contiguous, and only a 4-D/5-D tensor can be channels-last),
   else the kernel fails the call;
-* ``cat``, ``slice_copy`` and the other copies in ``CONTIGUOUS_ONLY`` index their tensors with
-  leading/trailing dims as if contiguous: on non-trivial channels-last tensors they pass the
-  check and compute other values;
+* ``cat``, ``slice_copy``, ``flip`` and the other kernels in ``CONTIGUOUS_ONLY`` index their
+  tensors with leading/trailing dims (``getTrailingDims``, ``coordinateToIndex``) as if
+  contiguous: on non-trivial channels-last tensors they pass the check and compute other
+  values (``tests/test_device_conformance.py`` runs each on the device to find them);
 * a broadcasting elementwise kernel writes its output linearly as if contiguous.
 
 CMSIS-NN's convolutions (``cortex_m::``) want NHWC inputs and outputs. ``problem`` states these
@@ -35,6 +36,8 @@ CONTIGUOUS_ONLY = frozenset(
         "constant_pad_nd",
         "cumsum",
         "embedding",
+        "flip",
+        "gather",
         "index",
         "index_put",
         "index_select",
@@ -43,8 +46,10 @@ CONTIGUOUS_ONLY = frozenset(
         "native_batch_norm",
         "native_layer_norm",
         "pixel_shuffle",
+        "permute_copy",
         "pixel_unshuffle",
         "repeat",
+        "roll",
         "scatter",
         "scatter_add",
         "select_copy",
