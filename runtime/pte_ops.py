@@ -123,6 +123,20 @@ def _integer_channels_last(t: object) -> bool:
     )
 
 
+def _sqrt_out(x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """The portable kernel's ``std::sqrt`` is correctly rounded (IEEE 754); torch's vectorised
+    float sqrt is not always (1.1523602f -> 1.0734805f, the device 1.0734804f): in double, whose
+    square root rounded to float is the correctly rounded float square root."""
+    wide = torch.float64 if x.is_floating_point() and x.dtype != torch.float64 else x.dtype
+    out.copy_(torch.sqrt(x.to(wide)).to(out.dtype))
+    return out
+
+
+#: Portable kernels whose device arithmetic torch's CPU kernel does not reproduce bit for bit
+#: (found by ``tests/test_device_conformance.py``), as etforge's own host kernels.
+DEVICE_ARITHMETIC: dict[str, Callable[..., Any]] = {"aten::sqrt": _sqrt_out}
+
+
 def _has_kernel(op: torch._ops.OpOverload) -> bool:
     name = op._schema.name + (f".{op._schema.overload_name}" if op._schema.overload_name else "")
     return any(torch._C._dispatch_has_kernel_for_dispatch_key(name, k) for k in _KEYS)
@@ -150,6 +164,8 @@ def kernel(name: str, overload: str) -> Kernel:
     except (AttributeError, RuntimeError):
         raise EtforgeError(f"operator {full}: no host implementation is registered in torch") from None
     own = cortex_m_kernels.KERNELS.get(f"{ns}::{op}") if overload == "out" else None
+    if own is None and overload == "out":
+        own = DEVICE_ARITHMETIC.get(f"{ns or 'aten'}::{op}")
     if own is not None:
         return Kernel(full, target, _functional_of(packet, target), own)
     if _has_kernel(target):

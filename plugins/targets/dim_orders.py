@@ -361,7 +361,6 @@ def _refake(node: Node) -> None:
 def _contiguous_run(graph: Any, node: Node, copies: Copies) -> None:
     """Run ``node`` on contiguous copies of its inputs (``copies``: made so far, shared by
     later users); its users get its old dim order back."""
-    old = _order(_val(node))
 
     def contiguous(x: Node) -> Node:
         v = _val(x)
@@ -371,6 +370,20 @@ def _contiguous_run(graph: Any, node: Node, copies: Copies) -> None:
 
     import torch
 
+    if _val(node) is None:  # several outputs, each taken by getitem nodes
+        olds = [(u, _order(_val(u))) for u in node.users]
+        node.args = torch.fx.node.map_arg(node.args, contiguous)
+        node.kwargs = torch.fx.node.map_arg(node.kwargs, contiguous)
+        _refake(node)
+        for u, was in olds:
+            u.meta["val"] = node.meta["val"][u.args[1]]
+            if _order(_val(u)) != was:
+                users = list(u.users)
+                back = _copy(graph, u, was, after=u)
+                for w in users:
+                    w.replace_input_with(u, back)
+        return
+    old = _order(_val(node))
     node.args = torch.fx.node.map_arg(node.args, contiguous)
     node.kwargs = torch.fx.node.map_arg(node.kwargs, contiguous)
     _refake(node)
@@ -379,6 +392,39 @@ def _contiguous_run(graph: Any, node: Node, copies: Copies) -> None:
         back = _copy(graph, node, old, after=node)
         for u in users:
             u.replace_input_with(node, back)
+
+
+_DIM_ORDER_COPIES = frozenset({"dim_order_ops::_clone_dim_order", "dim_order_ops::_to_dim_order_copy"})
+
+
+def _unserializable_copy(node: Node, args: Sequence[Arg]) -> bool:
+    """A dim-order copy whose output ExecuTorch will serialize in another order than the one
+    it asks for: strides cannot tell a channels-last tensor with C == 1 (or H*W == 1) from
+    other orders, ``dim_order_from_stride`` picks e.g. (0, 2, 1, 3), and the device's
+    ``check__to_dim_order_copy_args`` fails the call. When the asked order is the contiguous
+    bytes anyway (only size-1 dims moved) the copy asks for contiguous instead (rewritten here)."""
+    want = node.kwargs.get("dim_order")
+    out = next((a for a in args if a.out), None)
+    if _op(node) not in _DIM_ORDER_COPIES or want is None or out is None or len(args) != 2:
+        return False
+    want = tuple(int(d) for d in want)
+    if out.order == want or is_contiguous(want) or not trivial(Arg("out", out.sizes, want)):
+        return False
+    node.kwargs = {**node.kwargs, "dim_order": list(range(len(want)))}
+    _refake(node)
+    return True
+
+
+def _getitems_only(node: Node) -> bool:
+    """Several tensor outputs, each read through ``getitem`` (``max.dim``, ``topk``)."""
+    import operator
+
+    vals = node.meta.get("val")
+    return (
+        isinstance(vals, (list, tuple))
+        and all(_is_tensor(v) for v in vals)
+        and all(u.op == "call_function" and u.target is operator.getitem for u in node.users)
+    )
 
 
 def _nhwc_inputs(graph: Any, node: Node, copies: Copies) -> None:
@@ -445,12 +491,17 @@ def align(ep: ExportedProgram) -> list[str]:
         args = node_args(node)
         if op is None or args is None:
             continue
+        if _unserializable_copy(node, args):
+            notes.append(
+                f"{node.name} ({op}): copied to contiguous (same bytes; its channels-last order was ambiguous)"
+            )
+            args = node_args(node) or args
         why = _view_problem(args) if _becomes_view(node) else problem(op, args)
         why = why or _legalized_later(node)
         if why is None:
             continue
         ns, _, name = op.rpartition("::")
-        if _val(node) is None:
+        if _val(node) is None and not _getitems_only(node):
             notes.append(f"{node.name} ({op}) not aligned (several outputs): {why}")
             continue
         if ns == "cortex_m" and name not in CONTIGUOUS_CORTEX_M:

@@ -159,7 +159,7 @@ def _dim_order(interp: Any, value: int) -> list[int]:
 
 def _device_bytes(t: torch.Tensor, order: list[int]) -> bytes:
     """``t``'s bytes as the program lays it out (its dim order)."""
-    return t.permute(*order).contiguous().numpy().tobytes()
+    return t.permute(tuple(order)).contiguous().numpy().tobytes()
 
 
 def _from_device(data: bytes, spec: Any, order: list[int]) -> torch.Tensor:
@@ -168,7 +168,7 @@ def _from_device(data: bytes, spec: Any, order: list[int]) -> torch.Tensor:
     )
     stored = stored.reshape([spec.sizes[d] for d in order])
     inverse = sorted(range(len(order)), key=order.__getitem__)
-    return stored.permute(*inverse)
+    return stored.permute(tuple(inverse))
 
 
 def _tensor_values(interp: Any, which: list[int], kind: str, out: Path) -> list[int]:
@@ -193,6 +193,20 @@ def run(
     report, interp = _load(out)
     _check_runnable(out, runtime, report, interp)
     batches = load_inputs(inputs, report) if inputs is not None else seeded_inputs(report, seed, samples)
+    return run_program(out, interp, batches, runtime, executorch_src, cmsis_nn_src, arena_shrink)
+
+
+def run_program(
+    out: Path,
+    interp: Any,
+    batches: list[tuple[torch.Tensor, ...]],
+    runtime: str = "qemu-m33",
+    executorch_src: str | Path | None = None,
+    cmsis_nn_src: str | Path | None = None,
+    arena_shrink: int = 0,
+) -> DeviceRun:
+    """Run ``out/model.pte`` (loaded as ``interp``, registration in ``out/codegen``) on the
+    device for each input batch; no report needed (the conformance suite's programs)."""
     in_values = _tensor_values(interp, interp.plan.inputs, "input", out)
     out_values = _tensor_values(interp, interp.plan.outputs, "output", out)
     image = build_image(out, executorch_src, cmsis_nn_src, arena_shrink)

@@ -1,0 +1,91 @@
+"""Every CPU kernel etforge's programs call, run in the firmware under QEMU (Cortex-M33) and
+compared with the host interpreter of the same ``.pte``.
+
+The cases (``runtime/firmware/conformance_cases.py``) put each operator on contiguous and
+channels-last inputs of odd sizes, with broadcasting, 0-d and one-element operands; a batch
+is one program (one image, one QEMU run) whose outputs are every case's result. The program
+goes through etforge's dim-order rewrite (``plugins/targets/dim_orders.align``), so a rule
+missing there shows as a device result other than the host's (``flip``: the portable kernel
+ignores the dim order) or a kernel failing its checks on the device (``max.dim`` with several
+outputs, a C == 1 channels-last copy). Integer and layout results must be the same bytes;
+float math-library and accumulation results agree within ``conformance.FLOAT_ULPS``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from etforge.runtime.firmware import build, conformance, device
+from etforge.runtime.firmware import conformance_cases as cases
+
+pytestmark = pytest.mark.skipif(conformance.missing() is not None, reason=str(conformance.missing()))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def firmware_cache(request: pytest.FixtureRequest) -> Iterator[Path]:
+    """The firmware build cache in pytest's cache (content-hashed: a warm run builds nothing)."""
+    root = Path(request.config.cache.mkdir("etforge-firmware"))
+    old = os.environ.get(build.ENV_CACHE)
+    os.environ[build.ENV_CACHE] = str(root)
+    yield root
+    if old is None:
+        os.environ.pop(build.ENV_CACHE, None)
+    else:
+        os.environ[build.ENV_CACHE] = old
+
+
+@pytest.mark.parametrize("group", sorted(cases.ALL))
+def test_portable_kernels_on_the_device_equal_the_host(group: str, tmp_path: Path) -> None:
+    result = conformance.run_batch(cases.ALL[group], cases.inputs(), tmp_path, samples=2)
+    assert result.failures == [], [(o.case, o.detail) for o in result.failures]
+    assert len(result.outcomes) == 2 * len(cases.ALL[group])
+    exact = [o for o in result.outcomes if not o.case.startswith(conformance.LIBM + conformance.ACCUMULATE)]
+    assert exact and all(o.detail == "" for o in exact)  # bit for bit, not within a tolerance
+
+
+def test_every_layout_kernel_saw_a_channels_last_tensor() -> None:
+    """The channels-last inputs are what the suite is about: each is channels-last in fact
+    (a contiguous tensor would hide every dim-order rule)."""
+    x = cases.inputs()
+    for name in ("cl", "cl1"):
+        assert x[name].is_contiguous(memory_format=torch.channels_last) and not x[name].is_contiguous()
+    assert x["s"].dim() == 0 and x["one"].numel() == 1
+
+
+class _ConvFlipConv(torch.nn.Module):
+    """The issue's case: conv -> ``torch.flip`` (a portable kernel between CMSIS-NN convs)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.c1 = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.c2 = torch.nn.Conv2d(8, 16, 3, padding=1)
+        self.fc = torch.nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(self.c1(x))
+        x = torch.flip(x, [3])
+        x = torch.relu(self.c2(x))
+        return self.fc(torch.nn.functional.adaptive_avg_pool2d(x, 1).flatten(1))
+
+
+def test_conv_flip_conv_is_bit_exact_on_cortex_m33(tmp_path: Path) -> None:
+    """Was 0/3 on the device (the portable flip flipped the wrong axis of NHWC tensors) while
+    the host interpreter passed."""
+    import etforge
+
+    torch.manual_seed(0)
+    calibration = [(torch.randn(1, 3, 16, 16),) for _ in range(8)]
+    compiled = etforge.compile(
+        _ConvFlipConv().eval(), calibration[0], target="cortex-m33", calibration=calibration
+    )
+    assert any("kernel call(s) changed" in n for n in compiled.report["notes"]), compiled.report["notes"]
+    out = compiled.save(tmp_path / "flip")
+    compiled.codegen(out / "codegen")
+    v = device.verify(out, "qemu-m33", samples=3)
+    assert v.failures == [] and v.identical == 3, v.failures
