@@ -89,3 +89,63 @@ def test_conv_flip_conv_is_bit_exact_on_cortex_m33(tmp_path: Path) -> None:
     compiled.codegen(out / "codegen")
     v = device.verify(out, "qemu-m33", samples=3)
     assert v.failures == [] and v.identical == 3, v.failures
+
+
+class _Kitchen(torch.nn.Module):
+    """Every ``cortex_m`` kernel ExecuTorch 1.5 registers, on odd sizes (7x9 input, 5 and 8
+    channels), broadcasting operands and NHWC tensors, plus the portable ops between them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.c = torch.nn.Conv2d(3, 8, 3, stride=2, padding=1)
+        self.d = torch.nn.Conv2d(8, 8, 3, padding=1, groups=8)
+        self.p = torch.nn.Conv2d(3, 5, 1)
+        self.t = torch.nn.ConvTranspose2d(5, 4, 2, stride=2)
+        self.fc = torch.nn.Linear(8 * 4 * 5, 6)
+        self.scale = torch.nn.Parameter(torch.randn(1, 5, 1, 1))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        F = torch.nn.functional
+        a = F.relu(self.c(x))
+        b = F.relu6(self.d(a)) + a
+        p = self.p(x)
+        q = p * self.scale + p
+        bf = b.flatten(2)
+        y = self.fc(b.flatten(1))
+        return (
+            torch.maximum(p, q),
+            torch.minimum(p, q * 0.5),
+            torch.matmul(bf, bf.transpose(1, 2)),
+            p / (q.abs() + 1.0),
+            y,
+            F.hardswish(torch.cat([b, torch.flip(b, [2])], 1)),
+            F.avg_pool2d(q, 2),
+            torch.sigmoid(self.t(F.max_pool2d(q, 3, 2, 1))),
+            torch.softmax(y, -1),
+            q.transpose(1, 3) * 0.5,
+        )
+
+
+def test_every_cortex_m_kernel_is_bit_exact_on_the_device(tmp_path: Path) -> None:
+    """One cortex-m33 program calling each ``cortex_m`` op of ExecuTorch's operators.yaml."""
+    import yaml
+
+    import etforge
+    from etforge.runtime.firmware import sources
+
+    torch.manual_seed(0)
+    calibration = [(torch.randn(1, 3, 7, 9),) for _ in range(8)]
+    compiled = etforge.compile(
+        _Kitchen().eval(), calibration[0], target="cortex-m33", calibration=calibration
+    )
+    out = compiled.save(tmp_path / "kitchen")
+    compiled.codegen(out / "codegen")
+    used = set(sources.selected_operators(out / "codegen" / "selected_operators.yaml"))
+    registered = yaml.safe_load(
+        (sources.locate().executorch / "backends/cortex_m/ops/operators.yaml").read_text()
+    )
+    every = {e["func"].split("(", 1)[0] for e in registered}
+    assert every <= used, sorted(every - used)
+    v = device.verify(out, "qemu-m33", samples=2)
+    assert v.failures == [] and v.identical == 2, v.failures

@@ -35,6 +35,7 @@ CONTIGUOUS_ONLY = frozenset(
         "cat",
         "constant_pad_nd",
         "cumsum",
+        "dequantize_per_channel",
         "embedding",
         "flip",
         "gather",
@@ -48,6 +49,7 @@ CONTIGUOUS_ONLY = frozenset(
         "pixel_shuffle",
         "permute_copy",
         "pixel_unshuffle",
+        "quantize_per_channel",
         "repeat",
         "roll",
         "scatter",
@@ -110,6 +112,11 @@ UNCHECKED: dict[str, frozenset[str]] = {
     # each tensor alone contiguous or channels-last (check_max_pool2d_with_indices_args)
     "max_pool2d_with_indices": frozenset({"self", "out", "indices"}),
     "_to_dim_order_copy": frozenset({"self"}),
+    # quantized_decomposed: the quantization parameters are 0-d / 1-D tensors
+    "quantize_per_tensor": frozenset({"scale", "zero_point"}),
+    "dequantize_per_tensor": frozenset({"scale", "zero_point"}),
+    "quantize_per_channel": frozenset({"scales", "zero_points"}),
+    "dequantize_per_channel": frozenset({"scales", "zero_points"}),
     "_clone_dim_order": frozenset({"self"}),
 }
 
@@ -129,8 +136,9 @@ NHWC_ONLY = frozenset(
 #: walks the sizes it is given): their input and output must be contiguous.
 CONTIGUOUS_CORTEX_M = frozenset({"transpose"})
 
-#: Namespaces of ExecuTorch's portable kernels.
-PORTABLE = frozenset({"aten", "dim_order_ops"})
+#: Namespaces of ExecuTorch's portable kernels and its quantized kernels (``kernels/quantized``:
+#: the per-channel ones find a value's channel as if contiguous, ``(i / block) % C``).
+PORTABLE = frozenset({"aten", "dim_order_ops", "quantized_decomposed"})
 
 
 @dataclass(frozen=True)

@@ -105,6 +105,7 @@ class _Batch(torch.nn.Module):
 
 def build_program(cases: Sequence[Case], inputs: dict[str, torch.Tensor], out: Path) -> list[str]:
     """``out/model.pte`` and ``out/codegen`` for the batch; returns align's notes."""
+    import executorch.kernels.quantized  # noqa: F401  (out variants of quantized_decomposed ops)
     from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig, to_edge
 
     from etforge.codegen.generate import generate

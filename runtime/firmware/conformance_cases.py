@@ -163,3 +163,49 @@ COMPUTE = [
 ]
 
 ALL = {"elementwise": ELEMENTWISE, "reductions": REDUCTIONS, "layout": LAYOUT, "compute": COMPUTE}
+
+
+def _q(x: torch.Tensor) -> torch.Tensor:
+    return torch.ops.quantized_decomposed.quantize_per_tensor(x, 0.02, 3, -128, 127, torch.int8)
+
+
+def _dq(q: torch.Tensor) -> torch.Tensor:
+    return torch.ops.quantized_decomposed.dequantize_per_tensor(q, 0.02, 3, -128, 127, torch.int8)
+
+
+_QS = (torch.rand(3, generator=_g) * 0.05 + 0.01).double()  # the kernel takes double scales
+_QZ = torch.tensor([0, -3, 5])
+
+#: ExecuTorch's quantized kernels (``quantized_decomposed``, the NPU targets' CPU side) and the
+#: portable kernels on the int8 tensors between them.
+QUANTIZED = [
+    _c("quantize_cl", _q, "cl"),
+    _c("quantize_s", _q, "s"),
+    _c("dequantize_cl", lambda x: _dq(_q(x)), "cl"),
+    _c(
+        "quantize_per_channel_cl",
+        lambda x: torch.ops.quantized_decomposed.quantize_per_channel(x, _QS, _QZ, 1, -128, 127, torch.int8),
+        "cl",
+    ),
+    _c(
+        "dequantize_per_channel_cl",
+        lambda x: torch.ops.quantized_decomposed.dequantize_per_channel(
+            torch.ops.quantized_decomposed.quantize_per_channel(x, _QS, _QZ, 1, -128, 127, torch.int8),
+            _QS,
+            _QZ,
+            1,
+            -128,
+            127,
+            torch.int8,
+        ),
+        "cl",
+    ),
+    _c("int8_flip_cl", lambda x: torch.flip(_q(x), [3]), "cl"),
+    _c("int8_cat_cl", lambda x, y: torch.cat([_q(x), _q(y)], 1), "cl", "c4"),
+    _c("int8_max_pool_cl", lambda x: F.max_pool2d(_q(x), 2), "cl"),
+    _c("int8_permute_cl", lambda x: _q(x).permute(0, 3, 1, 2).contiguous(), "cl"),
+    _c("int8_slice_cl", lambda x: _q(x)[:, :, 1:4, ::2], "cl"),
+    _c("int8_relu_cl", lambda x: torch.relu(_q(x)), "cl"),
+]
+
+ALL["quantized"] = QUANTIZED
