@@ -149,3 +149,21 @@ def test_every_cortex_m_kernel_is_bit_exact_on_the_device(tmp_path: Path) -> Non
     assert every <= used, sorted(every - used)
     v = device.verify(out, "qemu-m33", samples=2)
     assert v.failures == [] and v.identical == 2, v.failures
+
+
+def test_program_too_large_for_the_emulated_memory_names_the_buffer(tmp_path: Path) -> None:
+    """Refused before anything is built, naming the arena that does not fit."""
+    import re
+
+    import etforge
+    from etforge.core.common.errors import EtforgeError
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 4)).eval()
+    example = (torch.randn(1, 8),)
+    compiled = etforge.compile(model, example, target="cortex-m33", calibration=[example])
+    out = compiled.save(tmp_path / "big")
+    compiled.codegen(out / "codegen")
+    header = out / "codegen" / "etforge_model.h"
+    header.write_text(re.sub(r"(kArenaBytes\[1\] = \{ )\d+", r"\g<1>20000000", header.read_text()))
+    with pytest.raises(EtforgeError, match=r"planned arena memory id 1 \(20000000 bytes\) does not fit"):
+        build.build_image(out)

@@ -197,6 +197,34 @@ def model_namespace(header: Path) -> str:
     return m.group(1)
 
 
+#: The emulated RAM the image's data, arena, pools, heap and stack share (``files/an505.ld``:
+#: mps2-an505's PSRAM), and what the runner takes beside the arena (``files/runner.cpp``:
+#: method and temp pools of 1 MiB each, stack and runtime state).
+PSRAM_BYTES = 16 << 20
+RUNNER_BYTES = (2 << 20) + (256 << 10)
+
+
+def check_fits(header: Path, pte_bytes: int) -> None:
+    """One line naming the buffer when the program cannot fit the emulated memory: the
+    planned arenas (static), then the ``.pte`` the runner reads into the heap."""
+    text = header.read_text()
+    m = re.search(r"kArenaBytes\[\d+\]\s*=\s*\{([^}]*)\}", text)
+    arenas = [int(x) for x in re.findall(r"\d+", m.group(1))] if m else []
+    free = PSRAM_BYTES - RUNNER_BYTES
+    for i, n in enumerate(arenas):
+        if n > free:
+            raise EtforgeError(
+                f"{header}: planned arena memory id {i + 1} ({n} bytes) does not fit the emulated "
+                f"{PSRAM_BYTES >> 20} MiB PSRAM of mps2-an505 ({free} bytes free beside the runner's pools)"
+            )
+        free -= n
+    if pte_bytes > free:
+        raise EtforgeError(
+            f"{header.parent.parent / 'model.pte'} ({pte_bytes} bytes) does not fit the emulated PSRAM "
+            f"beside the planned arenas ({free} bytes left)"
+        )
+
+
 def build_image(
     out: Path,
     executorch_src: str | Path | None = None,
@@ -210,6 +238,8 @@ def build_image(
     for f in (header, registration):
         if not f.is_file():
             raise EtforgeError(f"{f}: missing; run etforge codegen {out / 'model.pte'} -o {gen}")
+    pte = out / "model.pte"
+    check_fits(header, pte.stat().st_size if pte.is_file() else 0)
     src = locate(executorch_src, cmsis_nn_src)
     root = root or cache_root()
     t0 = time.monotonic()
