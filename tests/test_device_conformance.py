@@ -167,3 +167,17 @@ def test_program_too_large_for_the_emulated_memory_names_the_buffer(tmp_path: Pa
     header.write_text(re.sub(r"(kArenaBytes\[1\] = \{ )\d+", r"\g<1>20000000", header.read_text()))
     with pytest.raises(EtforgeError, match=r"planned arena memory id 1 \(20000000 bytes\) does not fit"):
         build.build_image(out)
+
+
+def test_an_emulator_over_its_timeout_is_stopped_and_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``$ETFORGE_QEMU_TIMEOUT`` bounds each QEMU run; past it QEMU is killed and one line says so."""
+    from etforge.core.common.errors import EtforgeError
+    from etforge.runtime.firmware import qemu
+
+    result = conformance.run_batch(cases.ALL["quantized"][:1], cases.inputs(), tmp_path)  # builds the image
+    assert not result.failures
+    monkeypatch.setenv(qemu.ENV_TIMEOUT, "0.001")
+    with pytest.raises(EtforgeError, match=r"QEMU did not finish .* within 0.001 s and was stopped"):
+        conformance.run_batch(cases.ALL["quantized"][:1], cases.inputs(), tmp_path)

@@ -10,6 +10,7 @@ image measures on a loop of known length before the model runs.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -22,8 +23,23 @@ from etforge.core.common.errors import EtforgeError
 MACHINE = ("-M", "mps2-an505", "-cpu", "cortex-m33")
 #: What the instruction figures are (printed beside every one of them).
 INSTRUCTION_LABEL = "emulator instruction count (QEMU -icount), not device cycles"
-#: Seconds one QEMU run may take before it is treated as hung (a wedged image never exits).
+#: Seconds one QEMU run may take before it is killed and treated as hung (a wedged image never
+#: exits); ``$ETFORGE_QEMU_TIMEOUT`` overrides it.
 TIMEOUT_SECONDS = 1800
+ENV_TIMEOUT = "ETFORGE_QEMU_TIMEOUT"
+
+
+def timeout_seconds() -> float:
+    raw = os.environ.get(ENV_TIMEOUT)
+    if not raw:
+        return TIMEOUT_SECONDS
+    try:
+        value = float(raw)
+    except ValueError:
+        raise EtforgeError(f"${ENV_TIMEOUT}={raw!r}: not a number of seconds") from None
+    if value <= 0:
+        raise EtforgeError(f"${ENV_TIMEOUT}={raw!r}: must be positive")
+    return value
 
 
 @dataclass
@@ -64,10 +80,14 @@ def run(
         "-semihosting-config", "enable=on,target=native", "-kernel", str(elf.resolve()),
         "-append", f"{pte_name} {samples}",
     ]  # fmt: skip
+    limit = timeout_seconds()
     try:
-        proc = subprocess.run(cmd, cwd=workdir, capture_output=True, timeout=TIMEOUT_SECONDS)
-    except subprocess.TimeoutExpired as e:
-        raise EtforgeError(f"QEMU did not finish {elf} within {TIMEOUT_SECONDS} s (hung image?)") from e
+        proc = subprocess.run(cmd, cwd=workdir, capture_output=True, timeout=limit)
+    except subprocess.TimeoutExpired as e:  # subprocess.run has killed QEMU
+        raise EtforgeError(
+            f"QEMU did not finish {elf} within {limit:g} s and was stopped (hung image? a longer "
+            f"program needs a larger ${ENV_TIMEOUT})"
+        ) from e
     stdout = proc.stdout.decode(errors="replace")  # a log line may carry a tensor's raw bytes
     log = stdout + proc.stderr.decode(errors="replace")
     result = QemuRun(log=log)
