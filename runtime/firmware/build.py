@@ -231,8 +231,10 @@ def build_image(
     cmsis_nn_src: str | Path | None = None,
     arena_shrink: int = 0,
     root: Path | None = None,
+    partitions: list[tuple[str, bytes]] | None = None,
 ) -> Image:
-    """The image running ``out``'s program with its generated registration (built when missing)."""
+    """The image running ``out``'s program with its generated registration (built when missing);
+    with ``partitions`` (name, LiteRT flatbuffer) the TFLM delegate runs them on the CPU."""
     gen = out / "codegen"
     header, registration = gen / "etforge_model.h", gen / "etforge_model_kernels.cpp"
     for f in (header, registration):
@@ -250,21 +252,46 @@ def build_image(
     defs = [f"-DETFORGE_MODEL_NS={model_namespace(header)}"]
     if arena_shrink:
         defs.append(f"-DETFORGE_ARENA_SHRINK={int(arena_shrink)}")
+    extra: list[str] = []
+    ops_header = ""
+    if partitions:
+        from etforge.runtime.firmware import tflm
+
+        tsrc = tflm.locate_tflm()
+        tlib, tkey, tbuilt = tflm.build_library(tsrc, src.cmsis_nn, root)
+        if tbuilt:
+            lib_built = True
+        ops = sorted({op for _, model in partitions for op in tflm.partition_ops(model)})
+        ops_header = tflm.resolver_header(ops)
+        kobjs = tflm.kernel_objects(tsrc, src.cmsis_nn, tlib, ops)
+        defs += ["-DETFORGE_ALLOW_HOST_ONLY", "-DETFORGE_TFLM_PARTITIONS"]
+        flags = " ".join(t for t in tflm.compile_flags(tsrc, src.cmsis_nn).split() if "HEADER_FILE" not in t)
+        extra = [
+            f"EXTRA_SRC={files_dir() / 'tflm_delegate.cpp'}",
+            f"EXTRA_CXXFLAGS={flags}",
+            f"EXTRA_LIBS={' '.join(map(str, kobjs))} {tlib / 'libtflm.a'} {tlib / 'libcmsis_nn_int.a'}",
+        ]
+        defs.append(f"-DETFORGE_TFLM_KEY={tkey}")
     h = hashlib.sha256(f"etforge-firmware-image {RECIPE_VERSION}\0{lib_key}\0".encode())
     for f in (header, registration, files_dir() / "runner.cpp", files_dir() / "firmware.mk"):
         h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+    if partitions:
+        h.update((files_dir() / "tflm_delegate.cpp").read_bytes() + ops_header.encode())
     h.update("\0".join(kernels + defs).encode())
     key = h.hexdigest()[:20]
     img = root / "images" / key
     elf = img / "runner.elf"
-    built = ["libraries"] if lib_built else []
+    built = ["libraries"] if lib_built else []  # (the TFLM library included)
     with _locked(root / "images" / f"{key}.lock"):
         if not elf.is_file():
+            if ops_header:
+                img.mkdir(parents=True, exist_ok=True)
+                (img / "etforge_tflm_ops.h").write_text(ops_header)
             with _locked(root / f"libs-{lib_key}.lock"):  # kernel objects go into the library dir
                 _make(
                     _lib_vars(src, lib, lib / "include")
                     + [f"IMG={img}", f"GEN={gen.resolve()}", f"KERNELS={' '.join(kernels)}",
-                       f"IMG_DEFS={' '.join(defs)}", "image"],
+                       f"IMG_DEFS={' '.join(defs)}", *extra, "image"],
                     f"image for {out}",
                 )  # fmt: skip
             built.append("image")

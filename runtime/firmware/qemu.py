@@ -51,6 +51,8 @@ class QemuRun:
     method_allocator_bytes: int = 0
     #: First sample: (event name, ticks) per event ExecuTorch's event tracer profiled, in order.
     events: list[tuple[str, int]] = field(default_factory=list)
+    #: Per host-only partition run in TFLite Micro on the CPU: (TFLM arena bytes, bytes used).
+    tflm_arenas: list[tuple[int, int]] = field(default_factory=list)
     log: str = ""
 
     @property
@@ -102,6 +104,8 @@ def run(
             result.ticks.append(int(m.group(2)))
         elif m := re.match(r"etforge: event \d+ (\S+) (\d+) ticks", line):
             result.events.append((m.group(1), int(m.group(2))))
+        elif m := re.match(r"etforge: tflm partition \d+ arena (\d+) bytes used (\d+) bytes", line):
+            result.tflm_arenas.append((int(m.group(1)), int(m.group(2))))
         elif m := re.match(r"etforge: method allocator (\d+) bytes", line):
             result.method_allocator_bytes = int(m.group(1))
     if "etforge: ok" not in stdout:
