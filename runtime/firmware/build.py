@@ -266,6 +266,7 @@ def build_image(
         kobjs = tflm.kernel_objects(tsrc, src.cmsis_nn, tlib, ops)
         defs += ["-DETFORGE_ALLOW_HOST_ONLY", "-DETFORGE_TFLM_PARTITIONS"]
         flags = " ".join(t for t in tflm.compile_flags(tsrc, src.cmsis_nn).split() if "HEADER_FILE" not in t)
+        flags += f" -I{files_dir() / 'tflm_shim'}"
         extra = [
             f"EXTRA_SRC={files_dir() / 'tflm_delegate.cpp'}",
             f"EXTRA_CXXFLAGS={flags}",
@@ -276,7 +277,7 @@ def build_image(
     for f in (header, registration, files_dir() / "runner.cpp", files_dir() / "firmware.mk"):
         h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
     if partitions:
-        h.update((files_dir() / "tflm_delegate.cpp").read_bytes() + ops_header.encode())
+        h.update((files_dir() / "tflm_delegate.cpp").read_bytes() + ops_header.encode() + flags.encode())
     h.update("\0".join(kernels + defs).encode())
     key = h.hexdigest()[:20]
     img = root / "images" / key

@@ -74,7 +74,8 @@ REG  ?= etforge_model_kernels.cpp
 KERNELS ?=
 IMG_DEFS ?=
 KOBJS := $(call o,$(KERNELS))
-# A delegate backend's sources (compiled with EXTRA_CXXFLAGS, -I$(IMG) for generated headers)
+# A delegate backend's sources (EXTRA_CXXFLAGS first: its include paths win, e.g. TFLM's
+# FlatBuffers over ExecuTorch's; -I$(IMG) for generated headers)
 # and the libraries they need (build.py passes them: the TFLM partitions' backend).
 EXTRA_SRC ?=
 EXTRA_CXXFLAGS ?=
@@ -82,7 +83,7 @@ EXTRA_LIBS ?=
 XOBJS := $(addprefix $(IMG)/extra/,$(notdir $(EXTRA_SRC:.cpp=.o)))
 vpath %.cpp $(sort $(dir $(EXTRA_SRC)))
 $(IMG)/extra/%.o: %.cpp
-	@mkdir -p $(dir $@); $(CXX) $(CXXFLAGS) -I$(GEN) -I$(IMG) $(IMG_DEFS) $(EXTRA_CXXFLAGS) -c $< -o $@
+	@mkdir -p $(dir $@); $(CXX) $(EXTRA_CXXFLAGS) $(CXXFLAGS) -I$(GEN) -I$(IMG) $(IMG_DEFS) -c $< -o $@
 image: $(IMG)/runner.elf
 $(IMG)/registration.o: $(GEN)/$(REG)
 	@mkdir -p $(dir $@); $(CXX) $(CXXFLAGS) -I$(GEN) $(IMG_DEFS) -c $< -o $@
