@@ -266,7 +266,6 @@ def build_image(
         kobjs = tflm.kernel_objects(tsrc, src.cmsis_nn, tlib, ops)
         defs += ["-DETFORGE_ALLOW_HOST_ONLY", "-DETFORGE_TFLM_PARTITIONS"]
         flags = " ".join(t for t in tflm.compile_flags(tsrc, src.cmsis_nn).split() if "HEADER_FILE" not in t)
-        flags += f" -I{files_dir() / 'tflm_shim'}"
         extra = [
             f"EXTRA_SRC={files_dir() / 'tflm_delegate.cpp'}",
             f"EXTRA_CXXFLAGS={flags}",

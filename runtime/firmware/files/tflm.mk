@@ -22,7 +22,7 @@ DEFS := -DTF_LITE_STATIC_MEMORY -DTF_LITE_DISABLE_X86_NEON -DCMSIS_NN -DKERNELS_
   -DTF_LITE_MCU_DEBUG_LOG -DCPU_M33=1 -DCMSIS_DEVICE_ARM_CORTEX_M_XX_HEADER_FILE=\"ARMCM33.h\" -DARMCM33 \
   -DARM_NN_ENABLE_F16=0 -DARM_NN_ENABLE_F32=0 -Dflatbuffers=etforge_tflm_flatbuffers
 INCS := -I$(T) -I$(D)/flatbuffers/include -I$(D)/gemmlowp -I$(D)/ruy -I$(D)/cmsis/Cortex_DFP/Device/ARMCM33/Include \
-  -I$(D)/cmsis/CMSIS/Core/Include -I$(NN) -I$(NN)/Include
+  -I$(D)/cmsis/CMSIS/Core/Include -I$(NN) -I$(NN)/Include -I$(HERE)tflm_shim
 COMMON := $(CPU) -fno-unwind-tables -fno-asynchronous-unwind-tables -ffunction-sections -fdata-sections \
   -fmessage-length=0 -fomit-frame-pointer -funsigned-char $(DEFS)
 TFLM_CXXFLAGS := $(COMMON) -std=c++17 -fno-rtti -fno-exceptions -fno-threadsafe-statics -Wno-psabi $(INCS)
