@@ -79,3 +79,13 @@ def test_verify_cli_says_where_partitions_ran(cifarnet: Path) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "in TensorFlow Lite Micro with CMSIS-NN (--cpu-partitions), not on the NPU" in proc.stdout
     assert "CPU side" in proc.stdout
+
+
+def test_imxrt700_program_with_partitions_in_tflm_is_bit_exact(tmp_path: Path) -> None:
+    """The other NPU target: ds_cnn (depthwise-separable convs) for imxrt700, through the CLI."""
+    out = tmp_path / "ds_cnn"
+    proc = run_cli("compile", "zoo:ds_cnn", "--target", "imxrt700", "-o", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    proc = run_cli("verify", str(out), "--runtime", "qemu-m33", "--samples", "2", "--cpu-partitions")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "2/2 samples" in proc.stdout and "verify passed on qemu-m33" in proc.stdout
