@@ -7,8 +7,10 @@ be the same bytes, and the buffers ExecuTorch planned on the device to be the ar
 ``report.json`` states.
 
 Programs with NPU partitions need their delegate's device runtime linked into the image;
-``DELEGATE_BACKENDS`` is where such a backend is registered (none is today: the Neutron
-runtime comes with NXP's SDK), and a program whose delegates have none is refused before
+``DELEGATE_BACKENDS`` is where such a backend is registered (none is: the Neutron runtime comes
+with NXP's SDK). With ``cpu_partitions`` (an explicit opt-in) host-only LiteRT partitions run in
+TensorFlow Lite Micro on the CPU instead (``tflm.py``) and ``verify`` compares them with LiteRT's
+reference kernels; Neutron microcode, or partitions without the opt-in, are refused before
 anything is built.
 """
 
