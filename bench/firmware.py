@@ -2,7 +2,7 @@
 ExecuTorch's C++ runtime with CMSIS-NN on QEMU's mps2-an505 (Cortex-M33), bit for bit against
 etforge's host interpreter (``etforge verify OUT --runtime qemu-m33``).
 
-Run: .venv/bin/python bench/firmware.py [--samples 3] [--only NAME ...] [--markdown]
+Run: .venv/bin/python bench/firmware.py [--samples 3] [--only NAME ...] [--torchvision] [--markdown]
 
 Per program: identical samples / samples, instructions per inference (QEMU's ``-icount``: an
 emulator count, not device cycles), the arena ExecuTorch planned on the device beside
@@ -33,14 +33,28 @@ from support import THIRD_PARTY  # noqa: E402
 os.environ.setdefault("ETFORGE_EXECUTORCH_SRC", str(THIRD_PARTY / "executorch"))
 os.environ.setdefault("ETFORGE_CMSIS_NN_SRC", str(THIRD_PARTY / "cmsis-nn"))
 
+#: Input side of the torchvision rows (as tests/test_firmware_torchvision.py).
+TORCHVISION_RESOLUTION = 64
 
-def programs() -> list[tuple[str, Any]]:
-    """(name, builder of (model, example, calibration)) for every zoo model and family."""
+
+def programs(torchvision: bool = False) -> list[tuple[str, Any]]:
+    """(name, builder of (model, example, calibration)) for every zoo model and family, and
+    with ``torchvision`` every torchvision family (tests/models/torchvision_families.py)."""
     out: list[tuple[str, Any]] = []
     for name in zoo.ZOO:
         out.append((f"zoo:{name}", lambda n=name: (*zoo.build(n), zoo.calibration(n, 4))))
     for family in FAMILIES:
         out.append((family, lambda f=family: build(f)))
+    if torchvision:
+        from models import torchvision_families as tv
+
+        for name in tv.FAMILIES:
+            out.append(
+                (
+                    f"torchvision:{name}",
+                    lambda n=name: tv.build(n, resolution=TORCHVISION_RESOLUTION, calibration=4),
+                )
+            )
     return out
 
 
@@ -64,11 +78,12 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=3)
     parser.add_argument("--only", nargs="*", default=None)
     parser.add_argument("--markdown", action="store_true")
+    parser.add_argument("--torchvision", action="store_true", help="also every torchvision family")
     args = parser.parse_args()
     chosen = [
         (n, m)
-        for n, m in programs()
-        if not args.only or n in args.only or n.removeprefix("zoo:") in args.only
+        for n, m in programs(args.torchvision)
+        if not args.only or n in args.only or n.split(":", 1)[-1] in args.only
     ]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -17,7 +17,15 @@ from etforge.cli.common import (
 
 
 def firmware_source_options(f: Any) -> Any:
-    """--executorch-src / --cmsis-nn-src: the sources a firmware image is built from."""
+    """--executorch-src / --cmsis-nn-src: the sources a firmware image is built from;
+    --cpu-partitions: the opt-in that runs host-only NPU partitions in TFLM on the CPU."""
+    f = click.option(
+        "--cpu-partitions",
+        is_flag=True,
+        help="Run an imxrt700/imxrt700cm program's host-only NPU partitions in TensorFlow Lite Micro "
+        "with CMSIS-NN on the Cortex-M33 (not the NPU; TFLM from $ETFORGE_TFLM_SRC / $ETFORGE_TFLM_DEPS, "
+        "else ../shared/third_party); verify compares them with LiteRT's reference kernels.",
+    )(f)
     f = click.option(
         "--cmsis-nn-src",
         default=None,
@@ -33,7 +41,14 @@ def firmware_source_options(f: Any) -> Any:
 
 
 def verify_on_device(
-    out: Any, runtime: str, samples: int, seed: int, et_src: str | None, nn_src: str | None, as_json: bool
+    out: Any,
+    runtime: str,
+    samples: int,
+    seed: int,
+    et_src: str | None,
+    nn_src: str | None,
+    as_json: bool,
+    cpu_partitions: bool = False,
 ) -> None:
 
     from etforge.runtime.firmware.sources import locate
@@ -43,8 +58,9 @@ def verify_on_device(
 
     with console.status(f"building the firmware image and running {out} on {runtime} ..."):
         v = device.verify(
-            out, runtime, samples=samples, seed=seed, executorch_src=et_src, cmsis_nn_src=nn_src
-        )
+            out, runtime, samples=samples, seed=seed, executorch_src=et_src, cmsis_nn_src=nn_src,
+            cpu_partitions=cpu_partitions,
+        )  # fmt: skip
     if as_json:
         click.echo(json.dumps({**dataclasses.asdict(v), "ok": v.ok}, indent=2, default=str))
         sys.exit(0 if v.ok else 1)
@@ -98,6 +114,7 @@ def run_cmd(
     as_json: bool,
     executorch_src: str | None,
     cmsis_nn_src: str | None,
+    cpu_partitions: bool = False,
 ) -> None:
     """Build (once, cached) a firmware image of OUT's program and run it on an emulated device."""
     from pathlib import Path
@@ -112,7 +129,7 @@ def run_cmd(
     with console.status(f"building the firmware image and running {out_dir} on {runtime} ..."):
         dev = device.run(
             Path(out_dir), runtime, samples=samples, inputs=Path(inputs) if inputs else None, seed=seed,
-            executorch_src=executorch_src, cmsis_nn_src=cmsis_nn_src,
+            executorch_src=executorch_src, cmsis_nn_src=cmsis_nn_src, cpu_partitions=cpu_partitions,
         )  # fmt: skip
     if save is not None:
         summary.save_outputs(dev, Path(save))

@@ -141,6 +141,7 @@ def verify(
     runtime: str = "host",
     executorch_src: str | None = None,
     cmsis_nn_src: str | None = None,
+    cpu_partitions: bool = False,
 ) -> None:
     """Run OUT's program on the host (NPU partitions in LiteRT) and compare with torch.
 
@@ -151,7 +152,9 @@ def verify(
     if runtime != "host":
         if script_model is not None:
             raise click.UsageError("--runtime qemu-m33 verifies an OUT directory, not a script's .pte")
-        verify_on_device(Path(out_dir), runtime, samples, seed, executorch_src, cmsis_nn_src, as_json)
+        verify_on_device(
+            Path(out_dir), runtime, samples, seed, executorch_src, cmsis_nn_src, as_json, cpu_partitions
+        )
         return
     reg = obj.registry
     script = _script_pte(

@@ -72,6 +72,8 @@ class Kernel:
         pos = [a for s, a in zip(schema_args, args, strict=True) if not s.kwarg_only]
         kw = {s.name: a for s, a in zip(schema_args, args, strict=True) if s.kwarg_only}
         if self.functional is None:
+            if self.name.startswith(_STRIDE_BLIND) and any(_strided(a) for a in args):
+                return self._contiguous(args)
             try:
                 return self.overload(*pos, **kw)
             except RuntimeError:
@@ -113,6 +115,16 @@ class Kernel:
         return planned_outs[0] if len(planned_outs) == 1 else tuple(planned_outs)
 
 
+#: Host out-variant kernels that read and write memory linearly, ignoring the tensors'
+#: strides (ExecuTorch's AOT ``quantized_decomposed`` kernels: on channels-last tensors they
+#: wrote other values than the device's, found by ``tests/test_device_conformance.py``).
+_STRIDE_BLIND = ("quantized_decomposed::",)
+
+
+def _strided(t: object) -> bool:
+    return isinstance(t, torch.Tensor) and t.dim() == 4 and not t.is_contiguous()
+
+
 def _integer_channels_last(t: object) -> bool:
     return (
         isinstance(t, torch.Tensor)
@@ -121,6 +133,20 @@ def _integer_channels_last(t: object) -> bool:
         and not t.is_contiguous()
         and t.is_contiguous(memory_format=torch.channels_last)
     )
+
+
+def _sqrt_out(x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """The portable kernel's ``std::sqrt`` is correctly rounded (IEEE 754); torch's vectorised
+    float sqrt is not always (1.1523602f -> 1.0734805f, the device 1.0734804f): in double, whose
+    square root rounded to float is the correctly rounded float square root."""
+    wide = torch.float64 if x.is_floating_point() and x.dtype != torch.float64 else x.dtype
+    out.copy_(torch.sqrt(x.to(wide)).to(out.dtype))
+    return out
+
+
+#: Portable kernels whose device arithmetic torch's CPU kernel does not reproduce bit for bit
+#: (found by ``tests/test_device_conformance.py``), as etforge's own host kernels.
+DEVICE_ARITHMETIC: dict[str, Callable[..., Any]] = {"aten::sqrt": _sqrt_out}
 
 
 def _has_kernel(op: torch._ops.OpOverload) -> bool:
@@ -150,6 +176,8 @@ def kernel(name: str, overload: str) -> Kernel:
     except (AttributeError, RuntimeError):
         raise EtforgeError(f"operator {full}: no host implementation is registered in torch") from None
     own = cortex_m_kernels.KERNELS.get(f"{ns}::{op}") if overload == "out" else None
+    if own is None and overload == "out":
+        own = DEVICE_ARITHMETIC.get(f"{ns or 'aten'}::{op}")
     if own is not None:
         return Kernel(full, target, _functional_of(packet, target), own)
     if _has_kernel(target):

@@ -17,6 +17,9 @@ from support import THIRD_PARTY as _THIRD_PARTY  # noqa: E402
 if (_THIRD_PARTY / "executorch").is_dir():
     os.environ.setdefault("ETFORGE_EXECUTORCH_SRC", str(_THIRD_PARTY / "executorch"))
     os.environ.setdefault("ETFORGE_CMSIS_NN_SRC", str(_THIRD_PARTY / "cmsis-nn"))
+if (_THIRD_PARTY / "tflite-micro").is_dir():
+    os.environ.setdefault("ETFORGE_TFLM_SRC", str(_THIRD_PARTY / "tflite-micro"))
+    os.environ.setdefault("ETFORGE_TFLM_DEPS", str(_THIRD_PARTY / "tflm-deps"))
 # CI runs two workers (-n 2) on two cores: one numeric thread each, here and in every CLI
 # subprocess, so no OpenMP pool spin-waits for the core the other worker holds (issue 47).
 # A test of the thread count's effect sets it itself (test_determinism).

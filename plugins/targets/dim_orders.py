@@ -6,9 +6,10 @@ portable kernels have their own rules (``kernels/portable/cpu``):
 * ``tensors_have_same_dim_order``: a kernel's tensors are all contiguous or all channels-last
   (a 0-d or 1-D tensor counts as contiguous, and only a 4-D/5-D tensor can be channels-last),
   else the kernel fails the call;
-* ``cat``, ``slice_copy`` and the other copies in ``CONTIGUOUS_ONLY`` index their tensors with
-  leading/trailing dims as if contiguous: on non-trivial channels-last tensors they pass the
-  check and compute other values;
+* ``cat``, ``slice_copy``, ``flip`` and the other kernels in ``CONTIGUOUS_ONLY`` index their
+  tensors with leading/trailing dims (``getTrailingDims``, ``coordinateToIndex``) as if
+  contiguous: on non-trivial channels-last tensors they pass the check and compute other
+  values (``tests/test_device_conformance.py`` runs each on the device to find them);
 * a broadcasting elementwise kernel writes its output linearly as if contiguous.
 
 CMSIS-NN's convolutions (``cortex_m::``) want NHWC inputs and outputs. ``problem`` states these
@@ -34,7 +35,10 @@ CONTIGUOUS_ONLY = frozenset(
         "cat",
         "constant_pad_nd",
         "cumsum",
+        "dequantize_per_channel",
         "embedding",
+        "flip",
+        "gather",
         "index",
         "index_put",
         "index_select",
@@ -43,8 +47,11 @@ CONTIGUOUS_ONLY = frozenset(
         "native_batch_norm",
         "native_layer_norm",
         "pixel_shuffle",
+        "permute_copy",
         "pixel_unshuffle",
+        "quantize_per_channel",
         "repeat",
+        "roll",
         "scatter",
         "scatter_add",
         "select_copy",
@@ -105,6 +112,11 @@ UNCHECKED: dict[str, frozenset[str]] = {
     # each tensor alone contiguous or channels-last (check_max_pool2d_with_indices_args)
     "max_pool2d_with_indices": frozenset({"self", "out", "indices"}),
     "_to_dim_order_copy": frozenset({"self"}),
+    # quantized_decomposed: the quantization parameters are 0-d / 1-D tensors
+    "quantize_per_tensor": frozenset({"scale", "zero_point"}),
+    "dequantize_per_tensor": frozenset({"scale", "zero_point"}),
+    "quantize_per_channel": frozenset({"scales", "zero_points"}),
+    "dequantize_per_channel": frozenset({"scales", "zero_points"}),
     "_clone_dim_order": frozenset({"self"}),
 }
 
@@ -124,8 +136,9 @@ NHWC_ONLY = frozenset(
 #: walks the sizes it is given): their input and output must be contiguous.
 CONTIGUOUS_CORTEX_M = frozenset({"transpose"})
 
-#: Namespaces of ExecuTorch's portable kernels.
-PORTABLE = frozenset({"aten", "dim_order_ops"})
+#: Namespaces of ExecuTorch's portable kernels and its quantized kernels (``kernels/quantized``:
+#: the per-channel ones find a value's channel as if contiguous, ``(i / block) % C``).
+PORTABLE = frozenset({"aten", "dim_order_ops", "quantized_decomposed"})
 
 
 @dataclass(frozen=True)
@@ -356,7 +369,6 @@ def _refake(node: Node) -> None:
 def _contiguous_run(graph: Any, node: Node, copies: Copies) -> None:
     """Run ``node`` on contiguous copies of its inputs (``copies``: made so far, shared by
     later users); its users get its old dim order back."""
-    old = _order(_val(node))
 
     def contiguous(x: Node) -> Node:
         v = _val(x)
@@ -366,6 +378,20 @@ def _contiguous_run(graph: Any, node: Node, copies: Copies) -> None:
 
     import torch
 
+    if _val(node) is None:  # several outputs, each taken by getitem nodes
+        olds = [(u, _order(_val(u))) for u in node.users]
+        node.args = torch.fx.node.map_arg(node.args, contiguous)
+        node.kwargs = torch.fx.node.map_arg(node.kwargs, contiguous)
+        _refake(node)
+        for u, was in olds:
+            u.meta["val"] = node.meta["val"][u.args[1]]
+            if _order(_val(u)) != was:
+                users = list(u.users)
+                back = _copy(graph, u, was, after=u)
+                for w in users:
+                    w.replace_input_with(u, back)
+        return
+    old = _order(_val(node))
     node.args = torch.fx.node.map_arg(node.args, contiguous)
     node.kwargs = torch.fx.node.map_arg(node.kwargs, contiguous)
     _refake(node)
@@ -374,6 +400,39 @@ def _contiguous_run(graph: Any, node: Node, copies: Copies) -> None:
         back = _copy(graph, node, old, after=node)
         for u in users:
             u.replace_input_with(node, back)
+
+
+_DIM_ORDER_COPIES = frozenset({"dim_order_ops::_clone_dim_order", "dim_order_ops::_to_dim_order_copy"})
+
+
+def _unserializable_copy(node: Node, args: Sequence[Arg]) -> bool:
+    """A dim-order copy whose output ExecuTorch will serialize in another order than the one
+    it asks for: strides cannot tell a channels-last tensor with C == 1 (or H*W == 1) from
+    other orders, ``dim_order_from_stride`` picks e.g. (0, 2, 1, 3), and the device's
+    ``check__to_dim_order_copy_args`` fails the call. When the asked order is the contiguous
+    bytes anyway (only size-1 dims moved) the copy asks for contiguous instead (rewritten here)."""
+    want = node.kwargs.get("dim_order")
+    out = next((a for a in args if a.out), None)
+    if _op(node) not in _DIM_ORDER_COPIES or want is None or out is None or len(args) != 2:
+        return False
+    want = tuple(int(d) for d in want)
+    if out.order == want or is_contiguous(want) or not trivial(Arg("out", out.sizes, want)):
+        return False
+    node.kwargs = {**node.kwargs, "dim_order": list(range(len(want)))}
+    _refake(node)
+    return True
+
+
+def _getitems_only(node: Node) -> bool:
+    """Several tensor outputs, each read through ``getitem`` (``max.dim``, ``topk``)."""
+    import operator
+
+    vals = node.meta.get("val")
+    return (
+        isinstance(vals, (list, tuple))
+        and all(_is_tensor(v) for v in vals)
+        and all(u.op == "call_function" and u.target is operator.getitem for u in node.users)
+    )
 
 
 def _nhwc_inputs(graph: Any, node: Node, copies: Copies) -> None:
@@ -440,12 +499,17 @@ def align(ep: ExportedProgram) -> list[str]:
         args = node_args(node)
         if op is None or args is None:
             continue
+        if _unserializable_copy(node, args):
+            notes.append(
+                f"{node.name} ({op}): copied to contiguous (same bytes; its channels-last order was ambiguous)"
+            )
+            args = node_args(node) or args
         why = _view_problem(args) if _becomes_view(node) else problem(op, args)
         why = why or _legalized_later(node)
         if why is None:
             continue
         ns, _, name = op.rpartition("::")
-        if _val(node) is None:
+        if _val(node) is None and not _getitems_only(node):
             notes.append(f"{node.name} ({op}) not aligned (several outputs): {why}")
             continue
         if ns == "cortex_m" and name not in CONTIGUOUS_CORTEX_M:

@@ -204,19 +204,51 @@ def model_namespace(header: Path) -> str:
     return m.group(1)
 
 
+#: The emulated RAM the image's data, arena, pools, heap and stack share (``files/an505.ld``:
+#: mps2-an505's PSRAM), and what the runner takes beside the arena (``files/runner.cpp``:
+#: method and temp pools of 1 MiB each, stack and runtime state).
+PSRAM_BYTES = 16 << 20
+RUNNER_BYTES = (2 << 20) + (256 << 10)
+
+
+def check_fits(header: Path, pte_bytes: int) -> None:
+    """One line naming the buffer when the program cannot fit the emulated memory: the
+    planned arenas (static), then the ``.pte`` the runner reads into the heap."""
+    text = header.read_text()
+    m = re.search(r"kArenaBytes\[\d+\]\s*=\s*\{([^}]*)\}", text)
+    arenas = [int(x) for x in re.findall(r"\d+", m.group(1))] if m else []
+    free = PSRAM_BYTES - RUNNER_BYTES
+    for i, n in enumerate(arenas):
+        if n > free:
+            raise EtforgeError(
+                f"{header}: planned arena memory id {i + 1} ({n} bytes) does not fit the emulated "
+                f"{PSRAM_BYTES >> 20} MiB PSRAM of mps2-an505 ({free} bytes free beside the runner's pools)"
+            )
+        free -= n
+    if pte_bytes > free:
+        raise EtforgeError(
+            f"{header.parent.parent / 'model.pte'} ({pte_bytes} bytes) does not fit the emulated PSRAM "
+            f"beside the planned arenas ({free} bytes left)"
+        )
+
+
 def build_image(
     out: Path,
     executorch_src: str | Path | None = None,
     cmsis_nn_src: str | Path | None = None,
     arena_shrink: int = 0,
     root: Path | None = None,
+    partitions: list[tuple[str, bytes]] | None = None,
 ) -> Image:
-    """The image running ``out``'s program with its generated registration (built when missing)."""
+    """The image running ``out``'s program with its generated registration (built when missing);
+    with ``partitions`` (name, LiteRT flatbuffer) the TFLM delegate runs them on the CPU."""
     gen = out / "codegen"
     header, registration = gen / "etforge_model.h", gen / "etforge_model_kernels.cpp"
     for f in (header, registration):
         if not f.is_file():
             raise EtforgeError(f"{f}: missing; run etforge codegen {out / 'model.pte'} -o {gen}")
+    pte = out / "model.pte"
+    check_fits(header, pte.stat().st_size if pte.is_file() else 0)
     src = locate(executorch_src, cmsis_nn_src)
     root = root or cache_root()
     t0 = time.monotonic()
@@ -227,21 +259,46 @@ def build_image(
     defs = [f"-DETFORGE_MODEL_NS={model_namespace(header)}"]
     if arena_shrink:
         defs.append(f"-DETFORGE_ARENA_SHRINK={int(arena_shrink)}")
+    extra: list[str] = []
+    ops_header = ""
+    if partitions:
+        from etforge.runtime.firmware import tflm
+
+        tsrc = tflm.locate_tflm()
+        tlib, tkey, tbuilt = tflm.build_library(tsrc, src.cmsis_nn, root)
+        if tbuilt:
+            lib_built = True
+        ops = sorted({op for _, model in partitions for op in tflm.partition_ops(model)})
+        ops_header = tflm.resolver_header(ops)
+        kobjs = tflm.kernel_objects(tsrc, src.cmsis_nn, tlib, ops)
+        defs += ["-DETFORGE_ALLOW_HOST_ONLY", "-DETFORGE_TFLM_PARTITIONS"]
+        flags = " ".join(t for t in tflm.compile_flags(tsrc, src.cmsis_nn).split() if "HEADER_FILE" not in t)
+        extra = [
+            f"EXTRA_SRC={files_dir() / 'tflm_delegate.cpp'}",
+            f"EXTRA_CXXFLAGS={flags}",
+            f"EXTRA_LIBS={' '.join(map(str, kobjs))} {tlib / 'libtflm.a'} {tlib / 'libcmsis_nn_int.a'}",
+        ]
+        defs.append(f"-DETFORGE_TFLM_KEY={tkey}")
     h = hashlib.sha256(f"etforge-firmware-image {RECIPE_VERSION}\0{lib_key}\0".encode())
     for f in (header, registration, files_dir() / "runner.cpp", files_dir() / "firmware.mk"):
         h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+    if partitions:
+        h.update((files_dir() / "tflm_delegate.cpp").read_bytes() + ops_header.encode() + flags.encode())
     h.update("\0".join(kernels + defs).encode())
     key = h.hexdigest()[:20]
     img = root / "images" / key
     elf = img / "runner.elf"
-    built = ["libraries"] if lib_built else []
+    built = ["libraries"] if lib_built else []  # (the TFLM library included)
     with _locked(root / "images" / f"{key}.lock"):
         if not elf.is_file():
+            if ops_header:
+                img.mkdir(parents=True, exist_ok=True)
+                (img / "etforge_tflm_ops.h").write_text(ops_header)
             with _locked(root / f"libs-{lib_key}.lock"):  # kernel objects go into the library dir
                 _make(
                     _lib_vars(src, lib, lib / "include")
                     + [f"IMG={img}", f"GEN={gen.resolve()}", f"KERNELS={' '.join(kernels)}",
-                       f"IMG_DEFS={' '.join(defs)}", "image"],
+                       f"IMG_DEFS={' '.join(defs)}", *extra, "image"],
                     f"image for {out}",
                 )  # fmt: skip
             built.append("image")

@@ -7,14 +7,17 @@ be the same bytes, and the buffers ExecuTorch planned on the device to be the ar
 ``report.json`` states.
 
 Programs with NPU partitions need their delegate's device runtime linked into the image;
-``DELEGATE_BACKENDS`` is where such a backend is registered (none is today: the Neutron
-runtime comes with NXP's SDK), and a program whose delegates have none is refused before
+``DELEGATE_BACKENDS`` is where such a backend is registered (none is: the Neutron runtime comes
+with NXP's SDK). With ``cpu_partitions`` (an explicit opt-in) host-only LiteRT partitions run in
+TensorFlow Lite Micro on the CPU instead (``tflm.py``) and ``verify`` compares them with LiteRT's
+reference kernels; Neutron microcode, or partitions without the opt-in, are refused before
 anything is built.
 """
 
 from __future__ import annotations
 
 import shutil
+import struct
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -85,6 +88,8 @@ class DeviceVerification:
     build_seconds: float = 0.0
     built: list[str] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
+    #: Host-only partitions run in TFLM on the CPU: (arena bytes, used) each; empty otherwise.
+    tflm_arenas: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -105,14 +110,47 @@ def _load(out: Path) -> tuple[dict[str, Any], Any]:
     return report, PteInterpreter(check_pte(pte_path, report), str(pte_path))
 
 
-def _check_runnable(out: Path, runtime: str, report: dict[str, Any], interp: Any) -> None:
+def host_only_partitions(out: Path, interp: Any) -> list[tuple[str, bytes]]:
+    """(partition name, LiteRT flatbuffer) of each delegate; a delegate that is not a host-only
+    LiteRT partition (Neutron microcode) is refused: QEMU has no NPU."""
+    from executorch.exir.schema import DataLocation
+
+    from etforge.core.litert import payload
+
+    parts = []
+    for i, d in enumerate(interp.plan.delegates):
+        raw = (
+            bytes(interp.program.backend_delegate_data[d.processed.index].data)
+            if d.processed.location == DataLocation.INLINE
+            else b""
+        )
+        try:
+            blob = payload.unpack(raw)
+        except (ValueError, KeyError, UnicodeDecodeError, struct.error):
+            blob = None
+        if blob is None or blob.format != payload.FORMAT_LITERT_HOST:
+            kind = "not an etforge payload" if blob is None else f"format {blob.format!r}"
+            raise EtforgeError(
+                f"{out}: delegate {i} ({d.id}, {kind}) is Neutron NPU code: QEMU has no NPU, and only "
+                "host-only LiteRT partitions run on the CPU (--cpu-partitions)"
+            )
+        parts.append((blob.partition, blob.data))
+    return parts
+
+
+def _check_runnable(
+    out: Path, runtime: str, report: dict[str, Any], interp: Any, cpu_partitions: bool = False
+) -> None:
     if runtime not in RUNTIMES:
         raise EtforgeError(f"unknown runtime {runtime!r} (known: {', '.join(RUNTIMES)})")
     missing = sorted({str(d.id) for d in interp.plan.delegates} - set(DELEGATE_BACKENDS))
-    if missing:
+    if missing and cpu_partitions:
+        host_only_partitions(out, interp)  # refuses microcode
+    elif missing:
         raise EtforgeError(
             f"{out}: its NPU partitions ({', '.join(missing)} delegates) have no device runtime in the "
-            f"{runtime} image (the Neutron runtime comes with NXP's SDK); only CPU-only programs run there"
+            f"{runtime} image (the Neutron runtime comes with NXP's SDK); --cpu-partitions runs "
+            "host-only partitions in TensorFlow Lite Micro on the Cortex-M33 instead (not the NPU)"
         )
     cpu = report.get("cpu") or report.get("options", {}).get("cpu")
     if cpu != RUNTIMES[runtime]:
@@ -159,7 +197,7 @@ def _dim_order(interp: Any, value: int) -> list[int]:
 
 def _device_bytes(t: torch.Tensor, order: list[int]) -> bytes:
     """``t``'s bytes as the program lays it out (its dim order)."""
-    return t.permute(*order).contiguous().numpy().tobytes()
+    return t.permute(tuple(order)).contiguous().numpy().tobytes()
 
 
 def _from_device(data: bytes, spec: Any, order: list[int]) -> torch.Tensor:
@@ -168,7 +206,7 @@ def _from_device(data: bytes, spec: Any, order: list[int]) -> torch.Tensor:
     )
     stored = stored.reshape([spec.sizes[d] for d in order])
     inverse = sorted(range(len(order)), key=order.__getitem__)
-    return stored.permute(*inverse)
+    return stored.permute(tuple(inverse))
 
 
 def _tensor_values(interp: Any, which: list[int], kind: str, out: Path) -> list[int]:
@@ -188,14 +226,34 @@ def run(
     executorch_src: str | Path | None = None,
     cmsis_nn_src: str | Path | None = None,
     arena_shrink: int = 0,
+    cpu_partitions: bool = False,
 ) -> DeviceRun:
-    """Build (or reuse) ``out``'s image and run its program on the inputs."""
+    """Build (or reuse) ``out``'s image and run its program on the inputs; with
+    ``cpu_partitions`` the program's host-only NPU partitions run in TFLite Micro on the CPU."""
     report, interp = _load(out)
-    _check_runnable(out, runtime, report, interp)
+    _check_runnable(out, runtime, report, interp, cpu_partitions)
     batches = load_inputs(inputs, report) if inputs is not None else seeded_inputs(report, seed, samples)
+    return run_program(
+        out, interp, batches, runtime, executorch_src, cmsis_nn_src, arena_shrink, cpu_partitions
+    )
+
+
+def run_program(
+    out: Path,
+    interp: Any,
+    batches: list[tuple[torch.Tensor, ...]],
+    runtime: str = "qemu-m33",
+    executorch_src: str | Path | None = None,
+    cmsis_nn_src: str | Path | None = None,
+    arena_shrink: int = 0,
+    cpu_partitions: bool = False,
+) -> DeviceRun:
+    """Run ``out/model.pte`` (loaded as ``interp``, registration in ``out/codegen``) on the
+    device for each input batch; no report needed (the conformance suite's programs)."""
     in_values = _tensor_values(interp, interp.plan.inputs, "input", out)
     out_values = _tensor_values(interp, interp.plan.outputs, "output", out)
-    image = build_image(out, executorch_src, cmsis_nn_src, arena_shrink)
+    partitions = host_only_partitions(out, interp) if cpu_partitions and interp.plan.delegates else None
+    image = build_image(out, executorch_src, cmsis_nn_src, arena_shrink, partitions=partitions)
     work = Path(tempfile.mkdtemp(prefix="etforge-qemu-"))
     try:
         shutil.copyfile(out / output.PTE, work / "model.pte")
@@ -274,15 +332,19 @@ def verify(
     cmsis_nn_src: str | Path | None = None,
     arena_shrink: int = 0,
     inputs: Path | None = None,
+    cpu_partitions: bool = False,
 ) -> DeviceVerification:
     """Run ``out`` on the device runtime and require its outputs to equal the host
-    interpreter's bit for bit, and its planned memory to be the report's arena."""
-    dev = run(out, runtime, samples, inputs, seed, executorch_src, cmsis_nn_src, arena_shrink)
+    interpreter's bit for bit, and its planned memory to be the report's arena. Partitions run
+    in TFLM with CMSIS-NN (``cpu_partitions``) compute LiteRT's *reference* kernels'
+    arithmetic, so the host runs those for them."""
+    dev = run(out, runtime, samples, inputs, seed, executorch_src, cmsis_nn_src, arena_shrink, cpu_partitions)
     report, interp = _load(out)
     out_values = [int(v) for v in interp.plan.outputs]
     identical, first = 0, None
+    kernels = "reference" if cpu_partitions else "default"
     for s, (batch, device_outs) in enumerate(zip(dev.inputs, dev.outputs, strict=True)):
-        host_outs = interp.run(list(batch))
+        host_outs = interp.run(list(batch), kernels=kernels)
         same = True
         for j, (h, d, v) in enumerate(zip(host_outs, device_outs, out_values, strict=True)):
             order = _dim_order(interp, v)
@@ -306,5 +368,5 @@ def verify(
     return DeviceVerification(
         runtime, len(dev.inputs), identical, first, dev.qemu.planned, report_arena,
         dev.qemu.instructions, per_op=dev.per_op, image=str(dev.image.elf), build_seconds=dev.image.seconds,
-        built=dev.image.built, failures=failures,
+        built=dev.image.built, failures=failures, tflm_arenas=dev.qemu.tflm_arenas,
     )  # fmt: skip

@@ -10,6 +10,7 @@ image measures on a loop of known length before the model runs.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -22,8 +23,23 @@ from etforge.core.common.errors import EtforgeError
 MACHINE = ("-M", "mps2-an505", "-cpu", "cortex-m33")
 #: What the instruction figures are (printed beside every one of them).
 INSTRUCTION_LABEL = "emulator instruction count (QEMU -icount), not device cycles"
-#: Seconds one QEMU run may take before it is treated as hung (a wedged image never exits).
+#: Seconds one QEMU run may take before it is killed and treated as hung (a wedged image never
+#: exits); ``$ETFORGE_QEMU_TIMEOUT`` overrides it.
 TIMEOUT_SECONDS = 1800
+ENV_TIMEOUT = "ETFORGE_QEMU_TIMEOUT"
+
+
+def timeout_seconds() -> float:
+    raw = os.environ.get(ENV_TIMEOUT)
+    if not raw:
+        return TIMEOUT_SECONDS
+    try:
+        value = float(raw)
+    except ValueError:
+        raise EtforgeError(f"${ENV_TIMEOUT}={raw!r}: not a number of seconds") from None
+    if value <= 0:
+        raise EtforgeError(f"${ENV_TIMEOUT}={raw!r}: must be positive")
+    return value
 
 
 @dataclass
@@ -35,6 +51,8 @@ class QemuRun:
     method_allocator_bytes: int = 0
     #: First sample: (event name, ticks) per event ExecuTorch's event tracer profiled, in order.
     events: list[tuple[str, int]] = field(default_factory=list)
+    #: Per host-only partition run in TFLite Micro on the CPU: (TFLM arena bytes, bytes used).
+    tflm_arenas: list[tuple[int, int]] = field(default_factory=list)
     log: str = ""
 
     @property
@@ -64,10 +82,14 @@ def run(
         "-semihosting-config", "enable=on,target=native", "-kernel", str(elf.resolve()),
         "-append", f"{pte_name} {samples}",
     ]  # fmt: skip
+    limit = timeout_seconds()
     try:
-        proc = subprocess.run(cmd, cwd=workdir, capture_output=True, timeout=TIMEOUT_SECONDS)
-    except subprocess.TimeoutExpired as e:
-        raise EtforgeError(f"QEMU did not finish {elf} within {TIMEOUT_SECONDS} s (hung image?)") from e
+        proc = subprocess.run(cmd, cwd=workdir, capture_output=True, timeout=limit)
+    except subprocess.TimeoutExpired as e:  # subprocess.run has killed QEMU
+        raise EtforgeError(
+            f"QEMU did not finish {elf} within {limit:g} s and was stopped (hung image? a longer "
+            f"program needs a larger ${ENV_TIMEOUT})"
+        ) from e
     stdout = proc.stdout.decode(errors="replace")  # a log line may carry a tensor's raw bytes
     log = stdout + proc.stderr.decode(errors="replace")
     result = QemuRun(log=log)
@@ -82,6 +104,8 @@ def run(
             result.ticks.append(int(m.group(2)))
         elif m := re.match(r"etforge: event \d+ (\S+) (\d+) ticks", line):
             result.events.append((m.group(1), int(m.group(2))))
+        elif m := re.match(r"etforge: tflm partition \d+ arena (\d+) bytes used (\d+) bytes", line):
+            result.tflm_arenas.append((int(m.group(1)), int(m.group(2))))
         elif m := re.match(r"etforge: method allocator (\d+) bytes", line):
             result.method_allocator_bytes = int(m.group(1))
     if "etforge: ok" not in stdout:

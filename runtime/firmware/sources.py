@@ -140,8 +140,12 @@ def _defining_source(et: Path, src_dir: str, op: str, function: str) -> str:
     base = op.split("::", 1)[-1].split(".", 1)[0]
     directory = et / src_dir
     candidates = [directory / f"op_{base}.cpp", *sorted(directory.glob("op_*.cpp"))]
-    # a kernel's definition takes the runtime context first (any return type: Tensor&, tuple)
-    pattern = re.compile(rf"\b{re.escape(function)}\s*\(\s*(?:[\w:]+::)?(?:Kernel)?RuntimeContext\s*&")
+    # a kernel's definition takes the runtime context first (any return type: Tensor&, tuple),
+    # or a macro defines it (``DEFINE_UNARY_UFUNC_...(exp_out, std::exp)``)
+    pattern = re.compile(
+        rf"\b{re.escape(function)}\s*\(\s*(?:[\w:]+::)?(?:Kernel)?RuntimeContext\s*&"
+        rf"|\bDEFINE_\w+\(\s*{re.escape(function)}\s*,"
+    )
     for path in candidates:
         if path.is_file() and pattern.search(path.read_text(errors="replace")):
             return str(path.relative_to(et))

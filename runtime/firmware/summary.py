@@ -40,6 +40,27 @@ def run_lines(dev: DeviceRun) -> list[str]:
         )
     elif dev.per_op_note:
         lines.append(dev.per_op_note)
+    lines += partition_lines(dev.qemu.tflm_arenas, dev.per_op, q.instructions[0] if q.instructions else 0)
+    return lines
+
+
+def partition_lines(arenas: list[tuple[int, int]], per_op: list[dict[str, Any]], total: int) -> list[str]:
+    """Where the NPU partitions ran when they ran on the CPU (TFLM), their arenas and counts."""
+    if not arenas:
+        return []
+    lines = [
+        f"NPU partitions ran on the Cortex-M33 in TensorFlow Lite Micro with CMSIS-NN (--cpu-partitions), "
+        f"not on the NPU: {len(arenas)} partition(s); TFLM arena per partition (bytes, used of reserved): "
+        + ", ".join(f"{used:,} of {size:,}" for size, used in arenas)
+    ]
+    delegates = [r for r in per_op if str(r["op"]).startswith("delegate")]
+    if delegates and total:
+        in_parts = sum(r["instructions"] for r in delegates)
+        lines.append(
+            "instructions, sample 0: "
+            + "; ".join(f"partition at #{r['instruction']} {r['instructions']:,}" for r in delegates)
+            + f"; CPU side (ExecuTorch runtime and CPU kernels) {total - in_parts:,}"
+        )
     return lines
 
 
@@ -79,4 +100,5 @@ def verification_lines(v: DeviceVerification) -> list[str]:
         f"outputs identical to the host interpreter, bit for bit: {v.identical}/{v.samples} samples",
         f"planned memory per memory id on the device: {v.planned} bytes; report.json arena: {v.report_arena}",
         f"instructions per inference: {median:,} (median of {len(per)}; {v.instruction_label})",
+        *partition_lines(v.tflm_arenas, v.per_op, v.instructions[0] if v.instructions else 0),
     ]

@@ -74,16 +74,26 @@ REG  ?= etforge_model_kernels.cpp
 KERNELS ?=
 IMG_DEFS ?=
 KOBJS := $(call o,$(KERNELS))
+# A delegate backend's sources (EXTRA_CXXFLAGS first: its include paths win, e.g. TFLM's
+# FlatBuffers over ExecuTorch's; -I$(IMG) for generated headers)
+# and the libraries they need (build.py passes them: the TFLM partitions' backend).
+EXTRA_SRC ?=
+EXTRA_CXXFLAGS ?=
+EXTRA_LIBS ?=
+XOBJS := $(addprefix $(IMG)/extra/,$(notdir $(EXTRA_SRC:.cpp=.o)))
+vpath %.cpp $(sort $(dir $(EXTRA_SRC)))
+$(IMG)/extra/%.o: %.cpp
+	@mkdir -p $(dir $@); $(CXX) $(EXTRA_CXXFLAGS) $(CXXFLAGS) -I$(GEN) -I$(IMG) $(IMG_DEFS) -c $< -o $@
 image: $(IMG)/runner.elf
 $(IMG)/registration.o: $(GEN)/$(REG)
 	@mkdir -p $(dir $@); $(CXX) $(CXXFLAGS) -I$(GEN) $(IMG_DEFS) -c $< -o $@
 $(IMG)/runner.o: $(HERE)runner.cpp $(GEN)/etforge_model.h
 	@mkdir -p $(dir $@); $(CXX) $(CXXFLAGS) -I$(GEN) $(IMG_DEFS) -c $< -o $@
-$(IMG)/runner.elf: $(IMG)/registration.o $(IMG)/runner.o $(KOBJS) $(LIBS) $(HERE)an505.ld
+$(IMG)/runner.elf: $(IMG)/registration.o $(IMG)/runner.o $(KOBJS) $(XOBJS) $(LIBS) $(HERE)an505.ld
 	$(CXX) $(CPU) --specs=rdimon.specs -nostartfiles -T $(HERE)an505.ld -Wl,--gc-sections \
 	  -Wl,-Map=$(IMG)/runner.map -Wl,--undefined=Reset_Handler \
-	  $(IMG)/runner.o $(IMG)/registration.o $(KOBJS) \
+	  $(IMG)/runner.o $(IMG)/registration.o $(KOBJS) $(XOBJS) \
 	  -Wl,--whole-archive $(B)/libet_prim_ops.a $(B)/libetforge_app.a -Wl,--no-whole-archive \
-	  -Wl,--start-group $(B)/libcortex_m_ops.a $(B)/libcmsis_nn.a $(B)/libportable_util.a \
+	  -Wl,--start-group $(B)/libcortex_m_ops.a $(EXTRA_LIBS) $(B)/libcmsis_nn.a $(B)/libportable_util.a \
 	  $(B)/libet_core.a -Wl,--end-group -o $@.tmp && mv $@.tmp $@
 .PHONY: libs image

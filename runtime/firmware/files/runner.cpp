@@ -42,7 +42,7 @@
 #ifndef ETFORGE_TEMP_POOL_BYTES
 #define ETFORGE_TEMP_POOL_BYTES (1u << 20)
 #endif
-#define ETFORGE_MAX_IO 16
+#define ETFORGE_MAX_IO 128  // inputs/outputs per program (the conformance programs batch many ops)
 
 extern "C" void etforge_ticks_start(void);
 extern "C" uint64_t etforge_ticks(void);

@@ -1,0 +1,191 @@
+// etforge's CPU stand-in for NPU partitions: an ExecuTorch delegate backend ("EtforgeNpuBackend")
+// that runs a host-only partition (etforge's "ETFG" payload, format litert-host-v1: a LiteRT
+// flatbuffer, no Neutron microcode) in TensorFlow Lite Micro with CMSIS-NN kernels on the
+// Cortex-M33. It is NOT the NPU: it is linked only when the build opts in (ETFORGE_TFLM_PARTITIONS,
+// `etforge run/verify --cpu-partitions`), and says so on its log lines.
+//
+// Payload: "ETFG", u32 LE header length, JSON header (etforge core/litert/payload.py: sorted keys,
+// "format", "size", "input_dim_orders", "output_dim_orders"), zero padding to 16 bytes, the model.
+// I/O: each tensor is copied between ExecuTorch's dim order and the order the payload states for
+// the LiteRT tensor (a plain copy when they agree).
+#include <executorch/runtime/backend/interface.h>
+#include <executorch/runtime/core/error.h>
+#include <executorch/runtime/core/evalue.h>
+#include <executorch/runtime/platform/log.h>
+
+#include <malloc.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include "etforge_tflm_ops.h"  // generated: the ops the partitions use (tflm.py)
+#include "tensorflow/lite/micro/micro_interpreter.h"
+#include "tensorflow/lite/micro/micro_mutable_op_resolver.h"
+#include "tensorflow/lite/schema/schema_generated.h"
+
+#ifndef ETFORGE_TFLM_ARENA_BYTES
+#define ETFORGE_TFLM_ARENA_BYTES (1u << 20)
+#endif
+#define ETFORGE_TFLM_MAX_IO 8
+#define ETFORGE_TFLM_MAX_DIMS 8
+
+using namespace executorch::runtime;
+
+namespace {
+
+struct Orders {
+  int count = 0;
+  int rank[ETFORGE_TFLM_MAX_IO] = {};
+  int order[ETFORGE_TFLM_MAX_IO][ETFORGE_TFLM_MAX_DIMS] = {};
+};
+
+struct Partition {
+  tflite::MicroInterpreter* interp;
+  uint8_t* arena;
+  Orders in, out;
+  int index;
+};
+
+// `"key": [[0, 2, 3, 1], [0, 1]]` inside the header's first `n` bytes.
+bool parse_orders(const char* h, size_t n, const char* key, Orders* o) {
+  const char* k = strstr(h, key);
+  if (k == nullptr || k >= h + n) return false;
+  const char* p = strchr(k, '[');
+  if (p == nullptr) return false;
+  ++p;
+  int depth = 1, cur = -1;
+  while (p < h + n && depth > 0) {
+    if (*p == '[') {
+      if (o->count >= ETFORGE_TFLM_MAX_IO) return false;
+      cur = o->count++;
+      ++depth;
+    } else if (*p == ']') {
+      --depth;
+    } else if (*p >= '0' && *p <= '9') {
+      if (cur < 0 || o->rank[cur] >= ETFORGE_TFLM_MAX_DIMS) return false;
+      o->order[cur][o->rank[cur]++] = (int)strtol(p, (char**)&p, 10);
+      continue;
+    }
+    ++p;
+  }
+  return depth == 0;
+}
+
+const uint8_t* unpack(const uint8_t* p, size_t n, Partition* part) {
+  if (n < 8 || memcmp(p, "ETFG", 4) != 0) return nullptr;
+  uint32_t hl;
+  memcpy(&hl, p + 4, 4);
+  if (8 + (size_t)hl > n) return nullptr;
+  const char* h = (const char*)p + 8;
+  const char* fmt = strstr(h, "\"format\": \"litert-host-v1\"");
+  const char* sz = strstr(h, "\"size\": ");
+  if (fmt == nullptr || sz == nullptr || fmt >= h + hl || sz >= h + hl) return nullptr;
+  if (!parse_orders(h, hl, "\"input_dim_orders\"", &part->in) ||
+      !parse_orders(h, hl, "\"output_dim_orders\"", &part->out))
+    return nullptr;
+  const size_t size = strtoul(sz + 8, nullptr, 10);
+  const size_t start = (8 + (size_t)hl + 15) & ~(size_t)15;
+  return start + size <= n ? p + start : nullptr;
+}
+
+// Copy between ExecuTorch's layout of `t` (its dim order) and a buffer laid out in `order`.
+void copy_between(const executorch::aten::Tensor& t, const int* order, int rank, uint8_t* buf, bool to_buf) {
+  const int dim = (int)t.dim();
+  const size_t es = t.element_size();
+  uint8_t* et = (uint8_t*)t.const_data_ptr();
+  bool same = rank == dim;
+  for (int i = 0; same && i < dim; ++i) same = order[i] == (int)t.dim_order()[i];
+  if (same || dim == 0) {
+    to_buf ? memcpy(buf, et, t.nbytes()) : memcpy(et, buf, t.nbytes());
+    return;
+  }
+  size_t s_et[ETFORGE_TFLM_MAX_DIMS], s_buf[ETFORGE_TFLM_MAX_DIMS], step = 1;
+  for (int i = dim - 1; i >= 0; --i) { s_et[t.dim_order()[i]] = step; step *= t.size(t.dim_order()[i]); }
+  step = 1;
+  for (int i = dim - 1; i >= 0; --i) { s_buf[order[i]] = step; step *= t.size(order[i]); }
+  size_t c[ETFORGE_TFLM_MAX_DIMS] = {};
+  for (ssize_t n = 0; n < t.numel(); ++n) {
+    size_t a = 0, b = 0;
+    for (int d = 0; d < dim; ++d) { a += c[d] * s_et[d]; b += c[d] * s_buf[d]; }
+    to_buf ? memcpy(buf + b * es, et + a * es, es) : memcpy(et + a * es, buf + b * es, es);
+    for (int d = dim - 1; d >= 0; --d) { if (++c[d] < (size_t)t.size(d)) break; c[d] = 0; }
+  }
+}
+
+int g_partitions = 0;
+
+class TflmPartitions final : public BackendInterface {
+ public:
+  bool is_available() const override { return true; }
+
+  Result<DelegateHandle*> init(BackendInitContext& context, FreeableBuffer* processed,
+                               ArrayRef<CompileSpec>) const override {
+    auto* a = context.get_runtime_allocator();
+    Partition* part = a->allocateInstance<Partition>();
+    if (part == nullptr) return Error::DelegateMemoryAllocationFailed;
+    new (part) Partition();
+    const uint8_t* model = unpack((const uint8_t*)processed->data(), processed->size(), part);
+    if (model == nullptr) {
+      ET_LOG(Error, "EtforgeNpuBackend (TFLM on the CPU): not a litert-host-v1 payload; Neutron microcode runs on the NPU only");
+      return Error::DelegateInvalidCompatibility;
+    }
+    if (((uintptr_t)model & 15) != 0) return Error::DelegateInvalidCompatibility;
+    // the interpreter reads the weights in place: `processed` is kept
+    part->index = g_partitions++;
+    part->arena = (uint8_t*)memalign(16, ETFORGE_TFLM_ARENA_BYTES);
+    void* mem = a->allocate(sizeof(tflite::MicroInterpreter), alignof(tflite::MicroInterpreter));
+    if (part->arena == nullptr || mem == nullptr) return Error::DelegateMemoryAllocationFailed;
+    static tflite::MicroMutableOpResolver<ETFORGE_TFLM_NUM_OPS> resolver;
+    static bool added = false;
+    if (!added) { etforge_tflm_add_ops(resolver); added = true; }
+    part->interp = new (mem) tflite::MicroInterpreter(tflite::GetModel(model), resolver, part->arena,
+                                                      ETFORGE_TFLM_ARENA_BYTES);
+    if (part->interp->AllocateTensors() != kTfLiteOk) {
+      ET_LOG(Error, "EtforgeNpuBackend (TFLM on the CPU): AllocateTensors failed (arena of %u bytes too small?)",
+             (unsigned)ETFORGE_TFLM_ARENA_BYTES);
+      return Error::DelegateInvalidCompatibility;
+    }
+    if ((int)part->interp->inputs_size() != part->in.count || (int)part->interp->outputs_size() != part->out.count)
+      return Error::DelegateInvalidCompatibility;
+    printf("etforge: tflm partition %d arena %u bytes used %u bytes\n", part->index,
+           (unsigned)ETFORGE_TFLM_ARENA_BYTES, (unsigned)part->interp->arena_used_bytes());
+    return part;
+  }
+
+  Error execute(BackendExecutionContext&, DelegateHandle* handle, Span<EValue*> args) const override {
+    auto* part = static_cast<Partition*>(handle);
+    auto* it = part->interp;
+    const size_t ni = it->inputs_size(), no = it->outputs_size();
+    if (args.size() != ni + no) return Error::InvalidArgument;
+    for (size_t i = 0; i < ni; ++i) {
+      const auto& t = args[i]->toTensor();
+      TfLiteTensor* x = it->input(i);
+      if (t.nbytes() != x->bytes) return Error::InvalidArgument;
+      copy_between(t, part->in.order[i], part->in.rank[i], (uint8_t*)x->data.raw, true);
+    }
+    if (it->Invoke() != kTfLiteOk) return Error::Internal;
+    for (size_t j = 0; j < no; ++j) {
+      const auto& t = args[ni + j]->toTensor();
+      const TfLiteTensor* y = it->output(j);
+      if (t.nbytes() != y->bytes) return Error::InvalidArgument;
+      copy_between(t, part->out.order[j], part->out.rank[j], (uint8_t*)y->data.raw, false);
+    }
+    return Error::Ok;
+  }
+
+  void destroy(DelegateHandle* handle) const override {
+    auto* part = static_cast<Partition*>(handle);
+    part->interp->~MicroInterpreter();
+    free(part->arena);
+  }
+};
+
+TflmPartitions g_backend;
+
+}  // namespace
+
+extern "C" int etforge_register_delegates(void) {
+  return register_backend(Backend{"EtforgeNpuBackend", &g_backend}) == Error::Ok ? 0 : 1;
+}

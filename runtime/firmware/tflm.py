@@ -1,0 +1,272 @@
+"""Host-only NPU partitions in TensorFlow Lite Micro on the Cortex-M33 (an explicit opt-in).
+
+Without NXP's Neutron runtime an imxrt700 / imxrt700cm program's partitions are LiteRT
+flatbuffers (payload format ``litert-host-v1``). With ``cpu_partitions`` the firmware image
+links ``files/tflm_delegate.cpp``, a delegate backend registered as ``EtforgeNpuBackend`` that
+runs each partition in TFLM with CMSIS-NN kernels *on the CPU* — not the NPU; the run says so.
+
+* Sources: TFLM (``--tflm-src`` / ``$ETFORGE_TFLM_SRC``) and its header dependencies
+  (``$ETFORGE_TFLM_DEPS``: FlatBuffers with TFLM's patch, gemmlowp, ruy, CMSIS core headers);
+  defaults are the snapshots in ``../shared/third_party``.
+* One CMSIS-NN: the image's (ExecuTorch's pin ``dbf45dbf``), every integer source of it, for
+  both the ``cortex_m`` ops and TFLM's kernels. TFLM's pin ``4ab83cc3`` has byte-identical
+  ``Include/`` and ``Source/`` (``identical_cmsis_nn``), so the choice changes no result.
+* FlatBuffers: TFLM's translation units see its patched 25.9.23 headers with the namespace
+  renamed (``-Dflatbuffers=etforge_tflm_flatbuffers``), ExecuTorch's its 25.2.10: two
+  versions in one image, no symbol shared between them.
+* The op resolver holds exactly the builtin ops the partitions use (``etforge_tflm_ops.h``,
+  generated per image); the library compiles the kernels of every op in ``KERNELS`` once,
+  cached by content like the ExecuTorch libraries.
+"""
+
+from __future__ import annotations
+
+import filecmp
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from etforge.core.common.errors import EtforgeError
+
+ENV_TFLM = "ETFORGE_TFLM_SRC"
+ENV_TFLM_DEPS = "ETFORGE_TFLM_DEPS"
+RECIPE_VERSION = "1"
+
+#: LiteRT builtin op -> (MicroMutableOpResolver method, TFLM kernel sources under micro/kernels).
+KERNELS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "ADD": ("AddAdd", ("cmsis_nn/add", "add_common")),
+    "SUB": ("AddSub", ("sub", "sub_common")),
+    "MUL": ("AddMul", ("cmsis_nn/mul", "mul_common")),
+    "CONV_2D": ("AddConv2D", ("cmsis_nn/conv", "conv_common")),
+    "DEPTHWISE_CONV_2D": ("AddDepthwiseConv2D", ("cmsis_nn/depthwise_conv", "depthwise_conv_common")),
+    "TRANSPOSE_CONV": ("AddTransposeConv", ("cmsis_nn/transpose_conv",)),
+    "FULLY_CONNECTED": ("AddFullyConnected", ("cmsis_nn/fully_connected", "fully_connected_common")),
+    "BATCH_MATMUL": ("AddBatchMatMul", ("cmsis_nn/batch_matmul", "batch_matmul_common")),
+    "MAX_POOL_2D": ("AddMaxPool2D", ("cmsis_nn/pooling", "pooling_common")),
+    "AVERAGE_POOL_2D": ("AddAveragePool2D", ("cmsis_nn/pooling", "pooling_common")),
+    "SOFTMAX": ("AddSoftmax", ("cmsis_nn/softmax", "softmax_common")),
+    "RESHAPE": ("AddReshape", ("reshape", "reshape_common")),
+    "PAD": ("AddPad", ("cmsis_nn/pad", "pad_common")),
+    "PADV2": ("AddPadV2", ("cmsis_nn/pad", "pad_common")),
+    "MEAN": ("AddMean", ("reduce", "reduce_common")),
+    "QUANTIZE": ("AddQuantize", ("quantize", "quantize_common")),
+    "DEQUANTIZE": ("AddDequantize", ("dequantize", "dequantize_common")),
+    "TRANSPOSE": ("AddTranspose", ("cmsis_nn/transpose", "transpose_common")),
+    "CONCATENATION": ("AddConcatenation", ("concatenation",)),
+    "STRIDED_SLICE": ("AddStridedSlice", ("strided_slice", "strided_slice_common")),
+    "SLICE": ("AddSlice", ("slice",)),
+    "LEAKY_RELU": ("AddLeakyRelu", ("leaky_relu", "leaky_relu_common")),
+    "PRELU": ("AddPrelu", ("prelu", "prelu_common")),
+    "RELU": ("AddRelu", ("activations", "activations_common")),
+    "RELU6": ("AddRelu6", ("activations", "activations_common")),
+    "HARD_SWISH": ("AddHardSwish", ("hard_swish", "hard_swish_common")),
+    "LOGISTIC": ("AddLogistic", ("logistic", "logistic_common")),
+    "TANH": ("AddTanh", ("tanh",)),
+    "MIRROR_PAD": ("AddMirrorPad", ("mirror_pad",)),
+    "SQUEEZE": ("AddSqueeze", ("squeeze",)),
+    "EXPAND_DIMS": ("AddExpandDims", ("expand_dims",)),
+    "SPLIT": ("AddSplit", ("split",)),
+    "GATHER": ("AddGather", ("gather",)),
+    "BROADCAST_TO": ("AddBroadcastTo", ("broadcast_to",)),
+    "MAXIMUM": ("AddMaximum", ("cmsis_nn/maximum_minimum",)),
+    "MINIMUM": ("AddMinimum", ("cmsis_nn/maximum_minimum",)),
+}
+#: Kernel sources every op needs.
+KERNEL_SUPPORT = ("kernel_util", "micro_tensor_utils")
+
+_M = "tensorflow/lite/micro"
+#: The TFLM interpreter, allocator and the TFLite shared code it compiles.
+CORE = tuple(
+    [f"{_M}/{f}" for f in (
+        "cortex_m_generic/debug_log.cc", "cortex_m_generic/micro_time.cc", "flatbuffer_utils.cc",
+        "memory_helpers.cc", "micro_allocation_info.cc", "micro_allocator.cc", "micro_context.cc",
+        "micro_interpreter.cc", "micro_interpreter_context.cc", "micro_interpreter_graph.cc",
+        "micro_log.cc", "micro_op_resolver.cc", "micro_profiler.cc", "micro_resource_variable.cc",
+        "micro_utils.cc", "system_setup.cc",
+        "arena_allocator/non_persistent_arena_buffer_allocator.cc",
+        "arena_allocator/persistent_arena_buffer_allocator.cc",
+        "arena_allocator/single_arena_buffer_allocator.cc", "memory_planner/greedy_memory_planner.cc",
+        "memory_planner/linear_memory_planner.cc", "memory_planner/non_persistent_buffer_planner_shim.cc",
+        "tflite_bridge/flatbuffer_conversions_bridge.cc", "tflite_bridge/micro_error_reporter.cc",
+    )]
+    + [
+        "tensorflow/lite/kernels/kernel_util.cc", "tensorflow/lite/kernels/internal/runtime_shape.cc",
+        "tensorflow/lite/kernels/internal/portable_tensor_utils.cc",
+        "tensorflow/lite/kernels/internal/tensor_ctypes.cc",
+        "tensorflow/lite/kernels/internal/reference/portable_tensor_utils.cc",
+        "tensorflow/lite/kernels/internal/common.cc", "tensorflow/lite/kernels/internal/quantization_util.cc",
+        "tensorflow/lite/kernels/internal/tensor_utils.cc", "tensorflow/lite/core/api/flatbuffer_conversions.cc",
+        "tensorflow/lite/core/api/tensor_utils.cc", "tensorflow/lite/core/c/common.cc",
+        "tensorflow/compiler/mlir/lite/schema/schema_utils.cc",
+        "tensorflow/compiler/mlir/lite/core/api/error_reporter.cc",
+    ]
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class TflmSources:
+    tflm: Path
+    deps: Path
+
+
+def locate_tflm(tflm_src: str | Path | None = None, deps: str | Path | None = None) -> TflmSources:
+    """TFLM and its dependencies, only where the user points (docs/firmware.md, Sources); a
+    missing tree is one line naming how to provide it."""
+    given_t = tflm_src or os.environ.get(ENV_TFLM)
+    given_d = deps or os.environ.get(ENV_TFLM_DEPS)
+    if not given_t or not given_d:
+        missing = ENV_TFLM if not given_t else ENV_TFLM_DEPS
+        raise EtforgeError(
+            f"--cpu-partitions needs TensorFlow Lite Micro's sources: set ${missing} "
+            "(docs/firmware.md, Sources: TFLM and its FlatBuffers/gemmlowp/ruy/CMSIS headers)"
+        )
+    t = Path(given_t).expanduser().resolve()
+    d = Path(given_d).expanduser().resolve()
+    if not (t / _M / "micro_interpreter.cc").is_file():
+        raise EtforgeError(
+            f"TensorFlow Lite Micro source at {t}: no {_M}/micro_interpreter.cc (--tflm-src or ${ENV_TFLM})"
+        )
+    if not (d / "flatbuffers/include/flatbuffers/flatbuffers.h").is_file() or not (d / "gemmlowp").is_dir():
+        raise EtforgeError(
+            f"TFLM dependencies at {d}: need flatbuffers/include, gemmlowp, ruy and cmsis (${ENV_TFLM_DEPS})"
+        )
+    return TflmSources(t, d)
+
+
+def identical_cmsis_nn(a: Path, b: Path) -> bool:
+    """Whether two CMSIS-NN trees have the same ``Include/`` and ``Source/`` files, byte for byte."""
+
+    def same(x: Path, y: Path) -> bool:
+        cmp = filecmp.dircmp(x, y)
+        if cmp.left_only or cmp.right_only or cmp.funny_files:
+            return False
+        _, mismatch, errors = filecmp.cmpfiles(x, y, cmp.common_files, shallow=False)
+        return not mismatch and not errors and all(same(x / s, y / s) for s in cmp.common_dirs)
+
+    return all(same(a / d, b / d) for d in ("Include", "Source"))
+
+
+def partition_ops(model: bytes) -> list[str]:
+    """Builtin op names a LiteRT flatbuffer uses (sorted); a custom op is refused."""
+    from ai_edge_litert import schema_py_generated as schema
+
+    names = {v: k for k, v in vars(schema.BuiltinOperator).items() if not k.startswith("_")}
+    m = schema.Model.GetRootAsModel(model, 0)
+    ops = set()
+    for i in range(m.OperatorCodesLength()):
+        oc = m.OperatorCodes(i)
+        code = max(int(oc.BuiltinCode()), int(oc.DeprecatedBuiltinCode()))
+        name = names.get(code, str(code))
+        if name == "CUSTOM":
+            raise EtforgeError(
+                f"LiteRT partition uses custom op {oc.CustomCode()!r}: TFLM has no kernel for it here"
+            )
+        ops.add(name)
+    return sorted(ops)
+
+
+def resolver_header(ops: list[str]) -> str:
+    """``etforge_tflm_ops.h``: the resolver's size and the ops registered in it."""
+    missing = [o for o in ops if o not in KERNELS]
+    if missing:
+        raise EtforgeError(
+            f"LiteRT op(s) {', '.join(missing)}: no TFLM kernel in etforge's TFLM build (tflm.KERNELS)"
+        )
+    calls = "".join(f"  r.{KERNELS[o][0]}();  // {o}\n" for o in ops)
+    return (
+        "// Generated by etforge (runtime/firmware/tflm.py): the LiteRT ops this program's partitions use.\n"
+        "#pragma once\n"
+        f"#define ETFORGE_TFLM_NUM_OPS {max(1, len(ops))}\n"
+        "template <typename R>\ninline void etforge_tflm_add_ops(R& r) {\n" + calls + "}\n"
+    )
+
+
+def kernel_sources(ops: list[str] | None = None) -> list[str]:
+    """TFLM kernel sources for ``ops`` (every op in ``KERNELS`` when None)."""
+    chosen = KERNELS.values() if ops is None else [KERNELS[o] for o in ops]
+    stems = sorted({s for _, files in chosen for s in files} | set(KERNEL_SUPPORT))
+    return [f"{_M}/kernels/{s}.cc" for s in stems]
+
+
+def library_key(src: TflmSources, nn: Path, recipe: bytes) -> str:
+    from etforge.runtime.firmware.build import _compiler_version, _hash_tree
+
+    h = hashlib.sha256(f"etforge-tflm {RECIPE_VERSION}\0".encode() + recipe)
+    h.update(_compiler_version())
+    h.update("\0".join(CORE).encode())
+    _hash_tree(h, src.tflm, ("tensorflow",))
+    _hash_tree(h, src.deps, ("flatbuffers", "gemmlowp", "ruy", "cmsis"))
+    _hash_tree(h, nn, ("Include", "Source"))
+    return h.hexdigest()[:20]
+
+
+def cmsis_nn_int_sources(nn: Path) -> list[str]:
+    """Every integer CMSIS-NN source (TFLM's kernels call the s4/s16 paths too), no float."""
+    skip = ("_f16", "_f32", "arm_nntables_flt")
+    return sorted(
+        str(p.relative_to(nn)) for p in (nn / "Source").rglob("*.c") if not any(s in p.stem for s in skip)
+    )
+
+
+def tflm_make(args: list[str], what: str) -> None:
+    import re
+    import subprocess
+
+    from etforge.runtime.firmware.build import _jobs, files_dir
+
+    cmd = ["make", "-s", "-f", str(files_dir() / "tflm.mk"), f"-j{_jobs()}", *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        text = proc.stderr + proc.stdout
+        first = next((ln for ln in text.splitlines() if re.search(r"error|undefined reference", ln)), None)
+        raise EtforgeError(f"TFLM build failed ({what}): {first or text.strip()[-400:]}")
+
+
+def _vars(src: TflmSources, nn: Path) -> list[str]:
+    return [f"T={src.tflm}", f"D={src.deps}", f"NN={nn}"]
+
+
+def compile_flags(src: TflmSources, nn: Path) -> str:
+    """The defines and include paths a translation unit including TFLM's headers needs."""
+    import subprocess
+
+    from etforge.runtime.firmware.build import files_dir
+
+    out = subprocess.run(
+        ["make", "-s", "-f", str(files_dir() / "tflm.mk"), *_vars(src, nn), "B=/nonexistent", "flags"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return out.stdout.strip()
+
+
+def build_library(src: TflmSources, nn: Path, root: Path) -> tuple[Path, str, bool]:
+    """``libtflm.a`` and ``libcmsis_nn_int.a`` for ``src`` (built when missing, cached by content)."""
+    import time
+
+    from etforge.runtime.firmware.build import _STAMP, _locked, files_dir
+
+    key = library_key(src, nn, (files_dir() / "tflm.mk").read_bytes())
+    lib = root / f"tflm-{key}"
+    with _locked(root / f"tflm-{key}.lock"):
+        if (lib / _STAMP).is_file():
+            return lib, key, False
+        t0 = time.monotonic()
+        print(f"etforge: building TensorFlow Lite Micro for the image (once; cached in {lib})", flush=True)
+        tflm_make(
+            _vars(src, nn)
+            + [f"B={lib}", f"CORE={' '.join(CORE)}", f"NNSRC={' '.join(cmsis_nn_int_sources(nn))}", "lib"],
+            "TFLM library",
+        )  # fmt: skip
+        (lib / _STAMP).write_text(f"{key}\n{time.monotonic() - t0:.0f} s\n")
+    return lib, key, True
+
+
+def kernel_objects(src: TflmSources, nn: Path, lib: Path, ops: list[str]) -> list[Path]:
+    """The kernels of ``ops``, compiled into ``lib`` when missing (under its lock)."""
+    from etforge.runtime.firmware.build import _locked
+
+    ksrc = kernel_sources(ops)
+    with _locked(lib.parent / f"{lib.name}.lock"):
+        tflm_make(_vars(src, nn) + [f"B={lib}", f"KSRC={' '.join(ksrc)}", "kernels"], "TFLM kernels")
+    return [lib / "kern" / Path(k).with_suffix(".o") for k in ksrc]

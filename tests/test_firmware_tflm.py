@@ -1,0 +1,91 @@
+"""imxrt700cm programs with host-only NPU partitions run whole on the emulated Cortex-M33: the
+CPU side in ExecuTorch's runtime, each partition in TensorFlow Lite Micro with CMSIS-NN — an
+explicit opt-in (``--cpu-partitions``), never the NPU — bit for bit what the host interpreter
+computes with LiteRT's reference kernels for the partitions."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from etforge.core.common.errors import EtforgeError
+from etforge.runtime.firmware import build, conformance, device, sources, tflm
+
+from support import THIRD_PARTY, run_cli
+
+
+def _missing() -> str | None:
+    why = conformance.missing()
+    if why is None:
+        try:
+            tflm.locate_tflm()
+        except EtforgeError as e:
+            return str(e)
+    return why
+
+
+pytestmark = pytest.mark.skipif(_missing() is not None, reason=str(_missing()))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def firmware_cache(request: pytest.FixtureRequest) -> Iterator[Path]:
+    root = Path(request.config.cache.mkdir("etforge-firmware"))
+    old = os.environ.get(build.ENV_CACHE)
+    os.environ[build.ENV_CACHE] = str(root)
+    yield root
+    if old is None:
+        os.environ.pop(build.ENV_CACHE, None)
+    else:
+        os.environ[build.ENV_CACHE] = old
+
+
+@pytest.fixture(scope="module")
+def cifarnet(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("tflm") / "cifarnet"
+    proc = run_cli("compile", "zoo:cifarnet", "--target", "imxrt700cm", "-o", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return out
+
+
+def test_one_cmsis_nn_serves_both() -> None:
+    """ExecuTorch's CMSIS-NN pin and TFLM's have the same sources byte for byte: the image links
+    ExecuTorch's for the cortex_m ops and TFLM's kernels alike, and no result can change."""
+    tp = THIRD_PARTY
+    if not (tp / "tflm-deps" / "cmsis-nn-tflm").is_dir():
+        pytest.skip("TFLM's CMSIS-NN pin is not in ../shared/third_party")
+    assert tflm.identical_cmsis_nn(sources.locate().cmsis_nn, tp / "tflm-deps" / "cmsis-nn-tflm")
+
+
+def test_partitions_need_the_opt_in(cifarnet: Path) -> None:
+    with pytest.raises(
+        EtforgeError, match=r"--cpu-partitions runs host-only partitions in TensorFlow Lite Micro"
+    ):
+        device.verify(cifarnet, samples=1)
+
+
+def test_imxrt700cm_program_with_partitions_in_tflm_is_bit_exact(cifarnet: Path) -> None:
+    v = device.verify(cifarnet, samples=3, cpu_partitions=True)
+    assert v.failures == [] and v.identical == 3, v.failures
+    assert v.tflm_arenas and all(0 < used <= size for size, used in v.tflm_arenas)
+    delegates = [r for r in v.per_op if r["op"].startswith("delegate")]
+    assert delegates and all(r["instructions"] > 0 for r in delegates)
+
+
+def test_verify_cli_says_where_partitions_ran(cifarnet: Path) -> None:
+    proc = run_cli("verify", str(cifarnet), "--runtime", "qemu-m33", "--samples", "1", "--cpu-partitions")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "in TensorFlow Lite Micro with CMSIS-NN (--cpu-partitions), not on the NPU" in proc.stdout
+    assert "CPU side" in proc.stdout
+
+
+def test_imxrt700_program_with_partitions_in_tflm_is_bit_exact(tmp_path: Path) -> None:
+    """The other NPU target: ds_cnn (depthwise-separable convs) for imxrt700, through the CLI."""
+    out = tmp_path / "ds_cnn"
+    proc = run_cli("compile", "zoo:ds_cnn", "--target", "imxrt700", "-o", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    proc = run_cli("verify", str(out), "--runtime", "qemu-m33", "--samples", "2", "--cpu-partitions")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "2/2 samples" in proc.stdout and "verify passed on qemu-m33" in proc.stdout
