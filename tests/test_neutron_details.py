@@ -71,8 +71,17 @@ def test_a_constant_built_in_forward_is_folded_into_the_partition(target: str) -
 
 
 class SoftmaxOverWidth(torch.nn.Module):
+    """A conv stores its output channels-last in the partition; the softmax is then over a
+    dim that is not stored last (a partition of layout-free ops keeps the model's order, and a
+    softmax over its last dim needs no TRANSPOSE at all)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = torch.nn.Conv2d(8, 8, 1)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.softmax(x * 2.0, dim=3)
+        return torch.softmax(self.conv(x), dim=3)
 
 
 def test_a_softmax_off_the_channel_axis_runs_between_transposes_on_the_npu() -> None:

@@ -20,6 +20,7 @@ from test_idiom import FACTORY, _model, _ops
 
 import etforge
 from etforge.core.common.errors import EtforgeError
+from etforge.core.contracts.hookspecs import hookimpl
 from etforge.core.registry.manager import extra_plugins, registry
 from etforge.recipes import BACKEND, EtforgeRecipeType, member_name, recipe_types, target_recipe
 
@@ -53,6 +54,7 @@ class VariantPlugin:
     """A target plugin registered the way a third-party one is: the RT700 under another name."""
 
     @staticmethod
+    @hookimpl
     def etforge_targets() -> list[Any]:
         return [dataclasses.replace(registry().target("imxrt700"), name="rt700-variant")]
 
