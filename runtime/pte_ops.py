@@ -190,8 +190,14 @@ def kernel(name: str, overload: str) -> Kernel:
 
 def own_functional(target: Any) -> Callable[..., Any] | None:
     """etforge's kernel for a functional ``cortex_m`` op as an Edge graph calls it (``host.py``),
-    taking the functional arguments plus ``out``; None for every other op."""
+    taking the functional arguments plus ``out``; for an op in ``DEVICE_ARITHMETIC`` its device
+    arithmetic (the Edge run and ``model.pte``'s interpreter must compute alike, and as the
+    device does); None for every other op."""
     schema = getattr(target, "_schema", None)
-    if schema is None or not schema.name.startswith("cortex_m::") or not _OWN[0]:
+    if schema is None:
+        return None
+    if schema.name in DEVICE_ARITHMETIC and not schema.overload_name:
+        return DEVICE_ARITHMETIC[schema.name]
+    if not schema.name.startswith("cortex_m::") or not _OWN[0]:
         return None
     return cortex_m_kernels.KERNELS.get(schema.name)

@@ -270,14 +270,20 @@ def verify(
     data: str | None = None,
     max_accuracy_drop: float = DEFAULT_MAX_ACCURACY_DROP,
     steps: Steps | None = None,
+    report_fields: bool = True,
 ) -> Verification:
     """Verify the compile in ``out``; ``data``: labeled samples (``runtime.accuracy``) to
-    measure the accuracy drop on; ``steps``: progress callbacks (``runtime.verify_steps``)."""
+    measure the accuracy drop on; ``steps``: progress callbacks (``runtime.verify_steps``);
+    ``report_fields=False`` only where report.json is etforge's reference compile beside
+    another program (``script_pte``): its firmware fields then describe the reference, not
+    the program run, and no firmware is generated from them."""
     from etforge.core.common.threads import one_thread
 
     steps = steps or Steps()
     with one_thread():  # batch-1 ops: a spinning OpenMP pool only takes cores from others
-        result = _verify(out, samples, seed, max_steps, min_top1, kernels, data, max_accuracy_drop, steps)
+        result = _verify(
+            out, samples, seed, max_steps, min_top1, kernels, data, max_accuracy_drop, steps, report_fields
+        )
     result.seconds = dict(steps.seconds)
     return result
 
@@ -292,6 +298,7 @@ def _verify(
     data: str | None,
     max_accuracy_drop: float,
     steps: Steps,
+    report_fields: bool = True,
 ) -> Verification:
     from etforge.core.front.load import check_program_file
     from etforge.core.serialize.pte_check import check_pte
@@ -312,9 +319,10 @@ def _verify(
             check_program_file(out / output.QUANTIZED_PROGRAM)
         pte_path = out / output.PTE  # empty, truncated, corrupt or not this report's: refused here
         interp = PteInterpreter(check_pte(pte_path, report), str(pte_path))
-        from etforge.runtime.report_fields import refuse_forged
+        if report_fields:
+            from etforge.runtime.report_fields import refuse_forged
 
-        refuse_forged(interp.program, pte_path, report)  # the firmware's figures are the program's
+            refuse_forged(interp.program, pte_path, report)  # the firmware's figures are the program's
         done["line"] = (
             f"hash chain: {output.PTE} and {len(report.get('files_sha256') or {})} side file(s) "
             f"match {output.REPORT}, its firmware fields the program's"

@@ -24,9 +24,16 @@ MODEL = str(REPO / "tests" / "models" / "user_models.py")
 
 
 def cli(*args: str) -> tuple[int, str, str]:
-    from etforge.cli import main
+    """The CLI in this process, 200 columns wide whatever an earlier test left the console at
+    (a narrower summary shows fewer notes and counts the rest)."""
+    from etforge.cli import common, main
 
-    r = CliRunner().invoke(main, ["-v", *args])  # -v: keep this process's logging as it is
+    widths = common.console.width, common.err_console.width
+    common.console.width = common.err_console.width = 200
+    try:
+        r = CliRunner().invoke(main, ["-v", *args])  # -v: keep this process's logging as it is
+    finally:
+        common.console.width, common.err_console.width = widths
     return r.exit_code, r.stdout, r.stderr
 
 
