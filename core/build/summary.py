@@ -136,7 +136,7 @@ def summary_lines(report: dict[str, Any], out: str | None = None, width: int = 8
         if fallback:
             parts = ", ".join(f"{p['name']} {p['fallback_arena_bytes']:,} B" for p in fallback)
             lines += _fill(
-                f"on the CPU instead: {parts} ({mem.get('fallback_arena_source', '')})", width, "  "
+                f"CPU fallback arena: {parts} ({mem.get('fallback_arena_source', '')})", width, "  "
             )
     same = report.get("float_equivalence") or {}
     if same.get("passed") is False:  # verify fails this build
