@@ -34,9 +34,11 @@ ALIGN = 16
 #: ``TfLiteEvalTensor`` (12 B) + its ``AllocationInfo`` during planning (24 B), per tensor;
 PER_TENSOR = 40
 #: ``NodeAndRegistration`` (44 B), the parsed builtin options (<= 64 B) and the kernel's
-#: ``OpData`` (<= 160 B), per op, plus 8 B per output channel (per-channel multiplier, shift);
+#: ``OpData`` (<= 160 B), per op, plus 8 B per output channel (per-channel multiplier, shift)
+#: of the ops that keep them;
 PER_OP = 272
 PER_CHANNEL = 8
+_PER_CHANNEL_OPS = ("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED", "TRANSPOSE_CONV")
 #: the interpreter's ``TfLiteTensor`` (64 B) and its quantization arrays, per partition I/O;
 PER_IO = 160
 #: the planner's entry (requirements, sorted size and id, list entry, offset: 40 B) per buffer;
@@ -142,7 +144,8 @@ def arena_bytes(model: bytes) -> int:
             scratch = _scratch(name, ins, outs)
             if scratch:
                 buffers.append((_align(scratch), k, k))
-            channels += sum(_shape(t)[-1] if _shape(t) else 1 for t in outs)
+            if name in _PER_CHANNEL_OPS:  # TFLM keeps a multiplier and a shift per output channel
+                channels += sum(_shape(t)[-1] if _shape(t) else 1 for t in outs)
         total += _align(_greedy(buffers))
         total += PER_TENSOR * len(tensors) + PER_OP * len(ops) + PER_CHANNEL * channels
         total += PER_BUFFER * len(buffers)
