@@ -69,7 +69,7 @@ def test_summary_shows_it(compiled: tuple[object, Path]) -> None:
     sizes = ", ".join(
         f"{p['name']} {p['fallback_arena_bytes']:,} B" for p in report["memory"]["npu_partitions"]
     )
-    assert f"CPU fallback arena: {sizes} (" in text
+    assert f"in TFLM on the CPU instead: {sizes})" in text
 
 
 def test_header_says_where_each_partition_runs(compiled: tuple[object, Path]) -> None:
