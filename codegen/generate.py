@@ -190,6 +190,7 @@ def generate(
         "neutron_selection": bool(selections),
         "delegates": delegates,
         "host_only_partitions": host_only,
+        "fallback_arenas": program_facts.fallback_arenas(program.program),
         "operators": [e.op for e in entries],
         "parts": selections,
         "cmake_name": names["cmake"],

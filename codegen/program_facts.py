@@ -107,3 +107,19 @@ def npu_working(program: Any) -> list[tuple[str | None, int | None]]:
             working = plan_partition(blob.partition, blob.data).working_bytes if blob.host_only else None
             out.append((blob.partition, working))
     return out
+
+
+def fallback_arenas(program: Any) -> list[int | None]:
+    """Each delegate's TensorFlow Lite Micro arena when it runs on the CPU instead of the NPU
+    (a host-only payload's LiteRT model, ``plugins/targets/tflm_arena.py``: the figure
+    report.json states), in program order; None for a device payload (it runs on the NPU)."""
+    from etforge.core.litert import payload
+    from etforge.plugins.targets.tflm_arena import arena_bytes
+
+    out: list[int | None] = []
+    for plan in program.execution_plan:
+        for d in plan.delegates:
+            data = bytes(program.backend_delegate_data[d.processed.index].data)
+            blob = payload.unpack(data) if data[:4] == payload.MAGIC else None
+            out.append(arena_bytes(blob.data) if blob is not None and blob.host_only else None)
+    return out

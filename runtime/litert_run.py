@@ -6,6 +6,8 @@ with the quantized reference exactly and any conversion error stands out. ``refe
 the reference kernels, whose fixed-point requantization (two roundings, as TFLite Micro
 and CMSIS-NN do) is one step off on a fraction of a percent of elements; deep random-weight
 nets amplify that into tens of steps at the output, a property of the kernels, not the model.
+``tflm``: the reference kernels with int8 FULLY_CONNECTED computed as TFLite Micro does
+(``runtime.tflm_arith``): what a partition run in TFLM on the device computes.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-KERNELS = ("default", "reference")
+KERNELS = ("default", "reference", "tflm")
 
 
 def interpreter(model: bytes, kernels: str, preserve_all_tensors: bool = False) -> Any:
@@ -27,6 +29,10 @@ def interpreter(model: bytes, kernels: str, preserve_all_tensors: bool = False) 
     if kernels not in KERNELS:
         raise ValueError(f"unknown LiteRT kernels {kernels!r} (known: {', '.join(KERNELS)})")
     resolver = OpResolverType.AUTO if kernels == "default" else OpResolverType.BUILTIN_REF
+    if kernels == "tflm":  # the reference kernels on a rewrite computing TFLM's FULLY_CONNECTED
+        from etforge.runtime.tflm_arith import tflm_model
+
+        model = tflm_model(model)
     from etforge.core.common.quiet import native_stderr
     from etforge.core.common.threads import LITERT_THREADS
 

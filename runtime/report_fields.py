@@ -84,6 +84,9 @@ def mismatches(program: Any, pte: Path, report: dict[str, Any]) -> list[str]:
                 check(f"memory.npu_partitions[{i}].name", rep.get("name"), name)
             if size is not None:
                 check(f"memory.npu_partitions[{i}].working_bytes", rep.get("working_bytes"), size)
+        for i, (rep, arena) in enumerate(zip(parts, program_facts.fallback_arenas(program), strict=True)):
+            if isinstance(rep, dict) and "fallback_arena_bytes" in rep:  # a host-only partition's
+                check(f"memory.npu_partitions[{i}].fallback_arena_bytes", rep["fallback_arena_bytes"], arena)
         sizes = [p.get("working_bytes") for p in parts if isinstance(p, dict)]
         if all(isinstance(s, int) for s in sizes):
             check("memory.npu_working_bytes_max", memory.get("npu_working_bytes_max"), max(sizes, default=0))

@@ -54,6 +54,10 @@ FORGERIES = {
         "imxrt700",
         lambda r: r["memory"]["npu_partitions"][0].update(working_bytes=64),
     ),
+    "memory.npu_partitions[0].fallback_arena_bytes": (
+        "imxrt700",
+        lambda r: r["memory"]["npu_partitions"][0].update(fallback_arena_bytes=64),
+    ),
     "inputs[0].shape": ("imxrt700", lambda r: r["inputs"][0].update(shape=[1, 3, 4, 4])),
     "memory.pte_bytes": ("cortex-m33", lambda r: r["memory"].update(pte_bytes=1)),
 }

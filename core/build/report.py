@@ -69,6 +69,20 @@ def npu_compiler_status(result: CompileResult, reg: Registry) -> tuple[str | Non
     return npu.compiler, bool(available), status
 
 
+def _npu_section(result: CompileResult) -> dict[str, Any]:
+    """The NPU partitions' working memory and, for each host-only one, what it needs where the
+    device runs it instead of the NPU (the target's ``NpuSpec.fallback_arena``, beside it)."""
+    section = npu_memory.report_section(npu_memory.plan_result(result))
+    npu = result.target.npu
+    if npu is None or npu.fallback_arena is None or not result.partitions:
+        return section
+    for entry, p in zip(section["npu_partitions"], result.partitions, strict=True):
+        if p.host_only:
+            entry["fallback_arena_bytes"] = npu.fallback_arena(p.converted.tflite)
+    section["fallback_arena_source"] = npu.fallback_arena_note
+    return section
+
+
 def build_report(result: CompileResult, reg: Registry, model: str) -> dict[str, Any]:
     """``report.json``: the target, every node's placement and why, the partitions, the CPU
     ops, memory, timings and the fallbacks taken (``docs/report.md``)."""
@@ -120,7 +134,7 @@ def build_report(result: CompileResult, reg: Registry, model: str) -> dict[str, 
         "memory": {
             **memory_stats(result.executorch).as_dict(),
             "pte_bytes": len(result.pte),
-            **npu_memory.report_section(npu_memory.plan_result(result)),
+            **_npu_section(result),
         },
         "pte_sha256": hashlib.sha256(result.pte).hexdigest(),
         "notes": list(result.notes),

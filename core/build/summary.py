@@ -126,12 +126,14 @@ def summary_lines(report: dict[str, Any], out: str | None = None, width: int = 8
     )
     if mem.get("npu_partitions"):
         parts = ", ".join(f"{p['name']} {p['working_bytes']:,} B" for p in mem["npu_partitions"])
-        lines += _fill(
-            f"NPU working memory: {parts} (etforge's host estimate; the device figure comes from "
-            "the NPU compiler, when it is installed)",
-            width,
-            "  ",
-        )
+        where = "the device figure comes from the NPU compiler, when it is installed"
+        # host-only partitions: what they need on the CPU instead (memory.fallback_arena_source)
+        fallback = [p for p in mem["npu_partitions"] if "fallback_arena_bytes" in p]
+        if fallback:
+            where = "in TFLM on the CPU instead: " + ", ".join(
+                f"{p['name']} {p['fallback_arena_bytes']:,} B" for p in fallback
+            )
+        lines += _fill(f"NPU working memory: {parts} (etforge's host estimate; {where})", width, "  ")
     same = report.get("float_equivalence") or {}
     if same.get("passed") is False:  # verify fails this build
         lines += _fill(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -92,6 +93,11 @@ class NpuSpec:
     #: a host LiteRT target that checks any converter, False for a chip's NPU (a converter
     #: reaches it only by naming its family, its target or every NPU).
     takes_undeclared_converters: bool = False
+    #: Bytes a host-only partition (no NPU code) needs where the target's device can run it
+    #: instead of the NPU, from its LiteRT flatbuffer, and what that figure is: shown beside
+    #: the NPU working memory (report, summary, model header). None: nowhere on the device.
+    fallback_arena: Callable[[bytes], int] | None = None
+    fallback_arena_note: str = ""
 
     def limit(self, key: str, default: int) -> int:
         return self.limits.get(key, default)

@@ -10,6 +10,7 @@ installed, read from it instead (``probe``).
 
 from __future__ import annotations
 
+from etforge.plugins.targets import tflm_arena
 from etforge.plugins.targets.cortex_m import CPU_OPTIONS, DIM_ORDER_OPTION
 from etforge.sdk import NpuSpec, OptionSpec, PartitionCheck, TargetSpec, hookimpl
 
@@ -64,6 +65,8 @@ DECLARES: dict[str, str] = {
 }
 
 NEUTRON_C = NpuSpec(
+    fallback_arena=tflm_arena.arena_bytes,
+    fallback_arena_note=tflm_arena.NOTE,
     family="neutron-c",
     num_macs=16,
     dtypes=("int8",),

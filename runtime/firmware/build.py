@@ -269,7 +269,9 @@ def build_image(
         if tbuilt:
             lib_built = True
         ops = sorted({op for _, model in partitions for op in tflm.partition_ops(model)})
-        ops_header = tflm.resolver_header(ops)
+        from etforge.plugins.targets.tflm_arena import arena_bytes
+
+        ops_header = tflm.resolver_header(ops, [arena_bytes(model) for _, model in partitions])
         kobjs = tflm.kernel_objects(tsrc, src.cmsis_nn, tlib, ops)
         defs += ["-DETFORGE_ALLOW_HOST_ONLY", "-DETFORGE_TFLM_PARTITIONS"]
         flags = " ".join(t for t in tflm.compile_flags(tsrc, src.cmsis_nn).split() if "HEADER_FILE" not in t)

@@ -10,7 +10,7 @@ Programs with NPU partitions need their delegate's device runtime linked into th
 ``DELEGATE_BACKENDS`` is where such a backend is registered (none is: the Neutron runtime comes
 with NXP's SDK). With ``cpu_partitions`` (an explicit opt-in) host-only LiteRT partitions run in
 TensorFlow Lite Micro on the CPU instead (``tflm.py``) and ``verify`` compares them with LiteRT's
-reference kernels; Neutron microcode, or partitions without the opt-in, are refused before
+reference kernels in TFLM's arithmetic (``runtime.tflm_arith``); Neutron microcode, or partitions without the opt-in, are refused before
 anything is built.
 """
 
@@ -337,12 +337,13 @@ def verify(
     """Run ``out`` on the device runtime and require its outputs to equal the host
     interpreter's bit for bit, and its planned memory to be the report's arena. Partitions run
     in TFLM with CMSIS-NN (``cpu_partitions``) compute LiteRT's *reference* kernels'
-    arithmetic, so the host runs those for them."""
+    arithmetic but for FULLY_CONNECTED's requantization, so the host runs those kernels on a
+    rewrite computing TFLM's FC (``runtime.tflm_arith``, kernels ``"tflm"``)."""
     dev = run(out, runtime, samples, inputs, seed, executorch_src, cmsis_nn_src, arena_shrink, cpu_partitions)
     report, interp = _load(out)
     out_values = [int(v) for v in interp.plan.outputs]
     identical, first = 0, None
-    kernels = "reference" if cpu_partitions else "default"
+    kernels = "tflm" if cpu_partitions else "default"
     for s, (batch, device_outs) in enumerate(zip(dev.inputs, dev.outputs, strict=True)):
         host_outs = interp.run(list(batch), kernels=kernels)
         same = True

@@ -25,9 +25,6 @@
 #include "tensorflow/lite/micro/micro_mutable_op_resolver.h"
 #include "tensorflow/lite/schema/schema_generated.h"
 
-#ifndef ETFORGE_TFLM_ARENA_BYTES
-#define ETFORGE_TFLM_ARENA_BYTES (1u << 20)
-#endif
 #define ETFORGE_TFLM_MAX_IO 8
 #define ETFORGE_TFLM_MAX_DIMS 8
 
@@ -133,24 +130,26 @@ class TflmPartitions final : public BackendInterface {
     }
     if (((uintptr_t)model & 15) != 0) return Error::DelegateInvalidCompatibility;
     // the interpreter reads the weights in place: `processed` is kept
-    part->index = g_partitions++;
-    part->arena = (uint8_t*)memalign(16, ETFORGE_TFLM_ARENA_BYTES);
+    part->index = g_partitions++;  // ExecuTorch initialises delegates in program order
+    if (part->index >= ETFORGE_TFLM_NUM_PARTITIONS) return Error::DelegateInvalidCompatibility;
+    const unsigned arena_bytes = etforge_tflm_arena_bytes[part->index];  // computed at compile time
+    part->arena = (uint8_t*)memalign(16, arena_bytes);
     void* mem = a->allocate(sizeof(tflite::MicroInterpreter), alignof(tflite::MicroInterpreter));
     if (part->arena == nullptr || mem == nullptr) return Error::DelegateMemoryAllocationFailed;
     static tflite::MicroMutableOpResolver<ETFORGE_TFLM_NUM_OPS> resolver;
     static bool added = false;
     if (!added) { etforge_tflm_add_ops(resolver); added = true; }
     part->interp = new (mem) tflite::MicroInterpreter(tflite::GetModel(model), resolver, part->arena,
-                                                      ETFORGE_TFLM_ARENA_BYTES);
+                                                      arena_bytes);
     if (part->interp->AllocateTensors() != kTfLiteOk) {
-      ET_LOG(Error, "EtforgeNpuBackend (TFLM on the CPU): AllocateTensors failed (arena of %u bytes too small?)",
-             (unsigned)ETFORGE_TFLM_ARENA_BYTES);
+      ET_LOG(Error, "EtforgeNpuBackend (TFLM on the CPU): partition %d: AllocateTensors failed in the "
+             "compile-time arena of %u bytes (plugins/targets/tflm_arena.py)", part->index, arena_bytes);
       return Error::DelegateInvalidCompatibility;
     }
     if ((int)part->interp->inputs_size() != part->in.count || (int)part->interp->outputs_size() != part->out.count)
       return Error::DelegateInvalidCompatibility;
-    printf("etforge: tflm partition %d arena %u bytes used %u bytes\n", part->index,
-           (unsigned)ETFORGE_TFLM_ARENA_BYTES, (unsigned)part->interp->arena_used_bytes());
+    printf("etforge: tflm partition %d arena %u bytes used %u bytes\n", part->index, arena_bytes,
+           (unsigned)part->interp->arena_used_bytes());
     return part;
   }
 
