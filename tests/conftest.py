@@ -26,6 +26,14 @@ if (_THIRD_PARTY / "tflite-micro").is_dir():
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Firmware builds go to pytest's cache directory: entries are named by content hash, so one
+    cold build serves every later run (and every worker) until the sources or the recipe change."""
+    cache = getattr(config, "cache", None)  # None under -p no:cacheprovider
+    if cache is not None:
+        os.environ.setdefault("ETFORGE_FIRMWARE_CACHE", str(cache.mkdir("etforge-firmware")))
+
+
 def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginManager) -> None:
     """Accept pyproject's ``-n 2 --dist loadfile`` when pytest-xdist is off (``-p no:xdist``)."""
     if pluginmanager.hasplugin("xdist"):

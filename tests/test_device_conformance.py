@@ -13,8 +13,6 @@ float math-library and accumulation results agree within ``conformance.FLOAT_ULP
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,19 +22,6 @@ from etforge.runtime.firmware import build, conformance, device
 from etforge.runtime.firmware import conformance_cases as cases
 
 pytestmark = pytest.mark.skipif(conformance.missing() is not None, reason=str(conformance.missing()))
-
-
-@pytest.fixture(scope="module", autouse=True)
-def firmware_cache(request: pytest.FixtureRequest) -> Iterator[Path]:
-    """The firmware build cache in pytest's cache (content-hashed: a warm run builds nothing)."""
-    root = Path(request.config.cache.mkdir("etforge-firmware"))
-    old = os.environ.get(build.ENV_CACHE)
-    os.environ[build.ENV_CACHE] = str(root)
-    yield root
-    if old is None:
-        os.environ.pop(build.ENV_CACHE, None)
-    else:
-        os.environ[build.ENV_CACHE] = old
 
 
 @pytest.mark.parametrize("group", sorted(cases.ALL))

@@ -10,9 +10,7 @@ sources (``../shared/third_party`` in CI, or ``ETFORGE_EXECUTORCH_SRC`` / ``ETFO
 
 from __future__ import annotations
 
-import os
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -46,20 +44,6 @@ def _missing() -> str | None:
 
 
 pytestmark = pytest.mark.skipif(_missing() is not None, reason=str(_missing()))
-
-
-@pytest.fixture(scope="module", autouse=True)
-def firmware_cache(request: pytest.FixtureRequest) -> Iterator[Path]:
-    """The build cache, in pytest's cache directory: entries are named by content hash, so one
-    cold build serves every later run until the sources or the recipe change."""
-    root = Path(request.config.cache.mkdir("etforge-firmware"))
-    old = os.environ.get(build.ENV_CACHE)
-    os.environ[build.ENV_CACHE] = str(root)
-    yield root
-    if old is None:
-        os.environ.pop(build.ENV_CACHE, None)
-    else:
-        os.environ[build.ENV_CACHE] = old
 
 
 @pytest.fixture(scope="module")

@@ -5,14 +5,12 @@ computes with LiteRT's reference kernels for the partitions."""
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from etforge.core.common.errors import EtforgeError
-from etforge.runtime.firmware import build, conformance, device, sources, tflm
+from etforge.runtime.firmware import conformance, device, sources, tflm
 
 from support import THIRD_PARTY, run_cli
 
@@ -28,18 +26,6 @@ def _missing() -> str | None:
 
 
 pytestmark = pytest.mark.skipif(_missing() is not None, reason=str(_missing()))
-
-
-@pytest.fixture(scope="module", autouse=True)
-def firmware_cache(request: pytest.FixtureRequest) -> Iterator[Path]:
-    root = Path(request.config.cache.mkdir("etforge-firmware"))
-    old = os.environ.get(build.ENV_CACHE)
-    os.environ[build.ENV_CACHE] = str(root)
-    yield root
-    if old is None:
-        os.environ.pop(build.ENV_CACHE, None)
-    else:
-        os.environ[build.ENV_CACHE] = old
 
 
 @pytest.fixture(scope="module")

@@ -7,13 +7,11 @@ activations, ``+=`` residuals, channel shuffles through ``view``/``transpose``, 
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from etforge.runtime.firmware import build, conformance, device
+from etforge.runtime.firmware import conformance, device
 
 pytestmark = pytest.mark.skipif(conformance.missing() is not None, reason=str(conformance.missing()))
 
@@ -22,18 +20,6 @@ pytestmark = pytest.mark.skipif(conformance.missing() is not None, reason=str(co
 FAMILIES = ["mobilenet_v2", "mobilenet_v3_small", "shufflenet_v2_x0_5", "squeezenet1_1"]
 #: Input side: small enough that each runs in seconds under QEMU.
 RESOLUTION = 64
-
-
-@pytest.fixture(scope="module", autouse=True)
-def firmware_cache(request: pytest.FixtureRequest) -> Iterator[Path]:
-    root = Path(request.config.cache.mkdir("etforge-firmware"))
-    old = os.environ.get(build.ENV_CACHE)
-    os.environ[build.ENV_CACHE] = str(root)
-    yield root
-    if old is None:
-        os.environ.pop(build.ENV_CACHE, None)
-    else:
-        os.environ[build.ENV_CACHE] = old
 
 
 @pytest.mark.parametrize("family", FAMILIES)
