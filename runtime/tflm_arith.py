@@ -10,7 +10,10 @@ imxrt700cm, sample 2 of seed 0, output 2: LiteRT -58, TFLM -59, accumulator -123
 
 ``tflm_model`` turns each int8 FULLY_CONNECTED into RESHAPE -> CONV_2D (1x1, the same weight
 bytes, quantization, bias and fused activation) -> RESHAPE, whose reference kernel
-requantizes as TFLM's FC does. Only the host's check of a device run uses it
+requantizes as TFLM's FC does. An FC whose weights carry a zero point (a constant matrix
+operand quantized asymmetrically; CONV_2D takes symmetric weights only) keeps LiteRT's FC:
+its rounding against TFLM's is not proven, and a difference fails the device check (it is
+never hidden). Only the host's check of a device run uses it
 (``litert_run`` kernels ``"tflm"``); the program's partitions are never changed.
 """
 
@@ -69,6 +72,11 @@ def _rewrite_fc(model: Any, graph: Any, schema: Any, op: Any, k: int) -> list[An
     int8 = schema.TensorType.INT8
     data = model.buffers[w.buffer].data
     if x.type != int8 or w.type != int8 or y.type != int8 or data is None or len(data) == 0:
+        return None
+    zero_points = w.quantization.zeroPoint if w.quantization is not None else None
+    if zero_points is not None and any(int(z) != 0 for z in zero_points):
+        # A constant matrix operand quantized with a zero point (mm/addmm of two activations'
+        # kind): CONV_2D takes symmetric weights only, so this FC stays LiteRT's (module doc).
         return None
     o, depth = int(w.shape[0]), int(w.shape[1])
     batch = math.prod(int(d) for d in x.shape) // depth
