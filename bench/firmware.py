@@ -68,6 +68,7 @@ def row(name: str, make: Any, root: Path, samples: int) -> dict[str, Any]:
         "program": name,
         "identical": f"{v.identical}/{v.samples}",
         "instructions": v.instructions[0] if v.instructions else None,
+        "resolution": v.instructions_per_tick,
         "arena": v.planned == v.report_arena,
         "first_difference": v.first_difference or "; ".join(v.failures) or "",
     }

@@ -102,7 +102,11 @@ function(etforge_add_model target)
   endif()
 
   set(name "${ARG_NAME}")
-  set(gen "${CMAKE_CURRENT_BINARY_DIR}/etforge/${target}/${name}")
+  # "etforge-gen": no directory the build runs Python in may be importable as "etforge" (python -m
+  # puts the working directory first on sys.path, where a folder named etforge would shadow
+  # an editable install); the commands also run inside their own output directory.
+  set(gen "${CMAKE_CURRENT_BINARY_DIR}/etforge-gen/${target}/${name}")
+  file(MAKE_DIRECTORY "${gen}")
   set(outputs "${gen}/${name}_kernels.cpp" "${gen}/${name}.h" "${gen}/${name}_api.h"
     "${gen}/${name}_api.cpp" "${gen}/${name}_pte.S" "${gen}/${name}.pte" "${gen}/selected_operators.yaml")
   set(sections)
@@ -124,6 +128,7 @@ function(etforge_add_model target)
     # a newer etforge (its templates) regenerates too
     DEPENDS "${pte}" "${report}" ${_ETFORGE_TEMPLATES}
     COMMENT "etforge codegen ${name}: ${pte}"
+    WORKING_DIRECTORY "${gen}"
     VERBATIM)
   target_sources(${target} PRIVATE "${gen}/${name}_kernels.cpp" "${gen}/${name}_api.cpp" "${gen}/${name}_pte.S")
   set_source_files_properties("${gen}/${name}_pte.S" PROPERTIES
@@ -192,11 +197,13 @@ function(_etforge_build_runtime target)
   if(NOT ptes)
     message(FATAL_ERROR "etforge_add_runtime(${target}): no etforge_add_model(${target} ...) in this directory")
   endif()
-  set(dir "${CMAKE_CURRENT_BINARY_DIR}/etforge/${target}")
+  set(dir "${CMAKE_CURRENT_BINARY_DIR}/etforge-gen/${target}")
+  file(MAKE_DIRECTORY "${dir}")
   message(STATUS "etforge: selecting ${target}'s runtime sources (ExecuTorch ${et}, CMSIS-NN ${nn}, ${cpu})")
   execute_process(
     COMMAND "${ETFORGE_PYTHON}" -m etforge cmake-runtime --executorch-src "${et}" --cmsis-nn-src "${nn}"
             --cpu "${cpu}" --include-dir "${dir}/runtime" -o "${dir}/runtime.cmake" ${ptes}
+    WORKING_DIRECTORY "${dir}"
     RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
   if(NOT rc EQUAL 0)
     string(STRIP "${err}${out}" err)

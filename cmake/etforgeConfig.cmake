@@ -24,6 +24,7 @@ if(NOT ETFORGE_PYTHON)
 endif()
 execute_process(
   COMMAND "${ETFORGE_PYTHON}" -c "import etforge.cli.cmake as m; print(m.cmake_dir())"
+  WORKING_DIRECTORY "${CMAKE_CURRENT_LIST_DIR}"  # no folder here shadows an installed etforge
   RESULT_VARIABLE _etforge_rc OUTPUT_VARIABLE _etforge_dir ERROR_VARIABLE _etforge_err
   OUTPUT_STRIP_TRAILING_WHITESPACE)
 if(NOT _etforge_rc EQUAL 0)

@@ -90,6 +90,9 @@ class DeviceVerification:
     failures: list[str] = field(default_factory=list)
     #: Host-only partitions run in TFLM on the CPU: (arena bytes, used) each; empty otherwise.
     tflm_arenas: list[tuple[int, int]] = field(default_factory=list)
+    #: The count's quantum: instructions per timer tick (a count is a whole number of ticks,
+    #: so two runs of one program may differ by one tick where the tick's phase moves).
+    instructions_per_tick: int = 0
 
     @property
     def ok(self) -> bool:
@@ -370,4 +373,5 @@ def verify(
         runtime, len(dev.inputs), identical, first, dev.qemu.planned, report_arena,
         dev.qemu.instructions, per_op=dev.per_op, image=str(dev.image.elf), build_seconds=dev.image.seconds,
         built=dev.image.built, failures=failures, tflm_arenas=dev.qemu.tflm_arenas,
+        instructions_per_tick=dev.qemu.instructions_per_tick,
     )  # fmt: skip
