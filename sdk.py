@@ -11,7 +11,7 @@ Op converters (``etforge_op_converters``)
 Quantizer rules (``etforge_quantizer_rules``)
     QuantRule
 Rewrites (``etforge_rewrites``) and their graph-editing helpers
-    Rewrite, calls, call, replace, constant, val, attribute, batch_norm_affine
+    Rewrite, calls, call, replace, constant, val, attribute, batch_norm_affine, batch_norm_after
 Targets (``etforge_targets``), CPU backends, NPU compilers, partition checks
     TargetSpec, NpuSpec, OptionSpec, CpuBackend, KernelLibrary, LOWERING_NOTES_KEY,
     NpuCompiler, NpuPayload, PartitionIo, PartitionCheck, ProposedPartition
@@ -60,6 +60,7 @@ from etforge.core.contracts.rewrite import (
     Rewrite,
     attribute,
     batch_norm_affine,
+    batch_norm_after,
     call,
     calls,
     constant,
@@ -148,6 +149,7 @@ __all__ = [
     "TargetSpec",
     "attribute",
     "batch_norm_affine",
+    "batch_norm_after",
     "call",
     "replace",
     "calls",

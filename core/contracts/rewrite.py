@@ -129,6 +129,25 @@ def batch_norm_affine(gm: GraphModule, bn: Node) -> tuple[torch.Tensor, torch.Te
     return scale, bias.detach().double() - mean.detach().double() * scale
 
 
+def batch_norm_after(gm: GraphModule, producer: Node) -> tuple[Node, torch.Tensor, torch.Tensor] | None:
+    """(the batch norm, scale, shift) when ``producer``'s only user is an eval ``batch_norm`` of
+    it with constant parameters (``batch_norm_affine``): ``bn(y) == y * scale + shift``."""
+    import torch
+
+    users = list(producer.users)
+    if len(users) != 1:
+        return None
+    bn = users[0]
+    if (
+        bn.op != "call_function"
+        or bn.target != torch.ops.aten.batch_norm.default
+        or bn.args[0] is not producer
+    ):
+        return None
+    affine = batch_norm_affine(gm, bn)
+    return None if affine is None else (bn, *affine)
+
+
 def constant(gm: GraphModule, value: torch.Tensor, hint: str, before: Node) -> Node:
     """A ``get_attr`` node reading ``value`` as a new buffer of ``gm``, inserted before ``before``.
 

@@ -15,33 +15,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from etforge.sdk import Rewrite, hookimpl, replace
+from etforge.sdk import Rewrite, batch_norm_after, hookimpl, replace
 
 if TYPE_CHECKING:
-    import torch
-    from torch.fx import GraphModule, Node
+    from torch.fx import GraphModule
 
     from etforge.sdk import TargetSpec
 
 #: ``aten.conv2d`` / ``aten.conv1d`` argument defaults after the weight.
 _DEFAULTS = (None, 1, 0, 1, 1)
-
-
-def _folded_batch_norm(gm: GraphModule, conv: Node) -> tuple[Node, torch.Tensor, torch.Tensor] | None:
-    """(the batch norm, scale, shift) when ``conv``'s only user is an eval-mode batch norm
-    with constant parameters: ``bn(y) == y * scale + shift`` per channel."""
-    import torch
-
-    from etforge.sdk import batch_norm_affine
-
-    users = list(conv.users)
-    if len(users) != 1:
-        return None
-    bn = users[0]
-    if bn.op != "call_function" or bn.target != torch.ops.aten.batch_norm.default or bn.args[0] is not conv:
-        return None
-    affine = batch_norm_affine(gm, bn)
-    return None if affine is None else (bn, *affine)
 
 
 class SplitGroupedConv(Rewrite):
@@ -79,7 +61,7 @@ class SplitGroupedConv(Rewrite):
             weights = w.detach().double()
             bias = b.detach().double() if b is not None else torch.zeros(c_out, dtype=torch.float64)
             replaced = node
-            bn = _folded_batch_norm(gm, node)
+            bn = batch_norm_after(gm, node)
             if bn is not None:
                 replaced, scale, shift = bn
                 weights = weights * scale.reshape(-1, *[1] * (weights.dim() - 1))

@@ -12,11 +12,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from etforge.sdk import Rewrite
+from etforge.sdk import Rewrite, batch_norm_after
 
 if TYPE_CHECKING:
-    import torch
-    from torch.fx import GraphModule, Node
+    from torch.fx import GraphModule
 
     from etforge.sdk import TargetSpec
 
@@ -26,22 +25,6 @@ _DEFAULTS: tuple[Any, ...] = (None, 1, 0, 1, 1)
 
 def _one(value: Any) -> int:
     return int(value[0]) if isinstance(value, (list, tuple)) else int(value)
-
-
-def _batch_norm_after(gm: GraphModule, conv: Node) -> tuple[Node, torch.Tensor, torch.Tensor] | None:
-    """(the batch norm, scale, shift) when ``conv``'s only user is an eval batch norm."""
-    import torch
-
-    from etforge.sdk import batch_norm_affine
-
-    users = list(conv.users)
-    if len(users) != 1:
-        return None
-    bn = users[0]
-    if bn.op != "call_function" or bn.target != torch.ops.aten.batch_norm.default or bn.args[0] is not conv:
-        return None
-    affine = batch_norm_affine(gm, bn)
-    return None if affine is None else (bn, *affine)
 
 
 class Conv1dAsConv2d(Rewrite):
@@ -66,7 +49,7 @@ class Conv1dAsConv2d(Rewrite):
                 continue
             weights, bias = w.detach(), b.detach() if b is not None else None
             replaced = node
-            bn = _batch_norm_after(gm, node)
+            bn = batch_norm_after(gm, node)
             if bn is not None:
                 replaced, scale, shift = bn
                 weights = (weights.double() * scale.double().reshape(-1, 1, 1)).to(w.dtype)
