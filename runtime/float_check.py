@@ -9,6 +9,7 @@ the Edge op's float value on the same inputs (teacher-forced: each op gets LiteR
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -120,7 +121,9 @@ def check_float_program(
     from etforge.core.build.pipeline import lower
     from etforge.runtime.host import run_program
 
-    edge, _, _, _ = lower(float_ep, float_target(target), options, reg)
+    # A copy: lowering rewrites the program in place (a rewrite's constants join its
+    # signature), and the caller goes on using float_ep as the float model (verify --data).
+    edge, _, _, _ = lower(copy.deepcopy(float_ep), float_target(target), options, reg)
     program = edge.exported_program()
     worst: dict[tuple[str, str], FloatOp] = {}
     for batch in batches:
