@@ -341,9 +341,11 @@ def compile(  # noqa: A001 (the natural name, as in torch.compile)
     example = tuple(example_inputs)
     what = type(model).__name__
     if isinstance(model, torch.fx.GraphModule) and "etforge_qat" in model.meta:  # qat.PREPARED_KEY
+        prepared_for = model.meta["etforge_qat"].get("target")
+        other = f", not {target!r} (prepare the float model for {target!r})" if prepared_for != target else ""
         raise EtforgeError(
-            f"{what} was prepared for quantization-aware training: compile it with etforge.qat.compile "
-            "(etforge.compile would quantize its fake-quantized graph again)"
+            f"{what} was prepared for quantization-aware training on {prepared_for!r}{other}: compile it "
+            "with etforge.qat.compile (etforge.compile would quantize its fake-quantized graph again)"
         )
     check_weights(dict(model.state_dict()), what)
     check_inputs(example, f"{what}: example input")

@@ -80,8 +80,10 @@ def test_bad_input_is_refused() -> None:
         qat.compile(prepared, example, target="cortex-m33")
     with pytest.raises(EtforgeError, match="not prepared by etforge.qat.prepare"):
         qat.compile(_model(), example)  # type: ignore[arg-type]
-    with pytest.raises(EtforgeError, match="compile it with etforge.qat.compile"):
+    with pytest.raises(EtforgeError, match="on 'imxrt700': compile it with etforge.qat.compile"):
         etforge.compile(prepared, example, target="imxrt700")
+    with pytest.raises(EtforgeError, match=r"on 'imxrt700', not 'imxrt700cm' .*etforge.qat.compile"):
+        etforge.compile(prepared, example, target="imxrt700cm")
 
 
 def test_cpu_quantizer_fake_quantizes_in_training() -> None:
