@@ -59,7 +59,10 @@ def prepare(
     try:
         captured = torch.export.export(adapted, inputs, strict=False).module(check_guards=False)
     except Exception as exc:
-        raise EtforgeError(f"torch.export rejected {what}: {type(exc).__name__}: {exc}") from None
+        hint = ""
+        if "more than 1 value per channel when training" in str(exc):
+            hint = " (batch norm is captured in training mode: give a training batch, 2 or more samples, as example)"
+        raise EtforgeError(f"torch.export rejected {what}: {type(exc).__name__}: {exc}{hint}") from None
     prepared = prepare_qat_pt2e(captured, tgt.quantizer(qat=True))
     allow_exported_model_train_eval(prepared)
     move_exported_model_to_train(prepared)

@@ -117,6 +117,9 @@ def test_bad_input_is_refused() -> None:
     prepared.eval()
     with pytest.raises(EtforgeError, match=r"prepared for QAT on 'imxrt700', not 'cortex-m33'"):
         qat.compile(prepared, example, target="cortex-m33")
+    with_bn = nn.Sequential(nn.Linear(64, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 10)).eval()
+    with pytest.raises(EtforgeError, match=r"give a training batch, 2 or more samples, as example"):
+        qat.prepare(with_bn, example, target="imxrt700")
     with pytest.raises(EtforgeError, match="not prepared by etforge.qat.prepare"):
         qat.compile(_model(), example)  # type: ignore[arg-type]
     with pytest.raises(EtforgeError, match="on 'imxrt700': compile it with etforge.qat.compile"):
