@@ -67,6 +67,12 @@ def set_inputs(it: Any, inputs: Sequence[np.ndarray]) -> None:
 
 def run(model: bytes, inputs: Sequence[np.ndarray], kernels: str = "default") -> list[np.ndarray]:
     """Inputs/outputs in the model's subgraph order."""
+    if kernels == "tflm":  # int8 MUL as TFLM computes it (runtime.tflm_arith.run)
+        from etforge.runtime.tflm_arith import run as tflm_run
+
+        outs = tflm_run(model, inputs)
+        if outs is not None:
+            return outs
     it = _interpreter(model, kernels)
     set_inputs(it, inputs)
     it.invoke()
