@@ -149,6 +149,8 @@ class _Mul:
     qo: tuple[float, int]
     low: int
     high: int
+    #: Constant operands (tensor id -> int8 array from the flatbuffer's buffer).
+    constants: tuple[tuple[int, np.ndarray], ...] = ()
 
     def __call__(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """TFLM's int8 MUL (``reference_integer_ops::Mul``, CMSIS-NN ``arm_elementwise_mul_s8``):
@@ -187,7 +189,7 @@ def _activation_range(schema: Any, act: int, scale: float, zero_point: int) -> t
     return max(-128, lo), min(127, hi)
 
 
-def _as_mul(schema: Any, graph: Any, op: Any) -> _Mul | None:
+def _as_mul(schema: Any, model: Any, graph: Any, op: Any) -> _Mul | None:
     t = graph.tensors
     if len(op.inputs) != 2 or len(op.outputs) != 1:
         return None
@@ -199,7 +201,15 @@ def _as_mul(schema: Any, graph: Any, op: Any) -> _Mul | None:
         return None
     act = op.builtinOptions.fusedActivationFunction if op.builtinOptions is not None else 0
     low, high = _activation_range(schema, act, *q[2])  # type: ignore[misc]
-    return _Mul(op.inputs[0], op.inputs[1], op.outputs[0], q[0], q[1], q[2], low, high)  # type: ignore[arg-type]
+    constants = []
+    for i in op.inputs:
+        data = model.buffers[t[i].buffer].data if t[i].buffer else None
+        if data is not None and len(data):
+            constants.append(
+                (int(i), np.frombuffer(bytes(data), np.int8).reshape([int(d) for d in t[i].shape]))
+            )
+    a, b, out = (int(i) for i in (*op.inputs, *op.outputs))
+    return _Mul(a, b, out, q[0], q[1], q[2], low, high, tuple(constants))  # type: ignore[arg-type]
 
 
 #: A step of a cut partition: a LiteRT model (bytes, its input and output tensor ids) or a MUL.
@@ -223,7 +233,7 @@ def _steps(model: bytes) -> tuple[tuple[_Step, ...], tuple[int, ...], tuple[int,
     for k, op in enumerate(graph.operators):
         oc = m.operatorCodes[op.opcodeIndex]
         if max(int(oc.builtinCode), int(oc.deprecatedBuiltinCode)) == code and (
-            mul := _as_mul(schema, graph, op)
+            mul := _as_mul(schema, m, graph, op)
         ):
             muls[k] = mul
     if not muls:
@@ -242,12 +252,16 @@ def _steps(model: bytes) -> tuple[tuple[_Step, ...], tuple[int, ...], tuple[int,
         for i, t in enumerate(graph.tensors)
         if t.buffer and m.buffers[t.buffer].data is not None and len(m.buffers[t.buffer].data)
     }
-    graph_outputs = [int(i) for i in graph.outputs]
+    graph_inputs, graph_outputs = [int(i) for i in graph.inputs], [int(i) for i in graph.outputs]
     reads_after: list[set[int]] = []  # per group, tensors read by later groups or the graph's outputs
     later: set[int] = set(graph_outputs)
     for g in reversed(groups):
         reads_after.append(set(later))
-        later |= {g.a, g.b} if isinstance(g, _Mul) else {int(i) for k in g for i in ops[k].inputs if i >= 0}
+        later |= (
+            {g.a, g.b} - constant
+            if isinstance(g, _Mul)
+            else {int(i) for k in g for i in ops[k].inputs if i >= 0}
+        )
     reads_after.reverse()
     steps: list[_Step] = []
     for g, after in zip(groups, reads_after, strict=True):
@@ -262,7 +276,7 @@ def _steps(model: bytes) -> tuple[tuple[_Step, ...], tuple[int, ...], tuple[int,
         b = flatbuffers.Builder(len(model) + 1024)
         b.Finish(m.Pack(b), file_identifier=b"TFL3")
         steps.append((bytes(b.Output()), ins, outs))
-    return tuple(steps), tuple(int(i) for i in m.subgraphs[0].inputs), tuple(graph_outputs)
+    return tuple(steps), tuple(graph_inputs), tuple(graph_outputs)
 
 
 def run(model: bytes, inputs: Any) -> list[np.ndarray] | None:
@@ -277,7 +291,8 @@ def run(model: bytes, inputs: Any) -> list[np.ndarray] | None:
     env = {t: np.asarray(x) for t, x in zip(graph_inputs, inputs, strict=True)}
     for step in steps:
         if isinstance(step, _Mul):
-            env[step.out] = step(env[step.a], env[step.b])
+            known = {**env, **dict(step.constants)}
+            env[step.out] = step(known[step.a], known[step.b])
             continue
         piece, ins, outs = step
         it = litert_run._interpreter(piece, "reference")
