@@ -78,8 +78,9 @@ def _compile(made: tuple[Any, Any, Any], target: str, root: Path, name: str) -> 
     return out
 
 
-def row(name: str, made: tuple[Any, Any, Any], target: str, root: Path, samples: int) -> dict[str, Any]:
-    out = _compile(made, target, root, name)
+def row(name: str, make: Any, root: Path, samples: int, target: str = "cortex-m33") -> dict[str, Any]:
+    """One program on the device: ``make`` is a builder from ``programs`` or what it built."""
+    out = _compile(make() if callable(make) else make, target, root, name)
     v = device.verify(out, "qemu-m33", samples=samples, cpu_partitions=target != "cortex-m33")
     delegates = [r["instructions"] for r in v.per_op if r["op"].startswith("delegate")]
     total = v.instructions[0] if v.instructions else None
@@ -183,7 +184,7 @@ def main() -> None:
             made = make()
             for target in targets:
                 try:
-                    r = row(name, made, target, Path(tmp), args.samples)
+                    r = row(name, made, Path(tmp), args.samples, target)
                 except Exception as exc:  # a bench row, not a gate: print it and go on
                     r = {"program": name, "target": target, "identical": "error", "instructions": None,
                          "arena": False, "first_difference": f"{type(exc).__name__}: {exc}"}  # fmt: skip
