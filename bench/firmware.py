@@ -89,6 +89,7 @@ def row(name: str, make: Any, root: Path, samples: int, target: str = "cortex-m3
         "target": target,
         "identical": f"{v.identical}/{v.samples}",
         "instructions": total,
+        "resolution": v.instructions_per_tick,
         "partitions": sum(delegates) if delegates else None,
         "cpu_side": total - sum(delegates) if delegates and total else None,
         "tflm_arena": v.tflm_arenas,
