@@ -41,7 +41,8 @@ def _missing() -> str | None:
 pytestmark = pytest.mark.skipif(_missing() is not None, reason=str(_missing()))
 
 #: (program, target): residuals, SE gates (MUL, hardswish), channel shuffle (CPU-side
-#: chunk/cat between partitions), a U-Net (transposed conv, skip cat), 1-D convs, a
+#: chunk/cat between partitions), a U-Net (transposed conv, skip cat), a transformer block
+#: (RSQRT, which the TFLM build lacked), a
 #: torchvision family; cifarnet/ds_cnn/conv-flip-conv are in tests/test_firmware_tflm.py.
 PROGRAMS = [
     ("zoo:resnet8", "imxrt700"),
@@ -49,7 +50,7 @@ PROGRAMS = [
     ("mobilenet_v3_se", "imxrt700cm"),
     ("shufflenet", "imxrt700"),
     ("unet", "imxrt700cm"),
-    ("audio_conv1d", "imxrt700"),
+    ("transformer", "imxrt700"),
     ("torchvision:mobilenet_v3_small", "imxrt700cm"),
 ]
 #: Input side of the torchvision program (as tests/test_firmware_torchvision.py).

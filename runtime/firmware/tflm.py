@@ -63,6 +63,7 @@ KERNELS: dict[str, tuple[str, tuple[str, ...]]] = {
     "HARD_SWISH": ("AddHardSwish", ("hard_swish", "hard_swish_common")),
     "LOGISTIC": ("AddLogistic", ("logistic", "logistic_common")),
     "TANH": ("AddTanh", ("tanh",)),
+    "RSQRT": ("AddRsqrt", ("elementwise",)),
     "MIRROR_PAD": ("AddMirrorPad", ("mirror_pad",)),
     "SQUEEZE": ("AddSqueeze", ("squeeze",)),
     "EXPAND_DIMS": ("AddExpandDims", ("expand_dims",)),
