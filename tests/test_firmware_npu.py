@@ -181,3 +181,38 @@ def test_neutron_microcode_is_refused_before_building(tmp_path: Path) -> None:
         device.verify(out, samples=1, cpu_partitions=True)
     with pytest.raises(EtforgeError, match=r"have no device runtime in the qemu-m33 image"):
         device.run(out, samples=1)
+
+
+class _ResizeReduce(torch.nn.Module):
+    """Nearest and bilinear upsampling, abs, max/min reductions: LiteRT ops etforge emits for
+    the NPU targets that etforge's TFLM build had no kernel for."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.c1 = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.c2 = torch.nn.Conv2d(8, 8, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        y = torch.relu(self.c1(x))
+        up = torch.nn.functional.interpolate(y, scale_factor=2, mode="nearest")
+        smooth = torch.nn.functional.interpolate(y, scale_factor=2, mode="bilinear", align_corners=False)
+        z = self.c2(up + smooth)
+        return z.amax(dim=(2, 3)), torch.abs(z).mean(dim=(2, 3)), (-z).amin(dim=(2, 3))
+
+
+def test_resize_and_reduce_partitions_run_in_tflm(tmp_path: Path) -> None:
+    """Was refused: 'LiteRT op(s) ABS, REDUCE_MAX, ... : no TFLM kernel in etforge's TFLM build'."""
+    import etforge
+
+    g = torch.Generator().manual_seed(0)
+    calibration = [(torch.randn(1, 3, 12, 12, generator=g),) for _ in range(8)]
+    compiled = etforge.compile(
+        _ResizeReduce().eval(), calibration[0], target="imxrt700cm", calibration=calibration
+    )
+    ops = {op for p in compiled.report["partitions"] for op in p["operators"]}
+    assert {"ABS", "REDUCE_MAX", "REDUCE_MIN", "RESIZE_BILINEAR", "RESIZE_NEAREST_NEIGHBOR"} <= ops, ops
+    out = compiled.save(tmp_path / "rr")
+    compiled.codegen(out / "codegen")
+    v = device.verify(out, samples=1, cpu_partitions=True)
+    assert v.failures == [] and v.identical == 1, v.failures
