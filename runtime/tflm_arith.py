@@ -273,6 +273,8 @@ def _steps(model: bytes) -> tuple[tuple[_Step, ...], tuple[int, ...], tuple[int,
         read = [int(i) for k in g for i in ops[k].inputs if i >= 0]
         ins = tuple(dict.fromkeys(i for i in read if i not in made and i not in constant))
         outs = tuple(sorted(made & after))
+        if not outs:  # nothing later reads what these ops make
+            continue
         graph.operators, graph.inputs, graph.outputs = [ops[k] for k in g], list(ins), list(outs)
         b = flatbuffers.Builder(len(model) + 1024)
         b.Finish(m.Pack(b), file_identifier=b"TFL3")

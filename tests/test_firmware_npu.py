@@ -6,7 +6,8 @@ TFLM's FULLY_CONNECTED and MUL: ``runtime.tflm_arith``).
 
 Economical by design (one sample each; the firmware libraries and TFLM are built once per
 content and shared): zoo models, architecture families and a torchvision family, spread over
-both targets. ``bench/firmware.py --target all --tflm`` runs every model on all three targets
+both targets. Measured: about 32 s of CPU with the images cached, about 95 s when each
+program's image is built (their link and registration; the libraries already built). ``bench/firmware.py --target all --tflm`` runs every model on all three targets
 (docs/firmware.md). Also: the int8 MUL whose multiplier TFLM computes in double and LiteRT in
 float32, and a program whose partitions are Neutron microcode, refused.
 """
