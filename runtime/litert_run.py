@@ -6,8 +6,8 @@ with the quantized reference exactly and any conversion error stands out. ``refe
 the reference kernels, whose fixed-point requantization (two roundings, as TFLite Micro
 and CMSIS-NN do) is one step off on a fraction of a percent of elements; deep random-weight
 nets amplify that into tens of steps at the output, a property of the kernels, not the model.
-``tflm``: the reference kernels with int8 FULLY_CONNECTED computed as TFLite Micro does
-(``runtime.tflm_arith``): what a partition run in TFLM on the device computes.
+``tflm``: the reference kernels with int8 FULLY_CONNECTED and MUL computed as TFLite Micro
+does (``runtime.tflm_arith``): what a partition run in TFLM on the device computes.
 """
 
 from __future__ import annotations
@@ -67,6 +67,12 @@ def set_inputs(it: Any, inputs: Sequence[np.ndarray]) -> None:
 
 def run(model: bytes, inputs: Sequence[np.ndarray], kernels: str = "default") -> list[np.ndarray]:
     """Inputs/outputs in the model's subgraph order."""
+    if kernels == "tflm":  # int8 MUL as TFLM computes it (runtime.tflm_arith.run)
+        from etforge.runtime.tflm_arith import run as tflm_run
+
+        outs = tflm_run(model, inputs)
+        if outs is not None:
+            return outs
     it = _interpreter(model, kernels)
     set_inputs(it, inputs)
     it.invoke()

@@ -1,7 +1,8 @@
 """A LiteRT partition rewritten so LiteRT's reference kernels compute what TFLite Micro does.
 
 TFLM with CMSIS-NN equals LiteRT's reference kernels (``OpResolverType.BUILTIN_REF``) op for
-op but one: int8 FULLY_CONNECTED. LiteRT scales its int32 accumulator by the double multiplier
+op but two: int8 MUL (its multiplier in double, not float32: ``run``, below) and int8
+FULLY_CONNECTED. LiteRT scales its int32 accumulator by the double multiplier
 and rounds once, halves away from zero (``runtime.tflite_int.fc_requantize``); TFLM's kernel
 (CMSIS-NN ``arm_fully_connected_s8`` / ``arm_nn_requantize``) uses the Q31 multiplier and
 shift with two roundings, as every convolution does. They differ by one step where the
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import math
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
@@ -127,3 +129,179 @@ def tflm_model(model: bytes) -> bytes:
     b = flatbuffers.Builder(len(model) + 4096)
     b.Finish(m.Pack(b), file_identifier=b"TFL3")
     return bytes(b.Output())
+
+
+# int8 MUL. LiteRT's Prepare computes the real multiplier from the float32 scales in float32
+# (``tflite_int.mul_multiplier``); TFLM's (``micro/kernels/mul_common.cc``) in double, so the
+# two Q31 multipliers differ in their low bits and a product near a rounding boundary lands
+# one step apart (measured: a * b for imxrt700cm, 14 of the 65,536 int8 pairs of one set of
+# scales; tests/test_firmware_npu.py). No LiteRT op multiplies two activations with a double
+# multiplier, so ``run`` cuts the partition at each int8 MUL: LiteRT's reference kernels run
+# the ops between them, and each MUL is computed here as TFLM computes it.
+
+
+@dataclass(frozen=True)
+class _Mul:
+    a: int
+    b: int
+    out: int
+    qa: tuple[float, int]
+    qb: tuple[float, int]
+    qo: tuple[float, int]
+    low: int
+    high: int
+    #: Constant operands (tensor id -> int8 array from the flatbuffer's buffer).
+    constants: tuple[tuple[int, np.ndarray], ...] = ()
+
+    def __call__(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """TFLM's int8 MUL (``reference_integer_ops::Mul``, CMSIS-NN ``arm_elementwise_mul_s8``):
+        the offset product, the double multiplier's Q31 form with two roundings, clamped."""
+        from etforge.runtime import tflite_int as ti
+
+        acc = (a.astype(np.int64) - self.qa[1]) * (b.astype(np.int64) - self.qb[1])
+        real = float(np.float32(self.qa[0])) * float(np.float32(self.qb[0])) / float(np.float32(self.qo[0]))
+        return np.clip(ti.requantize(acc, real) + self.qo[1], self.low, self.high).astype(np.int8)
+
+
+def _per_tensor(t: Any) -> tuple[float, int] | None:
+    q = t.quantization
+    if q is None or q.scale is None or len(q.scale) != 1 or q.zeroPoint is None or len(q.zeroPoint) != 1:
+        return None
+    return float(q.scale[0]), int(q.zeroPoint[0])
+
+
+def _activation_range(schema: Any, act: int, scale: float, zero_point: int) -> tuple[int, int]:
+    """``CalculateActivationRangeQuantized`` for int8."""
+    from etforge.runtime import tflite_int as ti
+
+    def q(v: float) -> int:
+        return ti.quantize_value(v, scale, zero_point)
+
+    f = schema.ActivationFunctionType
+    bounds = {
+        f.NONE: (-128, 127),
+        f.RELU: (q(0.0), 127),
+        f.RELU6: (q(0.0), q(6.0)),
+        f.RELU_N1_TO_1: (q(-1.0), q(1.0)),
+    }
+    if act not in bounds:
+        raise ValueError(f"int8 MUL with fused activation {act}: not computed here")
+    lo, hi = bounds[act]
+    return max(-128, lo), min(127, hi)
+
+
+def _as_mul(schema: Any, model: Any, graph: Any, op: Any) -> _Mul | None:
+    t = graph.tensors
+    if len(op.inputs) != 2 or len(op.outputs) != 1:
+        return None
+    ts = [t[i] for i in (*op.inputs, *op.outputs)]
+    if any(x.type != schema.TensorType.INT8 for x in ts):
+        return None
+    q = [_per_tensor(x) for x in ts]
+    if any(x is None for x in q):
+        return None
+    act = op.builtinOptions.fusedActivationFunction if op.builtinOptions is not None else 0
+    low, high = _activation_range(schema, act, *q[2])  # type: ignore[misc]
+    constants = []
+    for i in op.inputs:
+        data = model.buffers[t[i].buffer].data if t[i].buffer else None
+        if data is not None and len(data):
+            constants.append(
+                (int(i), np.frombuffer(bytes(data), np.int8).reshape([int(d) for d in t[i].shape]))
+            )
+    a, b, out = (int(i) for i in (*op.inputs, *op.outputs))
+    return _Mul(a, b, out, q[0], q[1], q[2], low, high, tuple(constants))  # type: ignore[arg-type]
+
+
+#: A step of a cut partition: a LiteRT model (bytes, its input and output tensor ids) or a MUL.
+_Step = tuple[bytes, tuple[int, ...], tuple[int, ...]] | _Mul
+
+
+@lru_cache(maxsize=16)
+def _steps(model: bytes) -> tuple[tuple[_Step, ...], tuple[int, ...], tuple[int, ...]] | None:
+    """``model`` cut at its int8 MULs (steps in order, graph inputs, graph outputs); None when
+    it has none. Each LiteRT piece keeps every buffer; its inputs are the tensors it reads from
+    earlier steps, its outputs those later steps or the graph read."""
+    import flatbuffers
+    from ai_edge_litert import schema_py_generated as schema
+
+    m = schema.ModelT.InitFromPackedBuf(bytearray(model), 0)
+    if len(m.subgraphs) != 1:
+        return None
+    graph = m.subgraphs[0]
+    code = schema.BuiltinOperator.MUL
+    muls = {}
+    for k, op in enumerate(graph.operators):
+        oc = m.operatorCodes[op.opcodeIndex]
+        if max(int(oc.builtinCode), int(oc.deprecatedBuiltinCode)) == code and (
+            mul := _as_mul(schema, m, graph, op)
+        ):
+            muls[k] = mul
+    if not muls:
+        return None
+    ops = list(graph.operators)
+    groups: list[list[int] | _Mul] = []
+    for k in range(len(ops)):
+        if k in muls:
+            groups.append(muls[k])
+        elif groups and isinstance(groups[-1], list):
+            groups[-1].append(k)
+        else:
+            groups.append([k])
+    constant = {
+        i
+        for i, t in enumerate(graph.tensors)
+        if t.buffer and m.buffers[t.buffer].data is not None and len(m.buffers[t.buffer].data)
+    }
+    graph_inputs, graph_outputs = [int(i) for i in graph.inputs], [int(i) for i in graph.outputs]
+    reads_after: list[set[int]] = []  # per group, tensors read by later groups or the graph's outputs
+    later: set[int] = set(graph_outputs)
+    for g in reversed(groups):
+        reads_after.append(set(later))
+        later |= (
+            {g.a, g.b} - constant
+            if isinstance(g, _Mul)
+            else {int(i) for k in g for i in ops[k].inputs if i >= 0}
+        )
+    reads_after.reverse()
+    steps: list[_Step] = []
+    for g, after in zip(groups, reads_after, strict=True):
+        if isinstance(g, _Mul):
+            steps.append(g)
+            continue
+        made = {int(i) for k in g for i in ops[k].outputs}
+        read = [int(i) for k in g for i in ops[k].inputs if i >= 0]
+        ins = tuple(dict.fromkeys(i for i in read if i not in made and i not in constant))
+        outs = tuple(sorted(made & after))
+        if not outs:  # nothing later reads what these ops make
+            continue
+        graph.operators, graph.inputs, graph.outputs = [ops[k] for k in g], list(ins), list(outs)
+        b = flatbuffers.Builder(len(model) + 1024)
+        b.Finish(m.Pack(b), file_identifier=b"TFL3")
+        steps.append((bytes(b.Output()), ins, outs))
+    return tuple(steps), tuple(graph_inputs), tuple(graph_outputs)
+
+
+def run(model: bytes, inputs: Any) -> list[np.ndarray] | None:
+    """What TFLM computes for ``model`` on ``inputs`` (subgraph order), or None when ``model``
+    has no int8 MUL (then LiteRT's reference kernels on ``tflm_model`` compute it whole)."""
+    from etforge.runtime import litert_run
+
+    cut = _steps(tflm_model(model))
+    if cut is None:
+        return None
+    steps, graph_inputs, graph_outputs = cut
+    env = {t: np.asarray(x) for t, x in zip(graph_inputs, inputs, strict=True)}
+    for step in steps:
+        if isinstance(step, _Mul):
+            known = {**env, **dict(step.constants)}
+            env[step.out] = step(known[step.a], known[step.b])
+            continue
+        piece, ins, outs = step
+        it = litert_run._interpreter(piece, "reference")
+        litert_run.set_inputs(it, [env[i] for i in ins])
+        it.invoke()
+        details = it.get_output_details()
+        for t, d in zip(outs, details, strict=True):
+            env[t] = np.array(it.get_tensor(d["index"]))
+    return [env[t] for t in graph_outputs]

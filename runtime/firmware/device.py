@@ -93,6 +93,8 @@ class DeviceVerification:
     #: The count's quantum: instructions per timer tick (a count is a whole number of ticks,
     #: so two runs of one program may differ by one tick where the tick's phase moves).
     instructions_per_tick: int = 0
+    #: Bytes ExecuTorch's method allocator used on the device (the runtime's own structures).
+    method_allocator_bytes: int = 0
 
     @property
     def ok(self) -> bool:
@@ -374,4 +376,5 @@ def verify(
         dev.qemu.instructions, per_op=dev.per_op, image=str(dev.image.elf), build_seconds=dev.image.seconds,
         built=dev.image.built, failures=failures, tflm_arenas=dev.qemu.tflm_arenas,
         instructions_per_tick=dev.qemu.instructions_per_tick,
+        method_allocator_bytes=dev.qemu.method_allocator_bytes,
     )  # fmt: skip
