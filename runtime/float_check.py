@@ -115,13 +115,13 @@ def check_float_program(
     reg: Any,
     batches: Sequence[tuple[torch.Tensor, ...]],
 ) -> list[FloatOp]:
-    """Lower ``float_ep`` (the float program) as ``compile --float`` would and check every
-    NPU op of it on ``batches``; per op, the worst relative error over the batches."""
-    from etforge.core.build.pipeline import lower
+    """Delegate ``float_ep``'s NPU partitions (the float program, its BatchNorms folded as
+    prepare folds them: ``runtime.float_program``) and check every NPU op of it on
+    ``batches``; per op, the worst relative error over the batches."""
+    from etforge.runtime.float_program import delegated
     from etforge.runtime.host import run_program
 
-    edge, _, _, _ = lower(float_ep, float_target(target), options, reg)
-    program = edge.exported_program()
+    program, _, _ = delegated(float_ep, float_target(target), options, reg)
     worst: dict[tuple[str, str], FloatOp] = {}
     for batch in batches:
         calls: list[Any] = []
