@@ -78,7 +78,9 @@ def srdhm(a: np.ndarray, b: Any) -> np.ndarray:
     b = np.asarray(b, np.int64)
     ab = a * b
     nudge = np.where(ab >= 0, 1 << 30, 1 - (1 << 30))
-    out = _trunc_div(ab + nudge, 1 << 31)
+    x = ab + nudge
+    q = np.abs(x) >> 31  # C's division by 2**31 (toward zero) as a shift of |x|: one pass, no divide
+    out = np.where(x < 0, -q, q)
     return np.where((a == INT32_MIN) & (b == INT32_MIN), INT32_MAX, out)
 
 

@@ -24,6 +24,7 @@ from etforge.core.litert import payload
 from etforge.core.registry.manager import Registry, registry
 from etforge.runtime import exact_pass
 from etforge.runtime.accuracy import DEFAULT_MAX_ACCURACY_DROP, Labeled, evaluate
+from etforge.runtime.constant_nodes import ConstantNodes
 from etforge.runtime.host import run_program
 from etforge.runtime.inputs import seeded_inputs
 from etforge.runtime.outputs import OutputCheck, exact_leaves, flatten, leaf_scales, rows
@@ -499,6 +500,9 @@ def _compare(
     scales = leaf_scales(program)
     aliases = observer_names(qep) if qep is not None else {}
     template: list[OpParity] | None = None  # the first sample's teacher-forced results
+    # the weights' dequantizes and other nodes that read no input: computed once (each interpreter's own)
+    sim_constants = ConstantNodes(q_fn.graph) if q_fn is not None else None
+    exact_constants = ConstantNodes(q_fn.graph) if q_fn is not None else None
     fast = 0
     for index, batch in enumerate(_inputs(report, seed, samples)):
         steps.status(f"sample {index + 1}/{samples}: running the program, each op against its reference, "
@@ -518,7 +522,7 @@ def _compare(
             npu_values = exact_pass.litert_values(calls)
             cpu_values = values.values(q_fn)
             seen: exact_pass.Seen = {}
-            sim = simulate(q_fn, batch, values.kinds(q_fn), {**npu_values, **cpu_values}, seen)
+            sim = simulate(q_fn, batch, values.kinds(q_fn), {**npu_values, **cpu_values}, seen, sim_constants)
             judged = exact_pass.judged(template, npu_values, cpu_values, seen)
             start = steps.add("samples: the device simulation", start) + start
         if judged is not None:
@@ -540,7 +544,13 @@ def _compare(
                     template = sample_ops
         if q_fn is not None:
             if sim is None:
-                sim = simulate(q_fn, batch, values.kinds(q_fn), {**npu_values, **values.values(q_fn)})
+                sim = simulate(
+                    q_fn,
+                    batch,
+                    values.kinds(q_fn),
+                    {**npu_values, **values.values(q_fn)},
+                    constants=sim_constants,
+                )
             sim_worst = max(sim_worst, _simulation_steps(program, sim.raw, device_outs, scales))
             sim_not_exact.update(sim.not_exact)
             sim_unforced.update(sim.unforced)
@@ -548,7 +558,7 @@ def _compare(
         with torch.no_grad():  # every output leaf, in the program's order (``runtime.outputs``)
             flat_f = flatten(program, float_fn(*batch))
             flat_q = flatten(program, q_fn(*batch)) if q_fn is not None else flat_f
-        flat_exact = exact_leaves(program, q_fn, batch) if q_fn is not None else flat_q
+        flat_exact = exact_leaves(program, q_fn, batch, exact_constants) if q_fn is not None else flat_q
         steps.add("samples: torch's references (float, float32, float64)", start)
         check.add(outs, flat_exact)
         if check.primary is None:  # no float output: the leaves' own checks are all there is
