@@ -25,9 +25,10 @@ from etforge.core.registry.manager import Registry, registry
 from etforge.runtime import exact_pass
 from etforge.runtime.accuracy import DEFAULT_MAX_ACCURACY_DROP, Labeled, evaluate
 from etforge.runtime.constant_nodes import ConstantNodes
+from etforge.runtime.exact_batched import exact_leaves_all
 from etforge.runtime.host import run_program
 from etforge.runtime.inputs import seeded_inputs
-from etforge.runtime.outputs import OutputCheck, exact_leaves, flatten, leaf_scales, rows
+from etforge.runtime.outputs import OutputCheck, flatten, leaf_scales, rows
 from etforge.runtime.pte_agreement import Agreement, compare_with_edge
 from etforge.runtime.pte_interpreter import PteInterpreter
 from etforge.runtime.simulate import SIM_MAX_STEPS, output_steps, simulate
@@ -502,9 +503,15 @@ def _compare(
     template: list[OpParity] | None = None  # the first sample's teacher-forced results
     # the weights' dequantizes and other nodes that read no input: computed once (each interpreter's own)
     sim_constants = ConstantNodes(q_fn.graph) if q_fn is not None else None
-    exact_constants = ConstantNodes(q_fn.graph) if q_fn is not None else None
+    inputs = _inputs(report, seed, samples)
+    start = time.perf_counter()
+    exact_all = None  # the quantized reference's exact value, a few samples per pass
+    if q_fn is not None:
+        steps.status(f"the quantized reference in float64 on {samples} samples")
+        exact_all = exact_leaves_all(program, q_fn, inputs, ConstantNodes(q_fn.graph))
+    steps.add("samples: torch's references (float, float32, float64)", start)
     fast = 0
-    for index, batch in enumerate(_inputs(report, seed, samples)):
+    for index, batch in enumerate(inputs):
         steps.status(f"sample {index + 1}/{samples}: running the program, each op against its reference, "
                      "the device simulation")  # fmt: skip
         # The device's arithmetic (LiteRT reference kernels, the Cortex-M kernels): what the
@@ -558,7 +565,7 @@ def _compare(
         with torch.no_grad():  # every output leaf, in the program's order (``runtime.outputs``)
             flat_f = flatten(program, float_fn(*batch))
             flat_q = flatten(program, q_fn(*batch)) if q_fn is not None else flat_f
-        flat_exact = exact_leaves(program, q_fn, batch, exact_constants) if q_fn is not None else flat_q
+        flat_exact = exact_all[index] if exact_all is not None else flat_q
         steps.add("samples: torch's references (float, float32, float64)", start)
         check.add(outs, flat_exact)
         if check.primary is None:  # no float output: the leaves' own checks are all there is

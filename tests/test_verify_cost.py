@@ -62,7 +62,7 @@ def test_float_check_folds_batch_norms_into_one_npu_partition(conv_bn: Any) -> N
     _, _, unfolded, _ = lower(clone_program(result.float_program), target, None, reg, early=False)
     assert len(unfolded) > 1  # what the float check lowered before
     ops = float_check.check_float_program(clone_program(result.float_program), target, None, reg, calib[:2])
-    assert len(ops) >= 4 and not float_check.failures(ops)
+    assert len(ops) == 2 and not float_check.failures(ops)  # conv + BatchNorm + ReLU: one NPU op each
 
 
 def test_integer_sums_in_float32_equal_the_int64_sums() -> None:
@@ -81,6 +81,25 @@ def test_integer_sums_in_float32_equal_the_int64_sums() -> None:
         got = ref._accumulate(q_x, q_w, lambda a, b: _conv_nd(a, b, 1, 1, 1, 1))
         exact = torch.nn.functional.conv2d(torch.from_numpy(x + 3), torch.from_numpy(w), padding=1)
         assert np.array_equal(got, exact.numpy())
+
+
+def test_exact_value_vmapped_equals_one_sample_at_a_time(conv_bn: Any) -> None:
+    """The float64 reference of 8 samples in one vmapped pass is, value for value, the
+    reference of each sample alone."""
+    from etforge.runtime.constant_nodes import ConstantNodes
+    from etforge.runtime.exact_batched import _vmapped, exact_leaves_all
+    from etforge.runtime.outputs import exact_leaves
+
+    result, _ = conv_bn
+    q_fn = result.quantized_program.module(check_guards=False)
+    batches = [(torch.randn(1, 3, 16, 16, generator=torch.Generator().manual_seed(10 + i)),) for i in range(9)]
+    program = result.host_program
+    alone = [exact_leaves(program, q_fn, b) for b in batches]
+    assert len(_vmapped(program, q_fn, batches[:8], None)) == 8  # the vmapped path itself runs
+    together = exact_leaves_all(program, q_fn, batches, ConstantNodes(q_fn.graph))
+    assert len(together) == 9
+    for a, b in zip(alone, together, strict=True):
+        assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
 
 
 def test_constant_nodes_are_kept_once_and_not_in_a_graph_with_an_in_place_op() -> None:
