@@ -92,7 +92,9 @@ def test_exact_value_vmapped_equals_one_sample_at_a_time(conv_bn: Any) -> None:
 
     result, _ = conv_bn
     q_fn = result.quantized_program.module(check_guards=False)
-    batches = [(torch.randn(1, 3, 16, 16, generator=torch.Generator().manual_seed(10 + i)),) for i in range(9)]
+    batches = [
+        (torch.randn(1, 3, 16, 16, generator=torch.Generator().manual_seed(10 + i)),) for i in range(9)
+    ]
     program = result.host_program
     alone = [exact_leaves(program, q_fn, b) for b in batches]
     assert len(_vmapped(program, q_fn, batches[:8], None)) == 8  # the vmapped path itself runs
@@ -100,6 +102,31 @@ def test_exact_value_vmapped_equals_one_sample_at_a_time(conv_bn: Any) -> None:
     assert len(together) == 9
     for a, b in zip(alone, together, strict=True):
         assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+def test_srdhm_is_gemmlowps_on_every_sign_and_the_saturating_edge() -> None:
+    """``SaturatingRoundingDoublingHighMul`` as gemmlowp writes it (nudge by the product's sign,
+    C's division toward zero, INT32_MIN * INT32_MIN saturating), in Python integers, against
+    the one-shift form, on the edges and random pairs."""
+    from etforge.runtime.tflite_int import srdhm
+
+    lo, hi = -(2**31), 2**31 - 1
+
+    def gemmlowp(a: int, b: int) -> int:
+        if a == b == lo:
+            return hi
+        ab = a * b
+        x = ab + (2**30 if ab >= 0 else 1 - 2**30)
+        q = abs(x) // 2**31
+        return -q if x < 0 else q
+
+    edges = [lo, lo + 1, -(2**30) - 1, -(2**30), -1, 0, 1, 2**30 - 1, 2**30, hi - 1, hi]
+    rng = np.random.default_rng(2)
+    pairs = [(a, b) for a in edges for b in edges]
+    pairs += [(int(a), int(b)) for a, b in rng.integers(lo, hi, (3000, 2), endpoint=True)]
+    a = np.array([p[0] for p in pairs], np.int64)
+    b = np.array([p[1] for p in pairs], np.int64)
+    assert srdhm(a, b).tolist() == [gemmlowp(x, y) for x, y in pairs]
 
 
 def test_constant_nodes_are_kept_once_and_not_in_a_graph_with_an_in_place_op() -> None:
