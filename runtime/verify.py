@@ -22,7 +22,7 @@ from etforge.core.common.errors import EtforgeError
 from etforge.core.front.load import load_program
 from etforge.core.litert import payload
 from etforge.core.registry.manager import Registry, registry
-from etforge.runtime import exact_pass
+from etforge.runtime import exact_pass, litert_run
 from etforge.runtime.accuracy import DEFAULT_MAX_ACCURACY_DROP, Labeled, evaluate
 from etforge.runtime.constant_nodes import ConstantNodes
 from etforge.runtime.exact_batched import exact_leaves_all
@@ -32,7 +32,7 @@ from etforge.runtime.outputs import OutputCheck, flatten, leaf_scales, rows
 from etforge.runtime.pte_agreement import Agreement, compare_with_edge
 from etforge.runtime.pte_interpreter import PteInterpreter
 from etforge.runtime.simulate import SIM_MAX_STEPS, output_steps, simulate
-from etforge.runtime.stepwise import HostInt8Values, OpParity, observer_names, op_parity
+from etforge.runtime.stepwise import DEVICE_KERNELS, HostInt8Values, OpParity, observer_names, op_parity
 from etforge.runtime.verify_steps import Steps
 
 # The gates. Each is a fixed number, never a figure measured from the model under test (a
@@ -504,6 +504,7 @@ def _compare(
     # the weights' dequantizes and other nodes that read no input: computed once (each interpreter's own)
     sim_constants = ConstantNodes(q_fn.graph) if q_fn is not None else None
     inputs = _inputs(report, seed, samples)
+    kept_runs: dict[Any, Any] = {}  # each partition's every-tensor reference run (litert_run.keeping)
     start = time.perf_counter()
     exact_all = None  # the quantized reference's exact value, a few samples per pass
     if q_fn is not None:
@@ -519,14 +520,16 @@ def _compare(
         start = time.perf_counter()
         calls: list[Any] = []
         values = HostInt8Values(aliases)
-        device_outs = run_program(program, batch, "reference", calls, values)
+        with litert_run.keeping(DEVICE_KERNELS, kept_runs):  # its every-tensor run feeds litert_values
+            device_outs = run_program(program, batch, DEVICE_KERNELS, calls, values)
         outs = device_outs if kernels == "reference" or not calls else run_program(program, batch, kernels)
         if edge_outputs is not None:  # the .pte interpreter is compared with them (``verify``)
             edge_outputs.append(outs)
         start = steps.add("samples: the program's runs", start) + start
         sim, judged = None, None
         if template is not None and q_fn is not None:  # one pass where it proves the per-op gates
-            npu_values = exact_pass.litert_values(calls)
+            with litert_run.keeping(DEVICE_KERNELS, kept_runs):
+                npu_values = exact_pass.litert_values(calls)
             cpu_values = values.values(q_fn)
             seen: exact_pass.Seen = {}
             sim = simulate(q_fn, batch, values.kinds(q_fn), {**npu_values, **cpu_values}, seen, sim_constants)
