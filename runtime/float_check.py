@@ -46,9 +46,12 @@ def float_op_check(lowered: Any, args: Sequence[torch.Tensor]) -> list[FloatOp]:
     values = json.loads(read_metadata(blob.data).get("etforge_float_values", b"{}"))
     if not values:
         return []
-    it = litert_run.interpreter(blob.data, "reference", preserve_all_tensors=True)
-    litert_run.set_inputs(it, stored_inputs(blob, args))
-    it.invoke()
+    inputs = stored_inputs(blob, args)
+    it = litert_run.kept(blob.data, "reference", inputs)  # the program's own run, when kept
+    if it is None:
+        it = litert_run.interpreter(blob.data, "reference", preserve_all_tensors=True)
+        litert_run.set_inputs(it, inputs)
+        it.invoke()
     found: list[FloatOp] = []
 
     class Forced(torch.fx.Interpreter):
@@ -123,14 +126,16 @@ def check_float_program(
 
     program, _, _ = delegated(float_ep, float_target(target), options, reg)
     worst: dict[tuple[str, str], FloatOp] = {}
+    kept: dict[Any, Any] = {}  # each partition's every-tensor run, read back by float_op_check
     for batch in batches:
         calls: list[Any] = []
-        run_program(program, batch, "reference", calls)
-        for lowered, args in calls:
-            for f in float_op_check(lowered, args):
-                key = (f.partition, f.node)
-                if key not in worst or f.rel_error > worst[key].rel_error:
-                    worst[key] = f
+        with litert_run.keeping("reference", kept):
+            run_program(program, batch, "reference", calls)
+            found = [f for lowered, args in calls for f in float_op_check(lowered, args)]
+        for f in found:
+            key = (f.partition, f.node)
+            if key not in worst or f.rel_error > worst[key].rel_error:
+                worst[key] = f
     return list(worst.values())
 
 
