@@ -2,7 +2,8 @@
 
 Run: .venv/bin/python bench/verify.py [--models ...] [--targets ...] [--samples 32]
      .venv/bin/python bench/verify.py --speed [--models mobilenet_v2_96] [--samples 4]
-     .venv/bin/python bench/verify.py --cost [--busy] [...]  (bench/verify_cost.py: verify ÷ compile)
+     .venv/bin/python bench/verify.py --cost [--busy] [--seconds-goal FILE.py:factory] [...]
+     (bench/verify_cost.py: verify ÷ compile and the other issue-47 goals, each printed as met or not)
 ``--speed``: per cortex-m33 model, the time per sample of verify's host reference path (the
 ``model.pte`` interpreter plus the lowered Edge program, both running every ``cortex_m`` op) with
 etforge's CMSIS-NN-exact kernels and with ExecuTorch's Python reference implementations (what

@@ -306,7 +306,10 @@ class Reference:
         stride, padding, dilation, transposed, output_padding, groups = node.args[3:9]
         if transposed:  # TRANSPOSE_CONV: the same int32 sums scattered, bias, per-channel MBQM
             acc = self._accumulate(
-                x, w, lambda a, b: _conv_transpose_nd(a, b, stride, padding, output_padding, groups, dilation)
+                x,
+                w,
+                lambda a, b: _conv_transpose_nd(a, b, stride, padding, output_padding, groups, dilation),
+                1,
             )
             return self._finish(acc, x, w, bias, out, axis=1)
         acc = self._accumulate(x, w, lambda a, b: _conv_nd(a, b, stride, padding, dilation, groups))
@@ -331,7 +334,7 @@ class Reference:
         output_padding, groups = _arg(node, 5, "output_padding", 0), _arg(node, 6, "groups", 1)
         dilation = _arg(node, 7, "dilation", 1)
         acc = self._accumulate(
-            x, w, lambda a, b: _conv_transpose_nd(a, b, stride, padding, output_padding, groups, dilation)
+            x, w, lambda a, b: _conv_transpose_nd(a, b, stride, padding, output_padding, groups, dilation), 1
         )
         return self._finish(acc, x, w, bias, out, axis=1)
 
@@ -343,16 +346,21 @@ class Reference:
         return self._finish(acc, x, w, bias, out, axis=-1)
 
     def _accumulate(
-        self, x: Any, w: Any, fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+        self, x: Any, w: Any, fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], out_axis: int = 0
     ) -> np.ndarray:
+        """The integer sums ``fn`` computes, exactly: in float32 where every partial sum is
+        provably below 2**24 (max |input| times the largest sum of one output channel's |weights|,
+        the weights' ``out_axis``), in float64 otherwise (exact below 2**53)."""
         if not isinstance(x, Q) or not isinstance(w, Q) or x.axis is not None:
             raise NotExact("float weights or a per-channel input")
         if np.any(w.zero_point != 0):
             raise NotExact("asymmetric weights")
-        a = torch.from_numpy((x.codes - x.zero_point).astype(np.float64))
-        b = torch.from_numpy(w.codes.astype(np.float64))
+        codes = x.codes - x.zero_point
+        dtype = np.float32 if _sum_bound(codes, w.codes, out_axis) < _F32_EXACT else np.float64
+        a = torch.from_numpy(codes.astype(dtype))
+        b = torch.from_numpy(w.codes.astype(dtype))
         with torch.no_grad():
-            return fn(a, b).round().to(torch.int64).numpy()  # float64 holds these sums exactly
+            return fn(a, b).round().to(torch.int64).numpy()  # the float type holds these sums exactly
 
     def _finish(self, acc: np.ndarray, x: Q, w: Q, bias: Any, out: Out, axis: int) -> np.ndarray:
         channels = acc.shape[axis]
@@ -523,6 +531,23 @@ def _nonlinear_rules() -> dict[str, Callable[[Reference, Node, Out], np.ndarray]
     from etforge.runtime.device_ref_nonlinear import RULES
 
     return RULES
+
+
+#: Integers below this magnitude are exact in float32, and so is every sum of them that stays below it.
+_F32_EXACT = 2**24
+
+
+def _sum_bound(codes: np.ndarray, weights: np.ndarray, out_axis: int) -> int:
+    """An upper bound on every partial sum of products of ``codes`` with one output channel's
+    weights (each weight enters a sum once): max |code| times the largest sum of |weights| over
+    one index of ``out_axis`` (for a grouped transposed conv, over all groups: larger still)."""
+    if not codes.size or not weights.size:
+        return 0
+    per_channel = np.abs(weights).reshape(*weights.shape[: out_axis + 1], -1)
+    sums = per_channel.sum(axis=-1)
+    if out_axis:
+        sums = sums.sum(axis=tuple(range(out_axis)))
+    return int(np.abs(codes).max()) * int(sums.max())
 
 
 def _pair(v: Any) -> tuple[int, int]:

@@ -48,9 +48,12 @@ def litert_values(calls: Sequence[tuple[Any, Sequence[torch.Tensor]]]) -> dict[s
         if not blob.format.startswith("litert"):
             continue
         values = json.loads(read_metadata(blob.data).get("etforge_int8_values", b"{}"))
-        it = litert_run.interpreter(blob.data, DEVICE_KERNELS, preserve_all_tensors=True)
-        litert_run.set_inputs(it, stored_inputs(blob, args))
-        it.invoke()
+        inputs = stored_inputs(blob, args)
+        it = litert_run.kept(blob.data, DEVICE_KERNELS, inputs)  # the program's own run, when kept
+        if it is None:
+            it = litert_run.interpreter(blob.data, DEVICE_KERNELS, preserve_all_tensors=True)
+            litert_run.set_inputs(it, inputs)
+            it.invoke()
         for name, (index, perm) in values.items():
             found[name] = torch.from_numpy(np.array(it.get_tensor(index))).permute(layout.inverse(perm))
     return found

@@ -9,7 +9,6 @@ the Edge op's float value on the same inputs (teacher-forced: each op gets LiteR
 
 from __future__ import annotations
 
-import copy
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -47,9 +46,12 @@ def float_op_check(lowered: Any, args: Sequence[torch.Tensor]) -> list[FloatOp]:
     values = json.loads(read_metadata(blob.data).get("etforge_float_values", b"{}"))
     if not values:
         return []
-    it = litert_run.interpreter(blob.data, "reference", preserve_all_tensors=True)
-    litert_run.set_inputs(it, stored_inputs(blob, args))
-    it.invoke()
+    inputs = stored_inputs(blob, args)
+    it = litert_run.kept(blob.data, "reference", inputs)  # the program's own run, when kept
+    if it is None:
+        it = litert_run.interpreter(blob.data, "reference", preserve_all_tensors=True)
+        litert_run.set_inputs(it, inputs)
+        it.invoke()
     found: list[FloatOp] = []
 
     class Forced(torch.fx.Interpreter):
@@ -116,24 +118,24 @@ def check_float_program(
     reg: Any,
     batches: Sequence[tuple[torch.Tensor, ...]],
 ) -> list[FloatOp]:
-    """Lower ``float_ep`` (the float program) as ``compile --float`` would and check every
-    NPU op of it on ``batches``; per op, the worst relative error over the batches."""
-    from etforge.core.build.pipeline import lower
+    """Delegate ``float_ep``'s NPU partitions (the float program, its BatchNorms folded as
+    prepare folds them: ``runtime.float_program``) and check every NPU op of it on
+    ``batches``; per op, the worst relative error over the batches."""
+    from etforge.runtime.float_program import delegated
     from etforge.runtime.host import run_program
 
-    # A copy: lowering rewrites the program in place (a rewrite's constants join its
-    # signature), and the caller goes on using float_ep as the float model (verify --data).
-    edge, _, _, _ = lower(copy.deepcopy(float_ep), float_target(target), options, reg)
-    program = edge.exported_program()
+    program, _, _ = delegated(float_ep, float_target(target), options, reg)
     worst: dict[tuple[str, str], FloatOp] = {}
+    kept: dict[Any, Any] = {}  # each partition's every-tensor run, read back by float_op_check
     for batch in batches:
         calls: list[Any] = []
-        run_program(program, batch, "reference", calls)
-        for lowered, args in calls:
-            for f in float_op_check(lowered, args):
-                key = (f.partition, f.node)
-                if key not in worst or f.rel_error > worst[key].rel_error:
-                    worst[key] = f
+        with litert_run.keeping("reference", kept):
+            run_program(program, batch, "reference", calls)
+            found = [f for lowered, args in calls for f in float_op_check(lowered, args)]
+        for f in found:
+            key = (f.partition, f.node)
+            if key not in worst or f.rel_error > worst[key].rel_error:
+                worst[key] = f
     return list(worst.values())
 
 

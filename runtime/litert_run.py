@@ -12,8 +12,9 @@ does (``runtime.tflm_arith``): what a partition run in TFLM on the device comput
 
 from __future__ import annotations
 
+import contextlib
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from functools import lru_cache
 from typing import Any
 
@@ -65,6 +66,42 @@ def set_inputs(it: Any, inputs: Sequence[np.ndarray]) -> None:
         it.set_tensor(d["index"], arr)
 
 
+#: While ``keeping()`` is active: per (model, kernels), an interpreter that keeps every tensor
+#: and the inputs of its last run (``kept`` reads that run's tensors back without running again).
+_keeping: dict[tuple[bytes, str], tuple[Any, list[np.ndarray]]] | None = None
+_keeping_kernels = ""
+
+
+@contextlib.contextmanager
+def keeping(kernels: str, store: dict[Any, Any] | None = None) -> Iterator[None]:
+    """Runs with ``kernels`` inside the block keep every tensor of their last run per model
+    (verify reads the int8 values of the reference run it already did instead of running the
+    partition again). Other kernels run as usual: keeping every tensor can change which
+    delegate LiteRT applies, never what the reference kernels compute. ``store``: where the
+    interpreters live, so that several blocks (and samples) share them."""
+    global _keeping, _keeping_kernels
+    saved, _keeping, _keeping_kernels = (
+        (_keeping, _keeping_kernels),
+        (store if store is not None else {}),
+        kernels,
+    )
+    try:
+        yield
+    finally:
+        _keeping, _keeping_kernels = saved
+
+
+def kept(model: bytes, kernels: str, inputs: Sequence[np.ndarray]) -> Any | None:
+    """The interpreter whose last run (inside ``keeping()``) was ``model`` with ``kernels`` on
+    exactly ``inputs``, every tensor still held; None otherwise."""
+    entry = (_keeping or {}).get((model, kernels))
+    if entry is None or len(entry[1]) != len(inputs):
+        return None
+    it, last = entry
+    same = all(np.array_equal(a, np.asarray(b)) for a, b in zip(last, inputs, strict=True))
+    return it if same else None
+
+
 def run(model: bytes, inputs: Sequence[np.ndarray], kernels: str = "default") -> list[np.ndarray]:
     """Inputs/outputs in the model's subgraph order."""
     if kernels == "tflm":  # int8 MUL as TFLM computes it (runtime.tflm_arith.run)
@@ -73,7 +110,11 @@ def run(model: bytes, inputs: Sequence[np.ndarray], kernels: str = "default") ->
         outs = tflm_run(model, inputs)
         if outs is not None:
             return outs
-    it = _interpreter(model, kernels)
+    if _keeping is not None and kernels == _keeping_kernels:
+        it = (_keeping.get((model, kernels)) or (None,))[0] or interpreter(model, kernels, True)
+        _keeping[(model, kernels)] = (it, [np.array(x, copy=True) for x in inputs])
+    else:
+        it = _interpreter(model, kernels)
     set_inputs(it, inputs)
     it.invoke()
     return [

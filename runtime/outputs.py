@@ -65,14 +65,15 @@ def flatten(program: ExportedProgram, value: Any) -> list[Any]:
 
 
 def exact_leaves(
-    program: ExportedProgram, module: torch.fx.GraphModule, inputs: tuple[Any, ...]
+    program: ExportedProgram, module: torch.fx.GraphModule, inputs: tuple[Any, ...], constants: Any = None
 ) -> list[Any]:
     """The quantized reference's output leaves evaluated in float64 (``runtime.reference``;
-    floating-point leaves returned as float32), flattened as the program's."""
+    floating-point leaves returned as float32), flattened as the program's; ``constants``: a
+    ``runtime.constant_nodes.ConstantNodes`` of ``module`` kept across samples."""
     from etforge.runtime.reference import Float64
 
     with torch.no_grad():
-        value = Float64(module).run(*inputs)
+        value = Float64(module, constants).run(*inputs)
     leaves = flatten(program, value)
     return [v.float() if isinstance(v, torch.Tensor) and v.is_floating_point() else v for v in leaves]
 

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from etforge.core.graph.utils import op_name
+from etforge.runtime.constant_nodes import ConstantNodes
 
 
 def _quantize(
@@ -41,12 +42,21 @@ def _per_tensor(v: Any) -> Any:
 
 
 class Float64(torch.fx.Interpreter):
-    """Runs a quantized GraphModule with every float in float64 and exact (de)quantization."""
+    """Runs a quantized GraphModule with every float in float64 and exact (de)quantization;
+    ``constants``: the values of nodes that read no input, kept from an earlier sample."""
+
+    def __init__(self, module: torch.fx.GraphModule, constants: ConstantNodes | None = None) -> None:
+        super().__init__(module)
+        self.constants = constants
 
     def run_node(self, n: torch.fx.Node) -> Any:
+        if self.constants is not None and n in self.constants.values:
+            return self.constants.values[n]
         out = super().run_node(n)
         if isinstance(out, torch.Tensor) and out.is_floating_point():
-            return out.double()
+            out = out.double()
+        if self.constants is not None:
+            self.constants.keep(n, out)
         return out
 
     def call_function(self, target: Any, args: Any, kwargs: Any) -> Any:

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from etforge.core.graph.utils import is_quantize, node_op
+from etforge.runtime.constant_nodes import ConstantNodes
 from etforge.runtime.stepwise import CORTEX_M, PORTABLE, laid_out_as
 
 #: Steps an unruled op's simulated value may be from the compiled program's for the program's
@@ -62,6 +63,7 @@ def simulate(
     kinds: Mapping[str, tuple[str, str]] | None = None,
     program_values: Mapping[str, torch.Tensor] | None = None,
     seen: dict[str, tuple[torch.Tensor | None, torch.Tensor]] | None = None,
+    constants: ConstantNodes | None = None,
 ) -> Simulation:
     """Run the PT2E program ``module`` in the device's arithmetic.
 
@@ -69,7 +71,9 @@ def simulate(
     CPU (absent: an NPU value); ``program_values``: the compiled program's int8 values by
     quantize node, used for ops with no rule (see the module doc); ``seen`` (when given)
     collects, per per-tensor quantize node, (its rule's value, None without a rule; torch's
-    value on the simulation's inputs): ``runtime.exact_pass`` judges the ops from them.
+    value on the simulation's inputs): ``runtime.exact_pass`` judges the ops from them;
+    ``constants``: the values of nodes that read no input, kept from an earlier sample
+    (``runtime.constant_nodes``; quantize nodes are always computed, so ``seen`` is complete).
     """
     from etforge.runtime.cortex_m_kernels import cmsis_reference
     from etforge.runtime.device_ref import NotExact, Reference
@@ -80,7 +84,11 @@ def simulate(
 
     class Device(torch.fx.Interpreter):
         def run_node(self, n: torch.fx.Node) -> Any:
+            if constants is not None and n in constants.values:
+                return constants.values[n]
             out = super().run_node(n)
+            if constants is not None and not is_quantize(n):
+                constants.keep(n, out)
             if not is_quantize(n) or "per_tensor" not in node_op(n) or not isinstance(out, torch.Tensor):
                 return out
             kind, host_op = kinds.get(n.name, (NPU, ""))

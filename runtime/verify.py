@@ -22,15 +22,17 @@ from etforge.core.common.errors import EtforgeError
 from etforge.core.front.load import load_program
 from etforge.core.litert import payload
 from etforge.core.registry.manager import Registry, registry
-from etforge.runtime import exact_pass
+from etforge.runtime import exact_pass, litert_run
 from etforge.runtime.accuracy import DEFAULT_MAX_ACCURACY_DROP, Labeled, evaluate
+from etforge.runtime.constant_nodes import ConstantNodes
+from etforge.runtime.exact_batched import exact_leaves_all
 from etforge.runtime.host import run_program
 from etforge.runtime.inputs import seeded_inputs
-from etforge.runtime.outputs import OutputCheck, exact_leaves, flatten, leaf_scales, rows
+from etforge.runtime.outputs import OutputCheck, flatten, leaf_scales, rows
 from etforge.runtime.pte_agreement import Agreement, compare_with_edge
 from etforge.runtime.pte_interpreter import PteInterpreter
 from etforge.runtime.simulate import SIM_MAX_STEPS, output_steps, simulate
-from etforge.runtime.stepwise import HostInt8Values, OpParity, observer_names, op_parity
+from etforge.runtime.stepwise import DEVICE_KERNELS, HostInt8Values, OpParity, observer_names, op_parity
 from etforge.runtime.verify_steps import Steps
 
 # The gates. Each is a fixed number, never a figure measured from the model under test (a
@@ -499,8 +501,18 @@ def _compare(
     scales = leaf_scales(program)
     aliases = observer_names(qep) if qep is not None else {}
     template: list[OpParity] | None = None  # the first sample's teacher-forced results
+    # the weights' dequantizes and other nodes that read no input: computed once (each interpreter's own)
+    sim_constants = ConstantNodes(q_fn.graph) if q_fn is not None else None
+    inputs = _inputs(report, seed, samples)
+    kept_runs: dict[Any, Any] = {}  # each partition's every-tensor reference run (litert_run.keeping)
+    start = time.perf_counter()
+    exact_all = None  # the quantized reference's exact value, a few samples per pass
+    if q_fn is not None:
+        steps.status(f"the quantized reference in float64 on {samples} samples")
+        exact_all = exact_leaves_all(program, q_fn, inputs, ConstantNodes(q_fn.graph))
+    steps.add("samples: torch's references (float, float32, float64)", start)
     fast = 0
-    for index, batch in enumerate(_inputs(report, seed, samples)):
+    for index, batch in enumerate(inputs):
         steps.status(f"sample {index + 1}/{samples}: running the program, each op against its reference, "
                      "the device simulation")  # fmt: skip
         # The device's arithmetic (LiteRT reference kernels, the Cortex-M kernels): what the
@@ -508,17 +520,19 @@ def _compare(
         start = time.perf_counter()
         calls: list[Any] = []
         values = HostInt8Values(aliases)
-        device_outs = run_program(program, batch, "reference", calls, values)
+        with litert_run.keeping(DEVICE_KERNELS, kept_runs):  # its every-tensor run feeds litert_values
+            device_outs = run_program(program, batch, DEVICE_KERNELS, calls, values)
         outs = device_outs if kernels == "reference" or not calls else run_program(program, batch, kernels)
         if edge_outputs is not None:  # the .pte interpreter is compared with them (``verify``)
             edge_outputs.append(outs)
         start = steps.add("samples: the program's runs", start) + start
         sim, judged = None, None
         if template is not None and q_fn is not None:  # one pass where it proves the per-op gates
-            npu_values = exact_pass.litert_values(calls)
+            with litert_run.keeping(DEVICE_KERNELS, kept_runs):
+                npu_values = exact_pass.litert_values(calls)
             cpu_values = values.values(q_fn)
             seen: exact_pass.Seen = {}
-            sim = simulate(q_fn, batch, values.kinds(q_fn), {**npu_values, **cpu_values}, seen)
+            sim = simulate(q_fn, batch, values.kinds(q_fn), {**npu_values, **cpu_values}, seen, sim_constants)
             judged = exact_pass.judged(template, npu_values, cpu_values, seen)
             start = steps.add("samples: the device simulation", start) + start
         if judged is not None:
@@ -540,7 +554,13 @@ def _compare(
                     template = sample_ops
         if q_fn is not None:
             if sim is None:
-                sim = simulate(q_fn, batch, values.kinds(q_fn), {**npu_values, **values.values(q_fn)})
+                sim = simulate(
+                    q_fn,
+                    batch,
+                    values.kinds(q_fn),
+                    {**npu_values, **values.values(q_fn)},
+                    constants=sim_constants,
+                )
             sim_worst = max(sim_worst, _simulation_steps(program, sim.raw, device_outs, scales))
             sim_not_exact.update(sim.not_exact)
             sim_unforced.update(sim.unforced)
@@ -548,7 +568,7 @@ def _compare(
         with torch.no_grad():  # every output leaf, in the program's order (``runtime.outputs``)
             flat_f = flatten(program, float_fn(*batch))
             flat_q = flatten(program, q_fn(*batch)) if q_fn is not None else flat_f
-        flat_exact = exact_leaves(program, q_fn, batch) if q_fn is not None else flat_q
+        flat_exact = exact_all[index] if exact_all is not None else flat_q
         steps.add("samples: torch's references (float, float32, float64)", start)
         check.add(outs, flat_exact)
         if check.primary is None:  # no float output: the leaves' own checks are all there is

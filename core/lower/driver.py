@@ -100,6 +100,26 @@ def lower(
     return edge, partitioner, parts, {**times, "cpu_lowering": t2 - t1}
 
 
+def delegate_npu(
+    ep: ExportedProgram,
+    target: TargetSpec,
+    options: dict[str, Any] | None = None,
+    reg: Registry | None = None,
+) -> tuple[ExportedProgram, list[Partition], dict[str, Any]]:
+    """Only the NPU delegation, the early path on a float program too (the classic path where
+    it cannot be exact), and no CPU lowering: the program verify's float check runs (it
+    compares each NPU op in float with its Edge op; the ops left on the CPU run as Edge ops).
+    Returns the delegated program, its partitions and the path taken with why."""
+    reg = reg or registry()
+    options = {**target.option_defaults(), **(options or {})}
+    config = reg.cpu_backend(target).edge_compile_config() or edge_config()
+    with delegate_stubs.scope() as stubs:
+        edge, _, lowered, why = _delegate(ep, target, options, reg, config, True, stubs, any_program=True)
+        program = edge.exported_program()
+        stubs.track(program)
+    return program, [Partition(x.name, x.converted, x.payload, x.processed) for x in lowered], why
+
+
 def _delegate(
     ep: ExportedProgram,
     target: TargetSpec,
@@ -108,6 +128,7 @@ def _delegate(
     config: EdgeCompileConfig,
     early: bool,
     stubs: delegate_stubs.StubScope,
+    any_program: bool = False,
 ) -> tuple[EdgeProgramManager, EtforgePartitioner, list[backend.Lowered], dict[str, Any]]:
     """The NPU delegation: the early path when asked for and exact, else the classic path.
 
@@ -122,7 +143,7 @@ def _delegate(
         # (--float, the litert target) lowers the classic way, here and when verify rebuilds it.
         if not early:
             why["reason"] = "the classic path was asked for (early=False)"
-        elif not _quantized(ep):
+        elif not _quantized(ep) and not any_program:
             why["reason"] = "a float program: early delegation is proven on quantized programs only"
         else:
             partitioner = _partitioner(ep, target, options, reg, low)
