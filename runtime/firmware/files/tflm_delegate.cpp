@@ -185,6 +185,15 @@ TflmPartitions g_backend;
 
 }  // namespace
 
+#ifdef ETFORGE_TFLM_SELF_REGISTER
+// A firmware of the CMake package (etforge_add_runtime, ETFORGE_CPU_PARTITIONS): registered
+// before main, so the C API finds the backend when it loads the program.
+namespace {
+const bool g_registered = register_backend(Backend{"EtforgeNpuBackend", &g_backend}) == Error::Ok;
+}  // namespace
+#else
+// etforge's QEMU runner calls this after registering the program's kernels.
 extern "C" int etforge_register_delegates(void) {
   return register_backend(Backend{"EtforgeNpuBackend", &g_backend}) == Error::Ok ? 0 : 1;
 }
+#endif
