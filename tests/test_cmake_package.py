@@ -22,7 +22,7 @@ import pytest
 
 import etforge
 from etforge.codegen import c_api
-from etforge.runtime.firmware import build, device
+from etforge.runtime.firmware import device
 
 from support import REPO, THIRD_PARTY, run_cli
 
@@ -93,14 +93,9 @@ def outs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def cache(request: pytest.FixtureRequest) -> Path:
-    root = Path(request.config.cache.mkdir("etforge-cmake-package"))
-    old = os.environ.get(build.ENV_CACHE)  # etforge run's image cache: test_firmware's
-    os.environ[build.ENV_CACHE] = str(request.config.cache.mkdir("etforge-firmware"))
-    yield root
-    if old is None:
-        os.environ.pop(build.ENV_CACHE, None)
-    else:
-        os.environ[build.ENV_CACHE] = old
+    """The examples' build trees (incremental across runs); ``etforge run``'s images use the
+    session's firmware cache (conftest: ``$ETFORGE_FIRMWARE_CACHE``, test_firmware's)."""
+    return Path(request.config.cache.mkdir("etforge-cmake-package"))
 
 
 def test_cmake_dir_holds_the_config() -> None:

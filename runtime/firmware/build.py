@@ -178,13 +178,16 @@ def _run(cmd: list[str], what: str, progress: str = "") -> None:
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert proc.stdout is not None
     lines: list[str] = []
-    shown = -10
+    shown, files = -10, 0
     for line in proc.stdout:
         lines.append(line)
         m = _PERCENT.match(line)
-        if progress and m and int(m.group(1)) >= shown + 10:
-            shown = int(m.group(1))
-            print(f"etforge: {progress}: {shown}%", file=sys.stderr, flush=True)
+        if not (progress and m):
+            continue
+        files += "Building" in line
+        if int(m.group(1)) >= shown + 10 or ("Building" in line and files % 25 == 0):
+            shown = max(shown, int(m.group(1)))
+            print(f"etforge: {progress}: {m.group(1)}% ({files} files compiled)", file=sys.stderr, flush=True)
     if proc.wait() != 0:
         text = "".join(lines)
         at = next((i for i, ln in enumerate(lines) if _ERROR.search(ln)), None)

@@ -15,8 +15,10 @@ runs each partition in TFLM with CMSIS-NN kernels *on the CPU* — not the NPU; 
   renamed (``-Dflatbuffers=etforge_tflm_flatbuffers``), ExecuTorch's its 25.2.10: two
   versions in one image, no symbol shared between them.
 * The op resolver holds exactly the builtin ops the partitions use (``etforge_tflm_ops.h``,
-  generated per image); the library compiles the kernels of every op in ``KERNELS`` once,
-  cached by content like the ExecuTorch libraries.
+  generated per image). ``cmake_lists`` is what the CMake package's ``etforge_tflm_libraries``
+  compiles, for ``etforge run``'s image (in its library tree: the interpreter once, each
+  kernel on first use) and for a user's firmware (``etforge_add_runtime``,
+  ``ETFORGE_CPU_PARTITIONS``) alike.
 """
 
 from __future__ import annotations
