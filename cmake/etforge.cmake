@@ -248,6 +248,8 @@ function(_etforge_build_runtime target)
     etforge_tflm_libraries(${target}_etforge SELF_REGISTER)
     message(STATUS "etforge: ${target}'s NPU partitions run in TFLM on the CPU (ETFORGE_CPU_PARTITIONS; not the NPU)")
     target_sources(${target} PRIVATE $<TARGET_OBJECTS:${target}_etforge_tflm_delegate>)
+    # the generated registration stops a host-only program unless the build says it is meant
+    target_compile_definitions(${target} PRIVATE ETFORGE_ALLOW_HOST_ONLY)
     list(APPEND libs ${target}_etforge_tflm_kernels ${target}_etforge_tflm ${target}_etforge_cmsis_nn_int)
   endif()
   target_link_libraries(${target} PRIVATE ${target}_etforge_config
