@@ -187,4 +187,10 @@ def _host_only_partitions(pte: Path) -> list[tuple[str, bytes]]:
     from etforge.runtime.firmware.device import host_only_partitions
     from etforge.runtime.pte_interpreter import PteInterpreter
 
-    return host_only_partitions(pte, PteInterpreter(pte.read_bytes(), str(pte)))
+    try:
+        return host_only_partitions(pte, PteInterpreter(pte.read_bytes(), str(pte)))
+    except EtforgeError as e:
+        raise EtforgeError(
+            f"{pte}: its NPU partitions are Neutron microcode, which runs on the NPU with NXP's Neutron "
+            f"runtime only; ETFORGE_CPU_PARTITIONS runs host-only partitions ({e})"
+        ) from e
