@@ -9,13 +9,19 @@
 #   NAME defaults to the .pte's file name without extension; NAMESPACE to etforge_<NAME>.
 #
 # etforge_add_runtime(<target> EXECUTORCH_SRC <dir> CMSIS_NN_SRC <dir> [TFLM_SRC <dir>]
-#                     [CPU cortex-m33|cortex-m55])
+#                     [TFLM_DEPS <dir>] [CPU cortex-m33|cortex-m55])
 #   Builds ExecuTorch's runtime, prim ops, the cortex_m ops and the kernels the target's models
 #   select (the union of their operators), and CMSIS-NN, from the user's source trees, and links
 #   them into <target>. Defaults: the CMake variables / environment variables
-#   ETFORGE_EXECUTORCH_SRC, ETFORGE_CMSIS_NN_SRC, ETFORGE_TFLM_SRC; CPU cortex-m33.
+#   ETFORGE_EXECUTORCH_SRC, ETFORGE_CMSIS_NN_SRC, ETFORGE_TFLM_SRC, ETFORGE_TFLM_DEPS; CPU cortex-m33.
+#   A model with NPU partitions is refused at configure time: etforge ships no Neutron runtime.
+#   With the option ETFORGE_CPU_PARTITIONS=ON its host-only partitions (imxrt700 / imxrt700cm
+#   compiled without NXP's converter) run in TensorFlow Lite Micro on the CPU instead (not the
+#   NPU), built from TFLM_SRC and TFLM_DEPS (one model with partitions per firmware).
 #   The lists are made once all of the directory's etforge_add_model calls are seen (deferred).
 include_guard(GLOBAL)
+
+option(ETFORGE_CPU_PARTITIONS "run host-only NPU partitions in TFLM on the CPU (not the NPU)" OFF)
 
 set(_ETFORGE_KEYWORDS
   auto break case char const continue default do double else enum extern float for goto if
@@ -27,6 +33,15 @@ set(_ETFORGE_KEYWORDS
   friend mutable namespace new noexcept not not_eq nullptr operator or or_eq private protected
   public reinterpret_cast requires static_assert static_cast template this thread_local throw
   true try typeid typename using virtual wchar_t xor xor_eq main std)
+
+# The runtime's static libraries reference each other both ways: they are linked as one group.
+# CMake's platform files declare the RESCAN feature for hosted GNU targets, not for bare metal.
+foreach(_lang C CXX)
+  if(NOT CMAKE_${_lang}_LINK_GROUP_USING_RESCAN_SUPPORTED)
+    set(CMAKE_${_lang}_LINK_GROUP_USING_RESCAN "LINKER:--start-group" "LINKER:--end-group")
+    set(CMAKE_${_lang}_LINK_GROUP_USING_RESCAN_SUPPORTED TRUE)
+  endif()
+endforeach()
 
 file(GLOB _ETFORGE_TEMPLATES "${CMAKE_CURRENT_LIST_DIR}/../codegen/templates/*.j2")
 
@@ -141,14 +156,14 @@ function(etforge_add_model target)
 endfunction()
 
 function(etforge_add_runtime target)
-  cmake_parse_arguments(PARSE_ARGV 1 ARG "" "EXECUTORCH_SRC;CMSIS_NN_SRC;TFLM_SRC;CPU" "")
+  cmake_parse_arguments(PARSE_ARGV 1 ARG "" "EXECUTORCH_SRC;CMSIS_NN_SRC;TFLM_SRC;TFLM_DEPS;CPU" "")
   if(ARG_UNPARSED_ARGUMENTS)
     message(FATAL_ERROR "etforge_add_runtime(${target}): unknown arguments ${ARG_UNPARSED_ARGUMENTS}")
   endif()
   if(NOT TARGET ${target})
     message(FATAL_ERROR "etforge_add_runtime: ${target} is not a target (add_executable first)")
   endif()
-  foreach(_v EXECUTORCH_SRC CMSIS_NN_SRC TFLM_SRC)
+  foreach(_v EXECUTORCH_SRC CMSIS_NN_SRC TFLM_SRC TFLM_DEPS)
     if(NOT ARG_${_v} AND ETFORGE_${_v})
       set(ARG_${_v} "${ETFORGE_${_v}}")
     elseif(NOT ARG_${_v} AND DEFINED ENV{ETFORGE_${_v}})
@@ -160,20 +175,9 @@ function(etforge_add_runtime target)
   set(_get_EXECUTORCH_SRC "the pytorch/executorch source, v1.5.x")
   set(_get_CMSIS_NN_SRC "ARM-software/CMSIS-NN at dbf45dbfcc515421dd6099037d3e2637b90748c8 (your MCU SDK's CMSIS-NN)")
   foreach(_v EXECUTORCH_SRC CMSIS_NN_SRC)
-    if(NOT ARG_${_v})
-      message(FATAL_ERROR "etforge_add_runtime(${target}): ${_v} is not set: pass ${_v} <dir>, or set "
-        "-DETFORGE_${_v}=<dir> or the environment variable ETFORGE_${_v} (${_get_${_v}}; see etforge's docs/firmware.md)")
-    endif()
+    _etforge_check_tree(${target} ${_v} "${ARG_${_v}}" "${_probe_${_v}}" "${_get_${_v}}")
     get_filename_component(ARG_${_v} "${ARG_${_v}}" ABSOLUTE)
-    if(NOT EXISTS "${ARG_${_v}}/${_probe_${_v}}")
-      message(FATAL_ERROR "etforge_add_runtime(${target}): ${_v} ${ARG_${_v}} has no ${_probe_${_v}} (${_get_${_v}})")
-    endif()
   endforeach()
-  if(ARG_TFLM_SRC)
-    message(WARNING "etforge_add_runtime(${target}): TFLM_SRC is accepted but not supported yet: "
-      "the TFLM delegate runtime is not wired into this package, so TFLM_SRC is ignored and a "
-      "program with NPU/TFLM partitions is refused")
-  endif()
   if(NOT ARG_CPU)
     set(ARG_CPU cortex-m33)
   endif()
@@ -184,8 +188,21 @@ function(etforge_add_runtime target)
   if(_done)
     message(FATAL_ERROR "etforge_add_runtime(${target}): called twice for one target")
   endif()
-  set_property(TARGET ${target} PROPERTY ETFORGE_RUNTIME "${ARG_EXECUTORCH_SRC};${ARG_CMSIS_NN_SRC};${ARG_CPU}")
+  set_property(TARGET ${target} PROPERTY ETFORGE_RUNTIME
+    "${ARG_EXECUTORCH_SRC};${ARG_CMSIS_NN_SRC};${ARG_CPU};${ARG_TFLM_SRC};${ARG_TFLM_DEPS}")
   cmake_language(EVAL CODE "cmake_language(DEFER CALL _etforge_build_runtime [[${target}]])")
+endfunction()
+
+# A source tree the user must point at: one configure-time line naming the variable to set.
+function(_etforge_check_tree target var dir probe get)
+  if(NOT dir)
+    message(FATAL_ERROR "etforge_add_runtime(${target}): ${var} is not set: pass ${var} <dir>, or set "
+      "-DETFORGE_${var}=<dir> or the environment variable ETFORGE_${var} (${get}; see etforge's docs/firmware.md)")
+  endif()
+  get_filename_component(dir "${dir}" ABSOLUTE)
+  if(NOT EXISTS "${dir}/${probe}")
+    message(FATAL_ERROR "etforge_add_runtime(${target}): ${var} ${dir} has no ${probe} (${get})")
+  endif()
 endfunction()
 
 function(_etforge_build_runtime target)
@@ -193,27 +210,70 @@ function(_etforge_build_runtime target)
   list(GET _rt 0 et)
   list(GET _rt 1 nn)
   list(GET _rt 2 cpu)
+  list(GET _rt 3 tflm)
+  list(GET _rt 4 tflm_deps)
   get_property(ptes TARGET ${target} PROPERTY ETFORGE_MODEL_PTES)
   if(NOT ptes)
     message(FATAL_ERROR "etforge_add_runtime(${target}): no etforge_add_model(${target} ...) in this directory")
   endif()
   set(dir "${CMAKE_CURRENT_BINARY_DIR}/etforge-gen/${target}")
   file(MAKE_DIRECTORY "${dir}")
+  set(tflm_args)
+  if(ETFORGE_CPU_PARTITIONS)
+    # host-only NPU partitions run in TFLM on the CPU (not the NPU): an explicit opt-in
+    _etforge_check_tree(${target} TFLM_SRC "${tflm}" "tensorflow/lite/micro/micro_interpreter.cc"
+      "tensorflow/tflite-micro, the revision docs/firmware.md pins")
+    _etforge_check_tree(${target} TFLM_DEPS "${tflm_deps}" "flatbuffers/include/flatbuffers/flatbuffers.h"
+      "TFLM's downloads: flatbuffers, gemmlowp, ruy, cmsis; docs/firmware.md")
+    list(APPEND tflm_args --cpu-partitions --tflm-src "${tflm}" --tflm-deps "${tflm_deps}")
+  endif()
   message(STATUS "etforge: selecting ${target}'s runtime sources (ExecuTorch ${et}, CMSIS-NN ${nn}, ${cpu})")
   execute_process(
     COMMAND "${ETFORGE_PYTHON}" -m etforge cmake-runtime --executorch-src "${et}" --cmsis-nn-src "${nn}"
-            --cpu "${cpu}" --include-dir "${dir}/runtime" -o "${dir}/runtime.cmake" ${ptes}
+            --cpu "${cpu}" --include-dir "${dir}/runtime" -o "${dir}/runtime.cmake" ${tflm_args} ${ptes}
     WORKING_DIRECTORY "${dir}"
     RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
   if(NOT rc EQUAL 0)
     string(STRIP "${err}${out}" err)
+    string(REGEX REPLACE "^error: " "" err "${err}")
     message(FATAL_ERROR "etforge_add_runtime(${target}): ${err}")
   endif()
-  include("${dir}/runtime.cmake")
+  etforge_runtime_libraries(${target}_etforge LISTS "${dir}/runtime.cmake")
   list(LENGTH ETFORGE_RT_OPERATORS _nops)
   message(STATUS "etforge: ${target} links ${_nops} operator(s) (selective build over its models)")
+  # prim ops register themselves from static initializers: their objects are linked whole
+  target_sources(${target} PRIVATE $<TARGET_OBJECTS:${target}_etforge_prim_ops>)
+  set(libs ${target}_etforge_ops ${target}_etforge_kernels)
+  if(ETFORGE_RT_TFLM_CORE_SOURCES)
+    etforge_tflm_libraries(${target}_etforge SELF_REGISTER)
+    message(STATUS "etforge: ${target}'s NPU partitions run in TFLM on the CPU (ETFORGE_CPU_PARTITIONS; not the NPU)")
+    target_sources(${target} PRIVATE $<TARGET_OBJECTS:${target}_etforge_tflm_delegate>)
+    # the generated registration stops a host-only program unless the build says it is meant
+    target_compile_definitions(${target} PRIVATE ETFORGE_ALLOW_HOST_ONLY)
+    list(APPEND libs ${target}_etforge_tflm_kernels ${target}_etforge_tflm ${target}_etforge_cmsis_nn_int)
+  endif()
+  target_link_libraries(${target} PRIVATE ${target}_etforge_config
+    "$<LINK_GROUP:RESCAN,${libs};${target}_etforge_cmsis_nn;${target}_etforge_core>")
+endfunction()
 
-  set(cfg ${target}_etforge_config)
+# ---- lower-level functions (the QEMU image etforge run builds uses these too) ---------------
+# etforge_runtime_libraries(<prefix> [LISTS <file>...])
+#   From the ETFORGE_RT_* lists `etforge cmake-runtime` (or etforge's QEMU build) wrote, included
+#   from LISTS: <prefix>_config
+#   (INTERFACE: includes, definitions, CPU and language flags), <prefix>_core (runtime, static),
+#   <prefix>_prim_ops (objects: link them whole), <prefix>_ops (cortex_m ops and the portable
+#   utilities they use), <prefix>_kernels (the selected portable/quantized kernels),
+#   <prefix>_cmsis_nn (CMSIS-NN's int8 sources). The lists stay set in the caller's scope.
+macro(etforge_runtime_libraries prefix)
+  cmake_parse_arguments(_ERL "" "" "LISTS" ${ARGN})
+  foreach(_erl_file IN LISTS _ERL_LISTS)
+    include("${_erl_file}")
+  endforeach()
+  _etforge_runtime_libraries(${prefix})
+endmacro()
+
+function(_etforge_runtime_libraries prefix)
+  set(cfg ${prefix}_config)
   add_library(${cfg} INTERFACE)
   target_include_directories(${cfg} INTERFACE ${ETFORGE_RT_INCLUDE_DIRS})
   target_compile_definitions(${cfg} INTERFACE ${ETFORGE_RT_DEFINITIONS})
@@ -222,17 +282,70 @@ function(_etforge_build_runtime target)
     $<$<COMPILE_LANGUAGE:CXX>:-fno-exceptions -fno-rtti -fno-unwind-tables -Wno-psabi -Wno-deprecated-declarations>)
   target_compile_features(${cfg} INTERFACE cxx_std_17)
   target_link_options(${cfg} INTERFACE ${ETFORGE_RT_CPU_FLAGS})
-
-  add_library(${target}_etforge_core STATIC ${ETFORGE_RT_CORE_SOURCES})
-  add_library(${target}_etforge_prim_ops OBJECT ${ETFORGE_RT_PRIM_SOURCES})
-  add_library(${target}_etforge_kernels STATIC ${ETFORGE_RT_KERNEL_SOURCES})
-  add_library(${target}_etforge_cmsis_nn STATIC ${ETFORGE_RT_NN_SOURCES})
-  foreach(_lib core prim_ops kernels cmsis_nn)
-    target_link_libraries(${target}_etforge_${_lib} PUBLIC ${cfg})
-    set_target_properties(${target}_etforge_${_lib} PROPERTIES CXX_EXTENSIONS ON)
+  add_library(${prefix}_core STATIC ${ETFORGE_RT_CORE_SOURCES})
+  add_library(${prefix}_prim_ops OBJECT ${ETFORGE_RT_PRIM_SOURCES})
+  add_library(${prefix}_ops STATIC ${ETFORGE_RT_OPS_SOURCES})
+  add_library(${prefix}_cmsis_nn STATIC ${ETFORGE_RT_NN_SOURCES})
+  if(ETFORGE_RT_KERNEL_SOURCES)
+    add_library(${prefix}_kernels STATIC ${ETFORGE_RT_KERNEL_SOURCES})
+  else()
+    add_library(${prefix}_kernels INTERFACE)
+  endif()
+  foreach(_lib core prim_ops ops cmsis_nn kernels)
+    get_target_property(_type ${prefix}_${_lib} TYPE)
+    if(NOT _type STREQUAL "INTERFACE_LIBRARY")
+      target_link_libraries(${prefix}_${_lib} PUBLIC ${cfg})
+      set_target_properties(${prefix}_${_lib} PROPERTIES CXX_EXTENSIONS ON)
+    endif()
   endforeach()
-  target_link_libraries(${target}_etforge_kernels PUBLIC ${target}_etforge_cmsis_nn ${target}_etforge_core)
-  # prim ops register themselves from static initializers: their objects are linked whole
-  target_sources(${target} PRIVATE $<TARGET_OBJECTS:${target}_etforge_prim_ops>)
-  target_link_libraries(${target} PRIVATE ${cfg} ${target}_etforge_kernels ${target}_etforge_core)
+endfunction()
+
+# etforge_tflm_libraries(<prefix> [LISTS <file>...] [SELF_REGISTER])
+#   TensorFlow Lite Micro as the stand-in for host-only NPU partitions (on the CPU, not the NPU),
+#   with TFLM's own flags: <prefix>_tflm (interpreter, -Os), <prefix>_tflm_kernels (the
+#   partitions' ops, -O2), <prefix>_cmsis_nn_int (every integer CMSIS-NN source) and
+#   <prefix>_tflm_delegate (objects: the EtforgeNpuBackend delegate; SELF_REGISTER registers it
+#   from a static initializer, for firmware without etforge's runner).
+macro(etforge_tflm_libraries prefix)
+  cmake_parse_arguments(_ETL "SELF_REGISTER" "" "LISTS" ${ARGN})
+  foreach(_etl_file IN LISTS _ETL_LISTS)
+    include("${_etl_file}")
+  endforeach()
+  _etforge_tflm_libraries(${prefix} ${_ETL_SELF_REGISTER})
+endmacro()
+
+function(_etforge_tflm_libraries prefix self_register)
+  set(cfg ${prefix}_tflm_config)
+  add_library(${cfg} INTERFACE)
+  target_include_directories(${cfg} INTERFACE ${ETFORGE_RT_TFLM_INCLUDE_DIRS})
+  target_compile_definitions(${cfg} INTERFACE ${ETFORGE_RT_TFLM_DEFINITIONS})
+  target_compile_options(${cfg} INTERFACE ${ETFORGE_RT_CPU_FLAGS} -fno-unwind-tables
+    -fno-asynchronous-unwind-tables -ffunction-sections -fdata-sections -fmessage-length=0
+    -fomit-frame-pointer -funsigned-char
+    $<$<COMPILE_LANGUAGE:CXX>:-fno-rtti -fno-exceptions -fno-threadsafe-statics -Wno-psabi>)
+  target_compile_features(${cfg} INTERFACE cxx_std_17)
+  add_library(${prefix}_tflm STATIC ${ETFORGE_RT_TFLM_CORE_SOURCES})
+  target_compile_options(${prefix}_tflm PRIVATE -Os)
+  add_library(${prefix}_tflm_kernels STATIC ${ETFORGE_RT_TFLM_KERNEL_SOURCES})
+  target_compile_options(${prefix}_tflm_kernels PRIVATE -O2)
+  foreach(_lib tflm tflm_kernels)
+    target_link_libraries(${prefix}_${_lib} PUBLIC ${cfg})
+    set_target_properties(${prefix}_${_lib} PROPERTIES CXX_EXTENSIONS OFF)
+  endforeach()
+  add_library(${prefix}_cmsis_nn_int STATIC ${ETFORGE_RT_TFLM_NN_SOURCES})
+  target_compile_options(${prefix}_cmsis_nn_int PRIVATE ${ETFORGE_RT_CPU_FLAGS} -O2 -ffunction-sections -fdata-sections)
+  target_compile_definitions(${prefix}_cmsis_nn_int PRIVATE ARM_NN_ENABLE_F16=0 ARM_NN_ENABLE_F32=0)
+  list(FILTER ETFORGE_RT_INCLUDE_DIRS INCLUDE REGEX "/Include$")
+  target_include_directories(${prefix}_cmsis_nn_int PRIVATE ${ETFORGE_RT_INCLUDE_DIRS})
+  # the delegate sees TFLM's headers first (its FlatBuffers over ExecuTorch's), then the runtime's
+  set(defs ${ETFORGE_RT_TFLM_DEFINITIONS})
+  list(FILTER defs EXCLUDE REGEX "HEADER_FILE")
+  add_library(${prefix}_tflm_delegate OBJECT ${ETFORGE_RT_TFLM_DELEGATE_SOURCES})
+  target_include_directories(${prefix}_tflm_delegate BEFORE PRIVATE ${ETFORGE_RT_TFLM_INCLUDE_DIRS})
+  target_compile_definitions(${prefix}_tflm_delegate PRIVATE ${defs} ETFORGE_ALLOW_HOST_ONLY ETFORGE_TFLM_PARTITIONS)
+  if(self_register)
+    target_compile_definitions(${prefix}_tflm_delegate PRIVATE ETFORGE_TFLM_SELF_REGISTER)
+  endif()
+  target_link_libraries(${prefix}_tflm_delegate PUBLIC ${prefix}_config)
+  set_target_properties(${prefix}_tflm_delegate PROPERTIES CXX_EXTENSIONS ON)
 endfunction()

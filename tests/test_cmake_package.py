@@ -22,7 +22,7 @@ import pytest
 
 import etforge
 from etforge.codegen import c_api
-from etforge.runtime.firmware import build, device
+from etforge.runtime.firmware import device
 
 from support import REPO, THIRD_PARTY, run_cli
 
@@ -93,14 +93,9 @@ def outs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def cache(request: pytest.FixtureRequest) -> Path:
-    root = Path(request.config.cache.mkdir("etforge-cmake-package"))
-    old = os.environ.get(build.ENV_CACHE)  # etforge run's image cache: test_firmware's
-    os.environ[build.ENV_CACHE] = str(request.config.cache.mkdir("etforge-firmware"))
-    yield root
-    if old is None:
-        os.environ.pop(build.ENV_CACHE, None)
-    else:
-        os.environ[build.ENV_CACHE] = old
+    """The examples' build trees (incremental across runs); ``etforge run``'s images use the
+    session's firmware cache (conftest: ``$ETFORGE_FIRMWARE_CACHE``, test_firmware's)."""
+    return Path(request.config.cache.mkdir("etforge-cmake-package"))
 
 
 def test_cmake_dir_holds_the_config() -> None:
@@ -109,16 +104,13 @@ def test_cmake_dir_holds_the_config() -> None:
     assert proc.returncode == 0 and proc.stdout.strip() == _cmake_dir()
 
 
-@pytest.mark.parametrize("model", MODELS)
-def test_qemu_example_matches_etforge_run(
-    model: str, outs: dict[str, Path], cache: Path, tmp_path: Path
-) -> None:
-    out = outs[model]
-    build_dir = cache / "qemu-an505"
-    proc = _configure(EXAMPLES / "qemu-an505", build_dir, out / "model.pte")
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    _build(build_dir)
-    ref = device.run(out, "qemu-m33", samples=SAMPLES, seed=3, executorch_src=ET_SRC, cmsis_nn_src=NN_SRC)
+def _run_example(out: Path, build_dir: Path, tmp_path: Path, cpu_partitions: bool = False) -> str:
+    """Run the built example on ``out``'s seeded inputs under QEMU and require every output byte
+    to be ``etforge run``'s (runtime/firmware/device.py) on the same inputs; QEMU's stdout."""
+    ref = device.run(
+        out, "qemu-m33", samples=SAMPLES, seed=3, executorch_src=ET_SRC, cmsis_nn_src=NN_SRC,
+        cpu_partitions=cpu_partitions,
+    )  # fmt: skip
     report, interp = device._load(out)
     ins = device._tensor_values(interp, interp.plan.inputs, "input", out)
     outs_v = device._tensor_values(interp, interp.plan.outputs, "output", out)
@@ -140,6 +132,88 @@ def test_qemu_example_matches_etforge_run(
     assert planned == report["memory"]["arena_bytes"]
     used = int(re.search(r"method pool used (\d+) bytes", qemu.stdout).group(1))
     assert 0 < used <= c_api.buffers(out / "model.pte", report)["method_pool"]
+    return qemu.stdout
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_qemu_example_matches_etforge_run(
+    model: str, outs: dict[str, Path], cache: Path, tmp_path: Path
+) -> None:
+    out = outs[model]
+    build_dir = cache / "qemu-an505"
+    proc = _configure(EXAMPLES / "qemu-an505", build_dir, out / "model.pte")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    _build(build_dir)
+    _run_example(out, build_dir, tmp_path)
+
+
+NPU_TARGETS = ["imxrt700", "imxrt700cm"]
+TFLM_SRC = THIRD_PARTY / "tflite-micro"
+TFLM_DEPS = THIRD_PARTY / "tflm-deps"
+CPU_PARTITIONS = (
+    "-DETFORGE_CPU_PARTITIONS=ON",
+    f"-DETFORGE_TFLM_SRC={TFLM_SRC}",
+    f"-DETFORGE_TFLM_DEPS={TFLM_DEPS}",
+)
+
+
+@pytest.fixture(scope="module")
+def npu_outs(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], Path]:
+    """The zoo models compiled for the NPU targets without NXP's converter: host-only partitions."""
+    if not (TFLM_SRC / "tensorflow").is_dir() or not (TFLM_DEPS / "flatbuffers").is_dir():
+        pytest.skip(f"no TFLM sources at {THIRD_PARTY}")
+    root = tmp_path_factory.mktemp("npu")
+    found = {}
+    for target in NPU_TARGETS:
+        proc = run_cli(
+            "compile", *(f"zoo:{m}" for m in MODELS), "--target", target, "-o", str(root), "--jobs", "1"
+        )
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        found.update({(m, target): root / m / target for m in MODELS})
+    return found
+
+
+@pytest.mark.parametrize("target", NPU_TARGETS)
+@pytest.mark.parametrize("model", MODELS)
+def test_qemu_example_npu_targets_in_tflm(
+    model: str, target: str, npu_outs: dict[tuple[str, str], Path], cache: Path, tmp_path: Path
+) -> None:
+    """imxrt700 / imxrt700cm programs in the example firmware, their host-only partitions in the
+    TFLM stand-in (ETFORGE_CPU_PARTITIONS): bit-exact with ``etforge run --cpu-partitions``."""
+    out = npu_outs[(model, target)]
+    report, _ = device._load(out)
+    assert report["memory"]["npu_partitions"], "the program has no NPU partition: nothing tested"
+    build_dir = cache / "qemu-an505-npu"
+    proc = _configure(EXAMPLES / "qemu-an505", build_dir, out / "model.pte", *CPU_PARTITIONS)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "run in TFLM on the CPU" in proc.stdout
+    _build(build_dir)
+    stdout = _run_example(out, build_dir, tmp_path, cpu_partitions=True)
+    assert "etforge: tflm partition 0 arena" in stdout
+
+
+def test_npu_program_needs_the_opt_in(npu_outs: dict[tuple[str, str], Path], tmp_path: Path) -> None:
+    pte = npu_outs[(MODELS[0], "imxrt700")] / "model.pte"
+    proc = _configure(EXAMPLES / "qemu-an505", tmp_path / "b", pte)
+    assert proc.returncode != 0
+    assert proc.stderr.count("CMake Error") == 1, proc.stderr
+    text = " ".join(ln.strip() for ln in proc.stderr.splitlines() if ln.strip())  # CMake wraps it
+    assert "NPU partitions need NXP's Neutron runtime" in text
+    assert "-DETFORGE_CPU_PARTITIONS=ON" in text and "not the NPU" in text
+
+
+def test_missing_tflm_tree_names_the_variable(npu_outs: dict[tuple[str, str], Path], tmp_path: Path) -> None:
+    pte = npu_outs[(MODELS[0], "imxrt700")] / "model.pte"
+    env = {k: v for k, v in _env().items() if not k.startswith("ETFORGE_TFLM")}
+    cmd = [
+        "cmake", "-S", str(EXAMPLES / "qemu-an505"), "-B", str(tmp_path / "b"),
+        f"-DCMAKE_TOOLCHAIN_FILE={EXAMPLES / 'arm-none-eabi.cmake'}", f"-Detforge_DIR={_cmake_dir()}",
+        f"-DETFORGE_PYTHON={sys.executable}", f"-DETFORGE_PTE={pte}", f"-DETFORGE_EXECUTORCH_SRC={ET_SRC}",
+        f"-DETFORGE_CMSIS_NN_SRC={NN_SRC}", "-DETFORGE_CPU_PARTITIONS=ON",
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode != 0
+    assert "TFLM_SRC is not set" in proc.stderr and "ETFORGE_TFLM_SRC" in proc.stderr
 
 
 def test_touched_pte_regenerates_unchanged_does_not(

@@ -1,19 +1,24 @@
 """Build the QEMU mps2-an505 image for a compiled program, once per content.
 
-Two stages, both ``make -j<cores>`` on ``files/firmware.mk``:
+One build system: the image is a CMake project (``files/CMakeLists.txt``) over the CMake
+package's lower-level functions (``cmake/etforge.cmake``: ``etforge_runtime_libraries``,
+``etforge_tflm_libraries``), the ones a user's firmware gets through ``etforge_add_runtime``.
+One CMake build tree per **library key** — the hash of every source file the libraries can
+include, the recipe (CMake files, lists) and the compiler's version:
 
-* **libraries** — ExecuTorch's runtime, prim ops and portable utilities, the ``cortex_m`` ops
-  and CMSIS-NN (int8 paths) for Cortex-M33 with DSP: the same for every model, built once
-  into a directory named by the hash of every source file they can include, the flags and
-  the compiler's version. The portable/quantized kernels a program needs are compiled into
-  the same directory on first use and reused by every later program;
-* **image** — the program's generated registration (``OUT/codegen``) and the runner, linked
-  with those: a directory named by the hash of the library key, the generated files, the
-  runner and the kernel list.
+* **libraries** (target ``libs``) — ExecuTorch's runtime, prim ops, the ``cortex_m`` ops with
+  their portable utilities and CMSIS-NN (int8 paths) for Cortex-M33 with DSP: the same for every
+  model, built once (the first build takes minutes and shows its progress);
+* **image** (target ``runner``) — the tree reconfigured for the program: its selected
+  portable/quantized kernels (compiled on first use, reused by every later program), its
+  generated registration and the runner, linked; with host-only NPU partitions on the CPU also
+  TFLM (``tflm.py``), whose first build is announced too. The ELF is copied to
+  ``images/<image key>/``, named by the hash of the library key, the generated files, the runner,
+  the kernel list and the defines.
 
 The cache lives in ``$ETFORGE_FIRMWARE_CACHE`` or ``~/.cache/etforge/firmware``; a file lock
-serialises builds of one key across processes (pytest workers), and a stamp written last
-marks a library directory complete, so a killed build is redone, never trusted.
+serialises the use of one tree across processes (pytest workers), and a stamp written last
+marks the libraries complete, so a killed build is finished by the next one, never trusted.
 """
 
 from __future__ import annotations
@@ -45,8 +50,8 @@ from etforge.runtime.firmware.sources import (
 
 ENV_CACHE = "ETFORGE_FIRMWARE_CACHE"
 #: Bump when the build recipe changes in a way the hashed files do not show.
-RECIPE_VERSION = "1"
-TOOLS = ("arm-none-eabi-gcc", "arm-none-eabi-g++", "arm-none-eabi-ar", "make")
+RECIPE_VERSION = "2"
+TOOLS = ("arm-none-eabi-gcc", "arm-none-eabi-g++", "arm-none-eabi-ar", "cmake", "make")
 _STAMP = ".complete"
 #: ExecuTorch / CMSIS-NN folders whose files a library or kernel object can depend on.
 _ET_DIRS = (
@@ -83,7 +88,7 @@ def check_tools() -> None:
     if missing:
         raise EtforgeError(
             f"firmware build needs {', '.join(missing)} on PATH (Debian: apt-get install gcc-arm-none-eabi "
-            "libnewlib-arm-none-eabi libstdc++-arm-none-eabi-newlib make)"
+            "libnewlib-arm-none-eabi libstdc++-arm-none-eabi-newlib cmake make)"
         )
 
 
@@ -99,11 +104,23 @@ def _compiler_version() -> bytes:
     return subprocess.run(["arm-none-eabi-gcc", "--version"], capture_output=True, check=True).stdout
 
 
+#: The recipe: the image project, the CMake package and its lists' generator.
+_RECIPE_FILES = ("CMakeLists.txt", "startup.c", "pal_semihost.cpp", "an505.ld")
+
+
+def _recipe(h: hashlib._Hash) -> None:
+    from etforge.cli.cmake import cmake_dir
+    from etforge.codegen import cmake_runtime
+
+    for f in [files_dir() / n for n in _RECIPE_FILES] + [cmake_dir() / "etforge.cmake"]:
+        h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+    h.update(repr((cmake_runtime.CORE, cmake_runtime.PRIM, cmake_runtime.DEFINITIONS)).encode())
+
+
 def library_key(src: Sources) -> str:
     h = hashlib.sha256(f"etforge-firmware-libs {RECIPE_VERSION}\0".encode())
     h.update(_compiler_version())
-    for name in ("firmware.mk", "startup.c", "pal_semihost.cpp", "an505.ld"):
-        h.update(name.encode() + (files_dir() / name).read_bytes())
+    _recipe(h)
     h.update("\0".join(_lib_utils(src) + cmsis_nn_sources(src.cmsis_nn)).encode())  # what gets compiled
     _hash_tree(h, src.executorch, _ET_DIRS)
     _hash_tree(h, src.cmsis_nn, _NN_DIRS)
@@ -150,17 +167,61 @@ def _jobs() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def _make(args: list[str], what: str) -> None:
-    cmd = ["make", "-s", "-f", str(files_dir() / "firmware.mk"), f"-j{_jobs()}", *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        text = proc.stderr + proc.stdout
-        first = next((ln for ln in text.splitlines() if re.search(r"error|undefined reference", ln)), None)
+_PERCENT = re.compile(r"^\[\s*(\d+)%\]")
+#: A compiler, linker or CMake error line (not a progress line naming error_reporter.cc).
+_ERROR = re.compile(r"\berror:|undefined reference|cannot find|CMake Error|No rule to make")
+
+
+def _run(cmd: list[str], what: str, progress: str = "") -> None:
+    """Run a CMake step; on failure one line: the first compiler/linker/CMake error. With
+    ``progress`` the build's percentage is shown on stderr (the long first builds)."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert proc.stdout is not None
+    lines: list[str] = []
+    shown, files = -10, 0
+    for line in proc.stdout:
+        lines.append(line)
+        m = _PERCENT.match(line)
+        if not (progress and m):
+            continue
+        files += "Building" in line
+        if int(m.group(1)) >= shown + 10 or ("Building" in line and files % 25 == 0):
+            shown = max(shown, int(m.group(1)))
+            print(f"etforge: {progress}: {m.group(1)}% ({files} files compiled)", file=sys.stderr, flush=True)
+    if proc.wait() != 0:
+        text = "".join(lines)
+        at = next((i for i, ln in enumerate(lines) if _ERROR.search(ln)), None)
+        first = None if at is None else lines[at].strip()
+        if first and first.startswith("CMake Error"):  # its message is on the next line
+            first += " " + next((ln.strip() for ln in lines[at + 1 :] if ln.strip()), "")
         raise EtforgeError(f"firmware build failed ({what}): {first or text.strip()[-400:]}")
 
 
+def _configure(src: Sources, tree: Path, image_lists: str) -> None:
+    """(Re)configure the library tree ``tree`` with ``image_lists`` (an empty image: libraries)."""
+    from etforge.cli.cmake import cmake_dir
+    from etforge.codegen import cmake_runtime
+
+    lists = cmake_runtime.render_lists(cmake_runtime.library_lists(src, "cortex-m33", tree))
+    cmake_runtime.write_if_changed(tree / "libs.cmake", lists)
+    cmake_runtime.write_if_changed(tree / "image.cmake", image_lists)
+    cmd = [
+        "cmake", "-S", str(files_dir()), "-B", str(tree / "build"), "-G", "Unix Makefiles",
+        "-DCMAKE_SYSTEM_NAME=Generic", "-DCMAKE_SYSTEM_PROCESSOR=arm",
+        "-DCMAKE_C_COMPILER=arm-none-eabi-gcc", "-DCMAKE_CXX_COMPILER=arm-none-eabi-g++",
+        "-DCMAKE_TRY_COMPILE_TARGET_TYPE=STATIC_LIBRARY", "-DCMAKE_BUILD_TYPE=",
+        f"-DETFORGE_CMAKE_DIR={cmake_dir()}", f"-DETFORGE_LISTS={tree / 'libs.cmake'}",
+        f"-DETFORGE_IMAGE={tree / 'image.cmake'}",
+    ]  # fmt: skip
+    _run(cmd, "CMake configure")
+
+
+def _build(tree: Path, target: str, what: str, progress: str = "") -> None:
+    _run(["cmake", "--build", str(tree / "build"), "--target", target, f"-j{_jobs()}"], what, progress)
+
+
 def build_libraries(src: Sources, root: Path | None = None) -> tuple[Path, str, bool]:
-    """The library directory for ``src`` (built when missing), its key, and whether it was built."""
+    """The library tree for ``src`` (built when missing), its key, and whether it was built."""
     check_tools()
     root = root or cache_root()
     key = library_key(src)
@@ -168,33 +229,20 @@ def build_libraries(src: Sources, root: Path | None = None) -> tuple[Path, str, 
     with _locked(root / f"libs-{key}.lock"):
         if (lib / _STAMP).is_file():
             return lib, key, False
-        inc = _include_root(src, lib)
         print(  # the first build takes minutes: say so before it starts
             f"etforge: building ExecuTorch's runtime and CMSIS-NN for these sources (once, about a hundred "
             f"files, minutes on a small machine) into {lib}",
             file=sys.stderr,
             flush=True,
         )
-        _make(_lib_vars(src, lib, inc) + ["libs"], "runtime and CMSIS-NN libraries")
+        _configure(src, lib, "")
+        _build(lib, "libs", "runtime and CMSIS-NN libraries", "building the runtime and CMSIS-NN")
         (lib / _STAMP).write_text(key + "\n")
     return lib, key, True
 
 
 def _lib_utils(src: Sources) -> list[str]:
     return util_closure(src.executorch, cortex_m_sources(src.executorch))
-
-
-def _lib_vars(src: Sources, lib: Path, inc: Path) -> list[str]:
-    utils = " ".join(_lib_utils(src))
-    nn = " ".join(cmsis_nn_sources(src.cmsis_nn))
-    return [
-        f"ET={src.executorch}",
-        f"NN={src.cmsis_nn}",
-        f"INC={inc}",
-        f"B={lib}",
-        f"UTIL={utils}",
-        f"NNSRC={nn}",
-    ]
 
 
 def model_namespace(header: Path) -> str:
@@ -242,6 +290,8 @@ def build_image(
 ) -> Image:
     """The image running ``out``'s program with its generated registration (built when missing);
     with ``partitions`` (name, LiteRT flatbuffer) the TFLM delegate runs them on the CPU."""
+    from etforge.codegen import cmake_runtime
+
     gen = out / "codegen"
     header, registration = gen / "etforge_model.h", gen / "etforge_model_kernels.cpp"
     for f in (header, registration):
@@ -256,52 +306,58 @@ def build_image(
     ops = kernel_sources(src.executorch, selected_operators(gen / "selected_operators.yaml"))
     in_lib = set(_lib_utils(src))
     kernels = ops + [u for u in util_closure(src.executorch, ops) if u not in in_lib]
-    defs = [f"-DETFORGE_MODEL_NS={model_namespace(header)}"]
+    defs = [f"ETFORGE_MODEL_NS={model_namespace(header)}"]
     if arena_shrink:
-        defs.append(f"-DETFORGE_ARENA_SHRINK={int(arena_shrink)}")
-    extra: list[str] = []
+        defs.append(f"ETFORGE_ARENA_SHRINK={int(arena_shrink)}")
+    lists: dict[str, list[str]] = {"KERNEL_SOURCES": [str(src.executorch / k) for k in kernels]}
     ops_header = ""
+    tflm_stamp: Path | None = None
     if partitions:
+        from etforge.plugins.targets.tflm_arena import arena_bytes
         from etforge.runtime.firmware import tflm
 
         tsrc = tflm.locate_tflm()
-        tlib, tkey, tbuilt = tflm.build_library(tsrc, src.cmsis_nn, root)
-        if tbuilt:
-            lib_built = True
-        ops = sorted({op for _, model in partitions for op in tflm.partition_ops(model)})
-        from etforge.plugins.targets.tflm_arena import arena_bytes
-
-        ops_header = tflm.resolver_header(ops, [arena_bytes(model) for _, model in partitions])
-        kobjs = tflm.kernel_objects(tsrc, src.cmsis_nn, tlib, ops)
-        defs += ["-DETFORGE_ALLOW_HOST_ONLY", "-DETFORGE_TFLM_PARTITIONS"]
-        flags = " ".join(t for t in tflm.compile_flags(tsrc, src.cmsis_nn).split() if "HEADER_FILE" not in t)
-        extra = [
-            f"EXTRA_SRC={files_dir() / 'tflm_delegate.cpp'}",
-            f"EXTRA_CXXFLAGS={flags}",
-            f"EXTRA_LIBS={' '.join(map(str, kobjs))} {tlib / 'libtflm.a'} {tlib / 'libcmsis_nn_int.a'}",
-        ]
-        defs.append(f"-DETFORGE_TFLM_KEY={tkey}")
+        part_ops = sorted({op for _, model in partitions for op in tflm.partition_ops(model)})
+        ops_header = tflm.resolver_header(part_ops, [arena_bytes(model) for _, model in partitions])
+        tkey = tflm.library_key(tsrc, src.cmsis_nn)
+        tflm_stamp = lib / f".tflm-{tkey}"
+        lists.update(tflm.cmake_lists(tsrc, src.cmsis_nn, part_ops))
+        lists["TFLM_INCLUDE_DIRS"].append(str(lib / "image"))
+        defs += ["ETFORGE_ALLOW_HOST_ONLY", "ETFORGE_TFLM_PARTITIONS", f"ETFORGE_TFLM_KEY={tkey}"]
+    image_lists = cmake_runtime.render_lists(lists) + cmake_runtime.render_lists(
+        {"GEN": [str(gen.resolve())], "DEFINITIONS": defs}, prefix="ETFORGE_IMAGE_"
+    )
     h = hashlib.sha256(f"etforge-firmware-image {RECIPE_VERSION}\0{lib_key}\0".encode())
-    for f in (header, registration, files_dir() / "runner.cpp", files_dir() / "firmware.mk"):
+    for f in (header, registration, files_dir() / "runner.cpp"):
         h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
     if partitions:
-        h.update((files_dir() / "tflm_delegate.cpp").read_bytes() + ops_header.encode() + flags.encode())
-    h.update("\0".join(kernels + defs).encode())
+        h.update((files_dir() / "tflm_delegate.cpp").read_bytes() + ops_header.encode())
+    h.update("\0".join(kernels + defs).encode() + image_lists.replace(str(gen.resolve()), "").encode())
     key = h.hexdigest()[:20]
     img = root / "images" / key
     elf = img / "runner.elf"
     built = ["libraries"] if lib_built else []  # (the TFLM library included)
     with _locked(root / "images" / f"{key}.lock"):
         if not elf.is_file():
-            if ops_header:
+            with _locked(root / f"libs-{lib_key}.lock"):  # one image at a time in the library tree
+                if ops_header:
+                    cmake_runtime.write_if_changed(lib / "image" / "etforge_tflm_ops.h", ops_header)
+                _configure(src, lib, image_lists)
+                progress = ""
+                if tflm_stamp is not None and not tflm_stamp.is_file():
+                    print(f"etforge: building TensorFlow Lite Micro for the image (once; in {lib})",
+                          file=sys.stderr, flush=True)  # fmt: skip
+                    progress = "building TensorFlow Lite Micro"
+                _build(lib, "runner", f"image for {out}", progress)
+                if tflm_stamp is not None:
+                    tflm_stamp.write_text(f"{time.monotonic() - t0:.0f} s\n")
+                    if progress and "libraries" not in built:
+                        built.append("libraries")
                 img.mkdir(parents=True, exist_ok=True)
-                (img / "etforge_tflm_ops.h").write_text(ops_header)
-            with _locked(root / f"libs-{lib_key}.lock"):  # kernel objects go into the library dir
-                _make(
-                    _lib_vars(src, lib, lib / "include")
-                    + [f"IMG={img}", f"GEN={gen.resolve()}", f"KERNELS={' '.join(kernels)}",
-                       f"IMG_DEFS={' '.join(defs)}", *extra, "image"],
-                    f"image for {out}",
-                )  # fmt: skip
+                if ops_header:
+                    (img / "etforge_tflm_ops.h").write_text(ops_header)
+                shutil.copyfile(lib / "build" / "runner.map", img / "runner.map")
+                shutil.copyfile(lib / "build" / "runner.elf", img / "runner.elf.tmp")
+                (img / "runner.elf.tmp").replace(elf)  # written last: a complete image
             built.append("image")
     return Image(elf, key, kernels, time.monotonic() - t0 if built else 0.0, built)

@@ -15,8 +15,10 @@ runs each partition in TFLM with CMSIS-NN kernels *on the CPU* — not the NPU; 
   renamed (``-Dflatbuffers=etforge_tflm_flatbuffers``), ExecuTorch's its 25.2.10: two
   versions in one image, no symbol shared between them.
 * The op resolver holds exactly the builtin ops the partitions use (``etforge_tflm_ops.h``,
-  generated per image); the library compiles the kernels of every op in ``KERNELS`` once,
-  cached by content like the ExecuTorch libraries.
+  generated per image). ``cmake_lists`` is what the CMake package's ``etforge_tflm_libraries``
+  compiles, for ``etforge run``'s image (in its library tree: the interpreter once, each
+  kernel on first use) and for a user's firmware (``etforge_add_runtime``,
+  ``ETFORGE_CPU_PARTITIONS``) alike.
 """
 
 from __future__ import annotations
@@ -202,18 +204,6 @@ def kernel_sources(ops: list[str] | None = None) -> list[str]:
     return [f"{_M}/kernels/{s}.cc" for s in stems]
 
 
-def library_key(src: TflmSources, nn: Path, recipe: bytes) -> str:
-    from etforge.runtime.firmware.build import _compiler_version, _hash_tree
-
-    h = hashlib.sha256(f"etforge-tflm {RECIPE_VERSION}\0".encode() + recipe)
-    h.update(_compiler_version())
-    h.update("\0".join(CORE).encode())
-    _hash_tree(h, src.tflm, ("tensorflow",))
-    _hash_tree(h, src.deps, ("flatbuffers", "gemmlowp", "ruy", "cmsis"))
-    _hash_tree(h, nn, ("Include", "Source"))
-    return h.hexdigest()[:20]
-
-
 def cmsis_nn_int_sources(nn: Path) -> list[str]:
     """Every integer CMSIS-NN source (TFLM's kernels call the s4/s16 paths too), no float."""
     skip = ("_f16", "_f32", "arm_nntables_flt")
@@ -222,64 +212,48 @@ def cmsis_nn_int_sources(nn: Path) -> list[str]:
     )
 
 
-def tflm_make(args: list[str], what: str) -> None:
-    import re
-    import subprocess
-
-    from etforge.runtime.firmware.build import _jobs, files_dir
-
-    cmd = ["make", "-s", "-f", str(files_dir() / "tflm.mk"), f"-j{_jobs()}", *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        text = proc.stderr + proc.stdout
-        first = next((ln for ln in text.splitlines() if re.search(r"error|undefined reference", ln)), None)
-        raise EtforgeError(f"TFLM build failed ({what}): {first or text.strip()[-400:]}")
+#: TFLM's defines, as its own Makefile sets them for cortex_m_generic + cmsis_nn; FlatBuffers'
+#: namespace renamed so TFLM's patched headers share no symbol with ExecuTorch's.
+DEFINITIONS = (
+    "TF_LITE_STATIC_MEMORY", "TF_LITE_DISABLE_X86_NEON", "CMSIS_NN", "KERNELS_OPTIMIZED_FOR_SPEED", "NDEBUG",
+    "TF_LITE_MCU_DEBUG_LOG", "CPU_M33=1", 'CMSIS_DEVICE_ARM_CORTEX_M_XX_HEADER_FILE="ARMCM33.h"', "ARMCM33",
+    "ARM_NN_ENABLE_F16=0", "ARM_NN_ENABLE_F32=0", "flatbuffers=etforge_tflm_flatbuffers",
+)  # fmt: skip
 
 
-def _vars(src: TflmSources, nn: Path) -> list[str]:
-    return [f"T={src.tflm}", f"D={src.deps}", f"NN={nn}"]
+def files_dir() -> Path:
+    from etforge.runtime.firmware.build import files_dir as fd
+
+    return fd()
 
 
-def compile_flags(src: TflmSources, nn: Path) -> str:
-    """The defines and include paths a translation unit including TFLM's headers needs."""
-    import subprocess
-
-    from etforge.runtime.firmware.build import files_dir
-
-    out = subprocess.run(
-        ["make", "-s", "-f", str(files_dir() / "tflm.mk"), *_vars(src, nn), "B=/nonexistent", "flags"],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
-    return out.stdout.strip()
-
-
-def build_library(src: TflmSources, nn: Path, root: Path) -> tuple[Path, str, bool]:
-    """``libtflm.a`` and ``libcmsis_nn_int.a`` for ``src`` (built when missing, cached by content)."""
-    import time
-
-    from etforge.runtime.firmware.build import _STAMP, _locked, files_dir
-
-    key = library_key(src, nn, (files_dir() / "tflm.mk").read_bytes())
-    lib = root / f"tflm-{key}"
-    with _locked(root / f"tflm-{key}.lock"):
-        if (lib / _STAMP).is_file():
-            return lib, key, False
-        t0 = time.monotonic()
-        print(f"etforge: building TensorFlow Lite Micro for the image (once; cached in {lib})", flush=True)
-        tflm_make(
-            _vars(src, nn)
-            + [f"B={lib}", f"CORE={' '.join(CORE)}", f"NNSRC={' '.join(cmsis_nn_int_sources(nn))}", "lib"],
-            "TFLM library",
-        )  # fmt: skip
-        (lib / _STAMP).write_text(f"{key}\n{time.monotonic() - t0:.0f} s\n")
-    return lib, key, True
+def cmake_lists(src: TflmSources, nn: Path, ops: list[str]) -> dict[str, list[str]]:
+    """What the CMake package's ``etforge_tflm_libraries`` compiles (cmake/etforge.cmake): the
+    interpreter, the kernels of ``ops``, every integer CMSIS-NN source of the image's one
+    CMSIS-NN tree, the delegate, and TFLM's defines and include directories."""
+    d = src.deps
+    return {
+        "TFLM_CORE_SOURCES": [str(src.tflm / f) for f in CORE],
+        "TFLM_KERNEL_SOURCES": [str(src.tflm / f) for f in kernel_sources(ops)],
+        "TFLM_NN_SOURCES": [str(nn / f) for f in cmsis_nn_int_sources(nn)],
+        "TFLM_DELEGATE_SOURCES": [str(files_dir() / "tflm_delegate.cpp")],
+        "TFLM_DEFINITIONS": list(DEFINITIONS),
+        "TFLM_INCLUDE_DIRS": [
+            str(src.tflm), str(d / "flatbuffers/include"), str(d / "gemmlowp"), str(d / "ruy"),
+            str(d / "cmsis/Cortex_DFP/Device/ARMCM33/Include"), str(d / "cmsis/CMSIS/Core/Include"),
+            str(nn), str(nn / "Include"), str(files_dir() / "tflm_shim"),
+        ],
+    }  # fmt: skip
 
 
-def kernel_objects(src: TflmSources, nn: Path, lib: Path, ops: list[str]) -> list[Path]:
-    """The kernels of ``ops``, compiled into ``lib`` when missing (under its lock)."""
-    from etforge.runtime.firmware.build import _locked
+def library_key(src: TflmSources, nn: Path) -> str:
+    """Content key of TFLM's sources and dependencies (the first build of them is announced)."""
+    from etforge.runtime.firmware.build import _compiler_version, _hash_tree
 
-    ksrc = kernel_sources(ops)
-    with _locked(lib.parent / f"{lib.name}.lock"):
-        tflm_make(_vars(src, nn) + [f"B={lib}", f"KSRC={' '.join(ksrc)}", "kernels"], "TFLM kernels")
-    return [lib / "kern" / Path(k).with_suffix(".o") for k in ksrc]
+    h = hashlib.sha256(f"etforge-tflm {RECIPE_VERSION}\0".encode())
+    h.update(_compiler_version())
+    h.update("\0".join(CORE).encode())
+    _hash_tree(h, src.tflm, ("tensorflow",))
+    _hash_tree(h, src.deps, ("flatbuffers", "gemmlowp", "ruy", "cmsis"))
+    _hash_tree(h, nn, ("Include", "Source"))
+    return h.hexdigest()[:20]

@@ -119,8 +119,15 @@ class TflmPartitions final : public BackendInterface {
 
   Result<DelegateHandle*> init(BackendInitContext& context, FreeableBuffer* processed,
                                ArrayRef<CompileSpec>) const override {
+#ifdef ETFORGE_TFLM_SELF_REGISTER
+    // a firmware's C API sizes its method pool for ExecuTorch alone: the stand-in's state goes
+    // on the heap with its arena
+    (void)context;
+    Partition* part = static_cast<Partition*>(memalign(alignof(Partition), sizeof(Partition)));
+#else
     auto* a = context.get_runtime_allocator();
     Partition* part = a->allocateInstance<Partition>();
+#endif
     if (part == nullptr) return Error::DelegateMemoryAllocationFailed;
     new (part) Partition();
     const uint8_t* model = unpack((const uint8_t*)processed->data(), processed->size(), part);
@@ -134,7 +141,11 @@ class TflmPartitions final : public BackendInterface {
     if (part->index >= ETFORGE_TFLM_NUM_PARTITIONS) return Error::DelegateInvalidCompatibility;
     const unsigned arena_bytes = etforge_tflm_arena_bytes[part->index];  // computed at compile time
     part->arena = (uint8_t*)memalign(16, arena_bytes);
+#ifdef ETFORGE_TFLM_SELF_REGISTER
+    void* mem = memalign(alignof(tflite::MicroInterpreter), sizeof(tflite::MicroInterpreter));
+#else
     void* mem = a->allocate(sizeof(tflite::MicroInterpreter), alignof(tflite::MicroInterpreter));
+#endif
     if (part->arena == nullptr || mem == nullptr) return Error::DelegateMemoryAllocationFailed;
     static tflite::MicroMutableOpResolver<ETFORGE_TFLM_NUM_OPS> resolver;
     static bool added = false;
@@ -178,6 +189,10 @@ class TflmPartitions final : public BackendInterface {
     auto* part = static_cast<Partition*>(handle);
     part->interp->~MicroInterpreter();
     free(part->arena);
+#ifdef ETFORGE_TFLM_SELF_REGISTER
+    free(part->interp);
+    free(part);
+#endif
   }
 };
 
@@ -185,6 +200,15 @@ TflmPartitions g_backend;
 
 }  // namespace
 
+#ifdef ETFORGE_TFLM_SELF_REGISTER
+// A firmware of the CMake package (etforge_add_runtime, ETFORGE_CPU_PARTITIONS): registered
+// before main, so the C API finds the backend when it loads the program.
+namespace {
+const bool g_registered = register_backend(Backend{"EtforgeNpuBackend", &g_backend}) == Error::Ok;
+}  // namespace
+#else
+// etforge's QEMU runner calls this after registering the program's kernels.
 extern "C" int etforge_register_delegates(void) {
   return register_backend(Backend{"EtforgeNpuBackend", &g_backend}) == Error::Ok ? 0 : 1;
 }
+#endif
