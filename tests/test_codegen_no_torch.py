@@ -15,11 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from etforge import zoo
-from etforge.core.build import output
-from etforge.core.build.report import build_report
-from etforge.core.build.session import compile_model
-from etforge.core.registry.manager import registry
+#: Compiles and three fresh interpreters: outside the fast tier (imports below, in the fixture).
+pytestmark = pytest.mark.slow
 
 CASES = [("ds_cnn", "imxrt700"), ("ds_cnn", "cortex-m33")]
 
@@ -78,6 +75,12 @@ print(json.dumps({"results": results, "heavy": heavy}))
 
 @pytest.fixture(scope="module")
 def programs(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], Path]:
+    from etforge import zoo
+    from etforge.core.build import output
+    from etforge.core.build.report import build_report
+    from etforge.core.build.session import compile_model
+    from etforge.core.registry.manager import registry
+
     reg = registry()
     out = {}
     for name, target in CASES:

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from etforge.zoo.catalog import CATALOG
 
 
@@ -32,6 +34,7 @@ print(json.dumps({"code": r.exit_code, "output": r.output, "torch": "torch" in s
 """
 
 
+@pytest.mark.slow  # a fresh interpreter
 def test_unknown_zoo_name_is_one_error_without_torch(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-c", CODE, str(tmp_path / "out")], capture_output=True, text=True, timeout=600
