@@ -42,6 +42,7 @@ def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginMa
     # "-n" is a lowercase short option, which pytest reserves for itself and xdist.
     group._addoption("-n", "--numprocesses", dest="numprocesses", default=None, help="ignored")
     group.addoption("--dist", dest="dist", default="no", help="ignored")
+    group.addoption("--no-loadscope-reorder", dest="loadscopereorder", action="store_false", help="ignored")
 
 
 #: Files outside the fast tier (``pytest -m "not slow"``, README "Develop"): each compiles and
@@ -85,6 +86,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.path.name in SLOW_FILES:
             item.add_marker(pytest.mark.slow)
+    from file_order import longest_first  # tests/file_order.py: the files that take minutes start first
+
+    longest_first(items)
 
 
 @pytest.fixture
