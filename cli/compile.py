@@ -399,7 +399,12 @@ def _check_model_path(spec: str) -> None:
     from pathlib import Path
 
     if spec.startswith("zoo:"):
-        return  # the zoo's names are known once it is imported (with torch)
+        from etforge.zoo.catalog import CATALOG  # the names, without torch (test_zoo_command)
+
+        known = sorted(m.name for m in CATALOG)
+        if spec[4:] not in known:
+            raise EtforgeError(f"unknown zoo model {spec[4:]!r}; known: {', '.join(known)}")
+        return
     if spec.endswith(".pt2"):
         path = Path(spec)
     elif ":" not in spec:

@@ -114,12 +114,10 @@ def method_pool_estimate(program: Any, method: str) -> int:
     an EValue (16 B) per value, a TensorImpl with its sizes, dim order and strides per tensor,
     an instruction record and argument list per instruction, doubled and rounded up to 1 KiB.
     ``<NAME>_METHOD_POOL_BYTES`` overrides it; too small is ``ETFORGE_ERROR_MEMORY`` at init."""
-    from executorch.exir.schema import Tensor
-
     plan = next(p for p in program.execution_plan if p.name == method)
     total = 16 * len(plan.values)
     for v in plan.values:
-        if isinstance(getattr(v, "val", None), Tensor):
+        if type(getattr(v, "val", None)).__name__ == "Tensor":
             total += 48 + 9 * len(v.val.sizes)
     for chain in plan.chains:
         for ins in chain.instructions:

@@ -27,7 +27,7 @@ class DelegateInfo:
 def read_delegates(program: Any) -> list[DelegateInfo]:
     """Every delegate of every method of ``program`` (a ``.pte``'s parsed schema ``Program``:
     ``ProgramInfo.program``), in program order."""
-    from executorch.exir.schema import DataLocation
+    from etforge.core.serialize.pte_read import INLINE
 
     out = []
     for plan in program.execution_plan:
@@ -35,7 +35,7 @@ def read_delegates(program: Any) -> list[DelegateInfo]:
             ref = d.processed
             data = (
                 bytes(program.backend_delegate_data[ref.index].data)
-                if ref.location == DataLocation.INLINE
+                if ref.location == INLINE
                 else b""  # segments are folded back inline by the deserializer
             )
             name, fmt, host_only = f"{plan.name}[{i}]", "device payload", False

@@ -32,13 +32,18 @@ class KernelInfo:
 
 
 def _schema_from_torch(op: str) -> str | None:
-    import torch
+    """The schema torch prints for ``op`` (from :mod:`etforge.codegen.torch_schemas`' table)."""
+    return torch_facts()["schemas"].get(op)
 
-    ns, rest = op.split("::")
-    name, _, overload = rest.partition(".")
-    packet = getattr(getattr(torch.ops, ns, None), name, None)
-    overload_obj = getattr(packet, overload or "default", None) if packet is not None else None
-    return str(overload_obj._schema) if overload_obj is not None else None
+
+@lru_cache(maxsize=1)
+def torch_facts() -> dict[str, Any]:
+    """Torch's schemas and tags of every operator of the libraries (stored; torch-free when warm)."""
+    import json
+
+    from etforge.codegen import torch_schemas
+
+    return torch_schemas.table(json.dumps(_libraries(), sort_keys=True, default=str))
 
 
 @lru_cache(maxsize=1)

@@ -26,13 +26,9 @@ class KernelEntry:
 def _tags(op: str) -> set[str]:
     """The tags torch gives the operator (``native_functions.yaml``'s), none for ops torch
     does not know (``cortex_m::``, ``quantized_decomposed::`` out variants may be absent)."""
-    import torch
+    from etforge.codegen.kernels import torch_facts
 
-    ns, _, rest = op.partition("::")
-    name, _, overload = rest.partition(".")
-    packet = getattr(getattr(torch.ops, ns, None), name, None)
-    overload_obj = getattr(packet, overload or "default", None) if packet is not None else None
-    return {t.name for t in getattr(overload_obj, "tags", ())}
+    return set(torch_facts()["tags"].get(op, ()))
 
 
 def build_entry(kernel: KernelInfo) -> KernelEntry:

@@ -1,6 +1,6 @@
 """What each zoo model is, without building it (no torch import): ``etforge zoo`` lists this.
 
-``tests/test_zoo_command.py`` checks it against ``etforge.zoo.ZOO`` (names, input shapes,
+``tests/test_zoo_catalog.py`` checks it against ``etforge.zoo.ZOO`` (names, input shapes,
 descriptions), so the two cannot drift apart.
 """
 

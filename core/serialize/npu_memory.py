@@ -127,7 +127,7 @@ def source(target: TargetSpec, reg: Registry | None = None) -> str:
 
 def plan_partition(name: str, model_bytes: bytes, source: str = ESTIMATE) -> PartitionMemory:
     """Place the partition's tensors (best-fit, a few orders, the smallest plan wins)."""
-    from etforge.core.serialize.memory_plan import _ORDERS, _align, _place
+    from etforge.core.serialize.placement import _ORDERS, _align, _place
 
     tensors = lifetimes(model_bytes)
     best: dict[Any, int] = {}

@@ -47,10 +47,10 @@ def check_pte(path: Path, report: dict[str, Any] | None = None) -> bytes:
 
 def _check_extended_header(path: Path, data: bytes) -> None:
     """The extended header (when present) names the program and segment sizes: all must fit."""
-    from executorch.exir._serialize._program import _get_extended_header
+    from etforge.core.serialize.pte_read import extended_header
 
-    header = _get_extended_header(data)
-    if header is None or not header.is_valid():
+    header = extended_header(data)
+    if header is None:
         return
     end = max(header.program_size, header.segment_base_offset + header.segment_data_size)
     if end > len(data):
