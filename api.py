@@ -293,7 +293,7 @@ class Compiled:
         self, samples: int = 32, seed: int = 0, max_steps: float | None = None, kernels: str = "default"
     ) -> Any:
         """Run on the host (NPU partitions in LiteRT) and compare with torch; see ``etforge verify``."""
-        from etforge.runtime.verify import compare
+        from etforge.runtime.verification.verify import compare
 
         r = self.result
         return compare(r.host_program, r.float_program, r.quantized_program, self.report,

@@ -977,13 +977,13 @@ def cmsis_reference(value: Callable[[Any], Any], host_op: str) -> Callable[[Any]
     computed from the *Edge op* and its qparams (never from the lowered op's arguments, which
     are what a lowering error gets wrong): ``value(node)`` reads the interpreter's values.
 
-    CMSIS-NN requantizes as TFLite's reference kernels do (``runtime.device_ref``), with two
+    CMSIS-NN requantizes as TFLite's reference kernels do (``runtime.arithmetic.device_ref``), with two
     differences handled here: ``arm_fully_connected_s8`` rounds twice (``arm_nn_requantize``,
     as the convolutions do) where LiteRT's FULLY_CONNECTED rounds once, and the program's own
     quantize (``cortex_m::quantize_per_tensor``, ``host_op``) is the wrapper's float32 kernel.
     Raises ``device_ref.NotExact`` where neither has a rule.
     """
-    from etforge.runtime.device_ref import NotExact, Out, Q, Reference
+    from etforge.runtime.arithmetic.device_ref import NotExact, Out, Q, Reference
 
     class Cmsis(Reference):
         def compute(self, node: Any, out: Out) -> Any:

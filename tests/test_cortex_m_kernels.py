@@ -684,7 +684,7 @@ def test_program_instructions_equal_cmsis_nn(lib: ctypes.CDLL) -> None:
     write what CMSIS-NN's C computes from the same bytes and arguments."""
     from etforge.core.build.session import compile_model
     from etforge.core.registry.manager import registry
-    from etforge.runtime.pte_interpreter import PteInterpreter
+    from etforge.runtime.execution.pte_interpreter import PteInterpreter
 
     torch.manual_seed(0)
     calib = [(torch.randn(1, 3, 4, 4),) for _ in range(4)]
@@ -770,7 +770,7 @@ def test_a_quantize_of_a_float_ops_value_has_no_exact_reference() -> None:
     import torch.fx
     import torchao.quantization.pt2e.quantize_pt2e  # noqa: F401  (registers quantized_decomposed)
 
-    from etforge.runtime.device_ref import NotExact
+    from etforge.runtime.arithmetic.device_ref import NotExact
 
     qd = torch.ops.quantized_decomposed
     graph = torch.fx.Graph()

@@ -20,8 +20,8 @@ from etforge.core.build.session import CompileResult, compile_model
 from etforge.core.common.errors import EtforgeError
 from etforge.core.registry.manager import registry
 from etforge.runtime import cortex_m_kernels
-from etforge.runtime.host import run_program
-from etforge.runtime.pte_interpreter import PteInterpreter
+from etforge.runtime.execution.host import run_program
+from etforge.runtime.execution.pte_interpreter import PteInterpreter
 
 from support import run_cli
 

@@ -16,7 +16,7 @@ from executorch.exir import to_edge
 
 from etforge.core.common.errors import EtforgeError
 from etforge.plugins.targets.dim_orders import Arg, align, problem
-from etforge.runtime.pte_interpreter import PteInterpreter
+from etforge.runtime.execution.pte_interpreter import PteInterpreter
 
 
 class AddConstant(torch.nn.Module):

@@ -5,7 +5,7 @@ the input projection's single dequantize becomes one slice per step, read by as 
 partitions. Each partition must read int8 (``core/graph/dequant_copies.py``), and a slice onto
 other qparams must requantize after it, not copy codes across grids
 (``ConversionContext.output(like=...)``); verify's device-exact rule for that requantize is
-``runtime.device_ref``'s relabel rule. Before both, these models were a LiteRT load error
+``runtime.arithmetic.device_ref``'s relabel rule. Before both, these models were a LiteRT load error
 (``RESHAPE`` float32 -> int8) or 30-60 steps off on imxrt700.
 """
 

@@ -13,7 +13,7 @@ portable kernels have their own rules (``kernels/portable/cpu``):
 * a broadcasting elementwise kernel writes its output linearly as if contiguous.
 
 CMSIS-NN's convolutions (``cortex_m::``) want NHWC inputs and outputs. ``problem`` states these
-rules for one kernel call; ``runtime/pte_interpreter.py`` refuses a ``.pte`` that breaks them
+rules for one kernel call; ``runtime/execution/pte_interpreter.py`` refuses a ``.pte`` that breaks them
 (what the device refuses or miscomputes), and ``align`` rewrites the Edge program after the
 Cortex-M lowering so it breaks none: a 0-d constant operand becomes a scalar argument, and
 any other call that breaks a rule runs on contiguous copies of its inputs, its result copied

@@ -6,12 +6,12 @@ the device kernels (TFLite's reference kernels, which TFLite Micro and the NPU c
 follow) accumulate in int32, requantize with a fixed-point multiplier and shift, and round
 halves away from zero in MEAN and AVERAGE_POOL_2D. ``reference(q)`` computes the int8 value of
 quantize node ``q`` from the *Edge op* — its semantics, its constants and the qparams of its
-dequantize / quantize nodes — in that arithmetic (``runtime.tflite_int``), never from the
+dequantize / quantize nodes — in that arithmetic (``runtime.arithmetic.tflite_int``), never from the
 converted LiteRT op, so a wrong conversion (constant, axis, epsilon, scale) differs from it.
 
 The stored layout is a device fact the Edge op does not carry: where a kernel's path depends
 on it (MEAN over NHWC H, W), the LiteRT tensor's dim order is passed in. An op with no rule
-here returns ``None`` and a reason; ``runtime.stepwise`` keeps the <= 1 step rule for it and
+here returns ``None`` and a reason; ``runtime.verification.stepwise`` keeps the <= 1 step rule for it and
 lists it (the goal is an empty list). Each rule is proved against LiteRT's reference kernel
 interpreter bit for bit in ``tests/test_device_ref.py``.
 """
@@ -31,7 +31,7 @@ from torch.fx import Node
 from etforge.core.contracts.converter import moving_ops
 from etforge.core.graph.utils import is_dequantize, is_quantize, node_op
 from etforge.core.registry.manager import Registry, registry
-from etforge.runtime import tflite_int as ti
+from etforge.runtime.arithmetic import tflite_int as ti
 
 
 @dataclass
@@ -519,8 +519,8 @@ def _rule_for(op: str) -> Callable[[Reference, Node, Out], np.ndarray] | None:
 
 
 def _nonlinear_rules() -> dict[str, Callable[[Reference, Node, Out], np.ndarray]]:
-    """The rules of ``runtime.device_ref_nonlinear`` (imported late: it builds on this module)."""
-    from etforge.runtime.device_ref_nonlinear import RULES
+    """The rules of ``runtime.arithmetic.device_ref_nonlinear`` (imported late: it builds on this module)."""
+    from etforge.runtime.arithmetic.device_ref_nonlinear import RULES
 
     return RULES
 

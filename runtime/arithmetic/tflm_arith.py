@@ -2,7 +2,7 @@
 
 TFLM with CMSIS-NN equals LiteRT's reference kernels (``OpResolverType.BUILTIN_REF``) op for
 op but one: int8 FULLY_CONNECTED. LiteRT scales its int32 accumulator by the double multiplier
-and rounds once, halves away from zero (``runtime.tflite_int.fc_requantize``); TFLM's kernel
+and rounds once, halves away from zero (``runtime.arithmetic.tflite_int.fc_requantize``); TFLM's kernel
 (CMSIS-NN ``arm_fully_connected_s8`` / ``arm_nn_requantize``) uses the Q31 multiplier and
 shift with two roundings, as every convolution does. They differ by one step where the
 product lies within a rounding of a half (measured: conv -> flip -> conv -> linear for

@@ -18,7 +18,7 @@ from torch.export.graph_signature import InputKind
 from etforge.core.front.signature import user_output_positions
 from etforge.core.graph import layout
 from etforge.core.litert import payload
-from etforge.runtime import litert_run, pte_ops
+from etforge.runtime.execution import litert_run, pte_ops
 
 
 def stored_inputs(blob: payload.Blob, args: Sequence[torch.Tensor]) -> list[Any]:

@@ -4,7 +4,7 @@ What ``etforge verify`` proves must be about the file the user flashes, so this 
 ExecuTorch's own deserializer and does what the device runtime does with it: every planned
 tensor lives at its planned offset inside one buffer per memory id (an overlapping plan
 corrupts values here as it would on the device), constants come from the program's constant
-data, kernel calls run each operator's reference implementation (``runtime.pte_ops``), and
+data, kernel calls run each operator's reference implementation (``runtime.execution.pte_ops``), and
 delegate calls unpack etforge's payload and run the partition in LiteRT. Moves, frees and
 conditional jumps follow the execution plan's chain.
 """
@@ -23,8 +23,8 @@ from etforge.core.common.errors import EtforgeError
 from etforge.core.graph import layout
 from etforge.core.litert import payload
 from etforge.core.serialize.pte_check import load_program
-from etforge.runtime import litert_run
-from etforge.runtime.pte_ops import Kernel, kernel
+from etforge.runtime.execution import litert_run
+from etforge.runtime.execution.pte_ops import Kernel, kernel
 
 _MEMORY_FORMATS = {
     0: torch.contiguous_format,

@@ -20,8 +20,8 @@ import torch
 from etforge.core.graph import layout
 from etforge.core.litert import payload
 from etforge.core.litert.builder import read_metadata
-from etforge.runtime import litert_run
-from etforge.runtime.host import program_inputs, stored_inputs
+from etforge.runtime.execution import litert_run
+from etforge.runtime.execution.host import program_inputs, stored_inputs
 
 #: Largest |LiteRT - Edge| of one op's float values, relative to the largest |Edge value| of
 #: that op (for a sum, or the largest |summed term|: ``_terms``). float32 evaluation-order noise is ~1e-7..1e-6 of the range on one op (a few
@@ -118,7 +118,7 @@ def check_float_program(
     """Lower ``float_ep`` (the float program) as ``compile --float`` would and check every
     NPU op of it on ``batches``; per op, the worst relative error over the batches."""
     from etforge.core.build.pipeline import lower
-    from etforge.runtime.host import run_program
+    from etforge.runtime.execution.host import run_program
 
     edge, _, _, _ = lower(float_ep, float_target(target), options, reg)
     program = edge.exported_program()

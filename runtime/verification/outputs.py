@@ -4,7 +4,7 @@ A model may return a tensor, a tuple, a dict, nested lists and dicts, ``None`` o
 numbers. The ``.pte``'s outputs are the pytree leaves of that value in ``torch.export``'s
 order (``core.front.signature``); the float and quantized references are flattened the same way,
 so each leaf is compared with its own reference. What each kind of leaf must satisfy (the
-gates are ``runtime.verify``'s constants):
+gates are ``runtime.verification.verify``'s constants):
 
 - **float** (a floating-point tensor with elements): top-1 agreement with the reference on
   all but ``TOP1_MISSES_PER_32`` per 32 samples, ties on an int8 step counting as agreement
@@ -67,9 +67,9 @@ def flatten(program: ExportedProgram, value: Any) -> list[Any]:
 def exact_leaves(
     program: ExportedProgram, module: torch.fx.GraphModule, inputs: tuple[Any, ...]
 ) -> list[Any]:
-    """The quantized reference's output leaves evaluated in float64 (``runtime.reference``;
+    """The quantized reference's output leaves evaluated in float64 (``runtime.verification.reference``;
     floating-point leaves returned as float32), flattened as the program's."""
-    from etforge.runtime.reference import Float64
+    from etforge.runtime.verification.reference import Float64
 
     with torch.no_grad():
         value = Float64(module).run(*inputs)
@@ -159,7 +159,7 @@ class OutputCheck:
     def add(self, ours: list[Any], exact: list[Any]) -> None:
         """One sample: the program's outputs and the reference's exact values (the quantized
         program in float64; the float model's for a float program)."""
-        from etforge.runtime.verify import top1_agrees
+        from etforge.runtime.verification.verify import top1_agrees
 
         if len(ours) != len(self.leaves) or len(exact) != len(self.leaves):
             raise ValueError(

@@ -9,7 +9,7 @@ forcing), so each op is measured on exactly the inputs LiteRT gave it: a convers
 shows up at the op that has it.
 
 The reference of a quantize node is its op computed in the device's integer arithmetic
-(``runtime.device_ref``) from the Edge op and its qparams, and LiteRT runs its reference
+(``runtime.arithmetic.device_ref``) from the Edge op and its qparams, and LiteRT runs its reference
 kernels (the device's arithmetic): a correct conversion is then exact, 0 values off. An op
 with no device-exact rule yet is compared with torch's float evaluation (the <= 1 step rule)
 and marked ``device_exact=False``; the torch comparison is kept as a figure for every op.
@@ -30,9 +30,9 @@ from etforge.core.graph import layout
 from etforge.core.graph.utils import is_quantize
 from etforge.core.litert import payload
 from etforge.core.litert.builder import read_metadata
-from etforge.runtime import litert_run
 from etforge.runtime.cortex_m_kernels import dense
-from etforge.runtime.host import program_inputs, run_program, stored_inputs
+from etforge.runtime.execution import litert_run
+from etforge.runtime.execution.host import program_inputs, run_program, stored_inputs
 
 
 @dataclass(frozen=True)
@@ -94,9 +94,9 @@ def op_parity(
 
     ``kernels``: LiteRT's kernel set; the device-exact references reproduce ``reference``.
     ``record`` collects LiteRT's int8 values by the partition's node names (the quantized
-    program's: ``runtime.simulate`` takes them for ops without a rule).
+    program's: ``runtime.verification.simulate`` takes them for ops without a rule).
     """
-    from etforge.runtime.device_ref import NotExact, Reference
+    from etforge.runtime.arithmetic.device_ref import NotExact, Reference
 
     blob = payload.unpack_for_host(bytes(lowered.processed_bytes))
     if not blob.format.startswith("litert"):
@@ -208,8 +208,8 @@ def cpu_reference(
     in float and quantizes, which is what torch runs for the quantized program: torch's value
     is its reference.
     """
+    from etforge.runtime.arithmetic.device_ref import NotExact
     from etforge.runtime.cortex_m_kernels import cmsis_reference
-    from etforge.runtime.device_ref import NotExact
 
     if kind == PORTABLE:
         return torch_value, ""
