@@ -983,7 +983,8 @@ def cmsis_reference(value: Callable[[Any], Any], host_op: str) -> Callable[[Any]
     quantize (``cortex_m::quantize_per_tensor``, ``host_op``) is the wrapper's float32 kernel.
     Raises ``device_ref.NotExact`` where neither has a rule.
     """
-    from etforge.runtime.arithmetic.device_ref import NotExact, Out, Q, Reference
+    from etforge.runtime.arithmetic.device_ref import Reference
+    from etforge.runtime.arithmetic.operands import NotExact, Out, Q
 
     class Cmsis(Reference):
         def compute(self, node: Any, out: Out) -> Any:

@@ -770,7 +770,7 @@ def test_a_quantize_of_a_float_ops_value_has_no_exact_reference() -> None:
     import torch.fx
     import torchao.quantization.pt2e.quantize_pt2e  # noqa: F401  (registers quantized_decomposed)
 
-    from etforge.runtime.arithmetic.device_ref import NotExact
+    from etforge.runtime.arithmetic.operands import NotExact
 
     qd = torch.ops.quantized_decomposed
     graph = torch.fx.Graph()

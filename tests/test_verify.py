@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from etforge.runtime.verification.verify import top1_agrees
+from etforge.runtime.verification.outputs import top1_agrees
 
 
 def test_top1_counts_a_tie_on_either_side_as_agreement() -> None:

@@ -32,7 +32,8 @@ import torch
 from etforge.core.graph.utils import is_constant, node_op
 from etforge.runtime.arithmetic import fixedpoint as fp
 from etforge.runtime.arithmetic import tflite_int as ti
-from etforge.runtime.arithmetic.device_ref import NotExact, Out, Q, _arg
+from etforge.runtime.arithmetic.operands import NotExact, Out, Q
+from etforge.runtime.arithmetic.operands import arg as _arg
 
 if TYPE_CHECKING:
     from torch.fx import Node

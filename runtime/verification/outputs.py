@@ -159,8 +159,6 @@ class OutputCheck:
     def add(self, ours: list[Any], exact: list[Any]) -> None:
         """One sample: the program's outputs and the reference's exact values (the quantized
         program in float64; the float model's for a float program)."""
-        from etforge.runtime.verification.verify import top1_agrees
-
         if len(ours) != len(self.leaves) or len(exact) != len(self.leaves):
             raise ValueError(
                 f"the program returned {len(ours)} outputs, its reference {len(exact)}; "
@@ -202,6 +200,20 @@ class OutputCheck:
                     f"{leaf.name}: max difference from {against} {leaf.max_steps:.1f} steps > {max_steps:g}"
                 )
         return out
+
+
+def top1_agrees(ours: torch.Tensor, ref: torch.Tensor) -> bool:
+    """Each row's top class agrees, ties included.
+
+    An int8 output cannot order two classes whose scores fall on the same step: when one
+    side's top value is shared by several classes, picking any of them agrees (``argmax``
+    alone would count a tie broken by index as a disagreement).
+    """
+    a, b = rows(ours), rows(ref)  # a 0-D or 1-D output is one row
+    pick_a, pick_b = a.argmax(1, keepdim=True), b.argmax(1, keepdim=True)
+    tied_in_ref = b.gather(1, pick_a).eq(b.amax(1, keepdim=True))
+    tied_in_ours = a.gather(1, pick_b).eq(a.amax(1, keepdim=True))
+    return bool((tied_in_ref | tied_in_ours).all())
 
 
 def _agrees(leaf: Leaf, got: Any, want: Any, top1_agrees: Any) -> tuple[bool, str]:

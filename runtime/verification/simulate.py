@@ -71,7 +71,8 @@ def simulate(
     collects, per per-tensor quantize node, (its rule's value, None without a rule; torch's
     value on the simulation's inputs): ``runtime.verification.exact_pass`` judges the ops from them.
     """
-    from etforge.runtime.arithmetic.device_ref import NotExact, Reference
+    from etforge.runtime.arithmetic.device_ref import Reference
+    from etforge.runtime.arithmetic.operands import NotExact
     from etforge.runtime.cortex_m_kernels import cmsis_reference
 
     kinds, program_values = kinds or {}, program_values or {}

@@ -96,7 +96,8 @@ def op_parity(
     ``record`` collects LiteRT's int8 values by the partition's node names (the quantized
     program's: ``runtime.verification.simulate`` takes them for ops without a rule).
     """
-    from etforge.runtime.arithmetic.device_ref import NotExact, Reference
+    from etforge.runtime.arithmetic.device_ref import Reference
+    from etforge.runtime.arithmetic.operands import NotExact
 
     blob = payload.unpack_for_host(bytes(lowered.processed_bytes))
     if not blob.format.startswith("litert"):
@@ -208,7 +209,7 @@ def cpu_reference(
     in float and quantizes, which is what torch runs for the quantized program: torch's value
     is its reference.
     """
-    from etforge.runtime.arithmetic.device_ref import NotExact
+    from etforge.runtime.arithmetic.operands import NotExact
     from etforge.runtime.cortex_m_kernels import cmsis_reference
 
     if kind == PORTABLE:

@@ -27,7 +27,13 @@ from etforge.runtime.execution.pte_interpreter import PteInterpreter
 from etforge.runtime.verification import exact_pass
 from etforge.runtime.verification.accuracy import DEFAULT_MAX_ACCURACY_DROP, Labeled, evaluate
 from etforge.runtime.verification.inputs import seeded_inputs
-from etforge.runtime.verification.outputs import OutputCheck, exact_leaves, flatten, leaf_scales, rows
+from etforge.runtime.verification.outputs import (
+    OutputCheck,
+    exact_leaves,
+    flatten,
+    leaf_scales,
+    top1_agrees,
+)
 from etforge.runtime.verification.pte_agreement import Agreement, compare_with_edge
 from etforge.runtime.verification.simulate import SIM_MAX_STEPS, output_steps, simulate
 from etforge.runtime.verification.stepwise import HostInt8Values, OpParity, observer_names, op_parity
@@ -151,20 +157,6 @@ class Verification:
 
 def _inputs(report: dict[str, Any], seed: int, count: int) -> list[tuple[torch.Tensor, ...]]:
     return seeded_inputs(report, seed, count)  # integer inputs within their recorded range
-
-
-def top1_agrees(ours: torch.Tensor, ref: torch.Tensor) -> bool:
-    """Each row's top class agrees, ties included.
-
-    An int8 output cannot order two classes whose scores fall on the same step: when one
-    side's top value is shared by several classes, picking any of them agrees (``argmax``
-    alone would count a tie broken by index as a disagreement).
-    """
-    a, b = rows(ours), rows(ref)  # a 0-D or 1-D output is one row
-    pick_a, pick_b = a.argmax(1, keepdim=True), b.argmax(1, keepdim=True)
-    tied_in_ref = b.gather(1, pick_a).eq(b.amax(1, keepdim=True))
-    tied_in_ours = a.gather(1, pick_b).eq(a.amax(1, keepdim=True))
-    return bool((tied_in_ref | tied_in_ours).all())
 
 
 def top1_required(samples: int) -> int:
