@@ -15,6 +15,9 @@ Rewrites (``etforge_rewrites``) and their graph-editing helpers
 Targets (``etforge_targets``), CPU backends, NPU compilers, partition checks
     TargetSpec, NpuSpec, OptionSpec, CpuBackend, KernelLibrary, LOWERING_NOTES_KEY,
     NpuCompiler, NpuPayload, PartitionIo, PartitionCheck, ProposedPartition
+A CPU library's host arithmetic (``CpuBackend.host_arithmetic``) and dim-order rules
+    HostArithmetic, KernelArg, and the device-exact reference it builds on: Reference
+    (TFLite's integer rules per Edge op), Q, Out, NotExact
 Errors a plugin raises, and the fallback log a plugin reports a degradation to
     EtforgeError, PluginError, ConversionError, record_fallback
 Running fragile vendor code in a child process
@@ -51,7 +54,13 @@ from etforge.core.contracts.converter import (
     elementwise,
     unsupported,
 )
-from etforge.core.contracts.cpu_backend import LOWERING_NOTES_KEY, CpuBackend, KernelLibrary
+from etforge.core.contracts.cpu_backend import (
+    LOWERING_NOTES_KEY,
+    CpuBackend,
+    HostArithmetic,
+    KernelArg,
+    KernelLibrary,
+)
 from etforge.core.contracts.hookspecs import hookimpl
 from etforge.core.contracts.npu_compiler import NpuCompiler, NpuPayload, PartitionIo
 from etforge.core.contracts.partition_check import PartitionCheck, ProposedPartition
@@ -110,6 +119,8 @@ _DEFERRED: dict[str, str] = {
         "etforge.plugins.ops.helpers",
     ),
     **dict.fromkeys(("converter_problems", "target_problems"), "etforge.core.registry.checks"),
+    **dict.fromkeys(("NotExact", "Out", "Q"), "etforge.runtime.arithmetic.operands"),
+    "Reference": "etforge.runtime.arithmetic.device_ref",
     "registry": "etforge.core.registry.manager",
     "check_op": "etforge.testing",
 }
@@ -133,6 +144,8 @@ __all__ = [
     "CpuBackend",
     "Elementwise",
     "EtforgeError",
+    "HostArithmetic",
+    "KernelArg",
     "KernelLibrary",
     "NpuCompiler",
     "NpuPayload",

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 
-from etforge.runtime import cortex_m_kernels as K
+from etforge.plugins.targets import cortex_m_host as K
 
 from support import CMSIS_NN, cmsis_nn_library
 
@@ -587,7 +587,7 @@ def test_quantize_dequantize_div(lib: ctypes.CDLL, rng: np.random.Generator) -> 
 
 def test_transpose_conv2d(lib: ctypes.CDLL, rng: np.random.Generator) -> None:
     """Proven where CMSIS-NN computes the transposed convolution; with height padding and height
-    stride > 1 it does not (``cortex_m_kernels.NOT_PROVEN``), so those cases are left out."""
+    stride > 1 it does not (``cortex_m_host.NOT_PROVEN``), so those cases are left out."""
     for _ in range(TRIALS):
         kh, kw = (int(x) for x in rng.integers(1, 4, 2))
         sh, sw = (int(x) for x in rng.integers(1, 3, 2))

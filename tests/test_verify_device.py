@@ -113,8 +113,8 @@ def test_a_cortex_m_linear_is_exact_in_cmsis_nn_rounding() -> None:
     FULLY_CONNECTED rule (one rounding, ``device_ref``) is off on a few: CPU ops need the CPU
     kernel's rule."""
     from etforge.core.build.session import compile_model
+    from etforge.plugins.targets.cortex_m_host import cmsis_reference
     from etforge.runtime.arithmetic.device_ref import Reference
-    from etforge.runtime.cortex_m_kernels import cmsis_reference
     from etforge.runtime.execution.host import run_program
     from etforge.runtime.verification.stepwise import HostInt8Values, observer_names
 

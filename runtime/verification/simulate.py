@@ -6,7 +6,8 @@ of device references, end to end, each op by the rule of where it runs:
 
 - an NPU op (inside a partition, or a partition's output): ``runtime.arithmetic.device_ref`` (TFLite's
   reference kernels, which the NPU compiler follows);
-- a Cortex-M op: ``runtime.cortex_m_kernels.cmsis_reference`` (CMSIS-NN's arithmetic);
+- a CPU library's op: its plugin's reference (``stepwise.library_rule``; a Cortex-M op's is
+  CMSIS-NN's arithmetic);
 - a portable op: dequantize, the float op, quantize — what torch computes for the program.
 
 An op with no rule yet (listed as ``not_exact``) takes the compiled program's own value when
@@ -27,7 +28,7 @@ from typing import Any
 import torch
 
 from etforge.core.graph.utils import is_quantize, node_op
-from etforge.runtime.verification.stepwise import CORTEX_M, PORTABLE, laid_out_as
+from etforge.runtime.verification.stepwise import PORTABLE, laid_out_as, library_rule
 
 #: Steps an unruled op's simulated value may be from the compiled program's for the program's
 #: value to be used: one rounding, the rule ``verify`` gates such ops with (``OP_MAX_STEPS``).
@@ -41,7 +42,7 @@ FORCE_MAX_STEPS = 1
 SIM_MAX_STEPS = 4
 
 #: Where a quantize node's value is computed: the kernel kinds ``runtime.verification.stepwise`` records
-#: (``CORTEX_M``, ``PORTABLE``); a value with no kind is an NPU partition's.
+#: (a CPU library's namespace, ``PORTABLE``); a value with no kind is an NPU partition's.
 NPU = ""
 
 
@@ -73,7 +74,6 @@ def simulate(
     """
     from etforge.runtime.arithmetic.device_ref import Reference
     from etforge.runtime.arithmetic.operands import NotExact
-    from etforge.runtime.cortex_m_kernels import cmsis_reference
 
     kinds, program_values = kinds or {}, program_values or {}
     not_exact: dict[str, str] = {}
@@ -96,7 +96,7 @@ def simulate(
                 return out
             value = lambda a: self.env[a]  # noqa: E731
             try:
-                rule = cmsis_reference(value, host_op) if kind == CORTEX_M else Reference(value)
+                rule = Reference(value) if kind == NPU else library_rule(kind, value, host_op)
                 ruled = laid_out_as(rule(n), out)
                 if seen is not None:
                     seen[n.name] = (ruled, out)

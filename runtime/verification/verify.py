@@ -63,7 +63,7 @@ EXACT_VALUES_OFF = 0
 #: Values a CPU op may differ from its reference on the host's own inputs (``runtime.verification.stepwise``:
 #: the quantized program run with every int8 value the host computed — CPU ops and partition
 #: outputs — forced to the host's). A Cortex-M op's reference is its Edge op in CMSIS-NN's
-#: integer arithmetic (``cortex_m_kernels.cmsis_reference``), a portable op's is the same
+#: integer arithmetic (the Cortex-M plugin's ``cortex_m_host.cmsis_reference``), a portable op's is the same
 #: dequantize / float op / quantize in torch: a correct lowering is bit-exact, so any value off
 #: is a lowering or kernel error.
 CPU_EXACT_VALUES_OFF = 0
@@ -354,12 +354,12 @@ def _verify(
             interp, program, float_ep, qep, report, samples, seed, max_steps, min_top1, kernels,
             labeled, max_accuracy_drop, edge_outputs, steps,
         )  # fmt: skip
-    from etforge.runtime.cortex_m_kernels import NOT_PROVEN
+    from etforge.runtime.execution.cpu_libraries import not_proven
 
     ops = {step.name.removesuffix(".out") for step in interp.steps}
     result.notes.extend(
         f"{op}: host kernel not proven equal to the device: {why}"
-        for op, why in NOT_PROVEN.items()
+        for op, why in not_proven().items()
         if op in ops
     )
     if stand_ins:
