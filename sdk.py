@@ -15,6 +15,8 @@ Rewrites (``etforge_rewrites``) and their graph-editing helpers
 Targets (``etforge_targets``), CPU backends, NPU compilers, partition checks
     TargetSpec, NpuSpec, OptionSpec, CpuBackend, KernelLibrary, LOWERING_NOTES_KEY,
     NpuCompiler, NpuPayload, PartitionIo, PartitionCheck, ProposedPartition
+Verify gates (``etforge_verify_gates``): a judgement ``etforge verify`` adds
+    VerifyGate, GateInput, GateVerdict
 A CPU library's host arithmetic (``CpuBackend.host_arithmetic``) and dim-order rules
     HostArithmetic, KernelArg, and the device-exact reference it builds on: Reference
     (TFLite's integer rules per Edge op), Q, Out, NotExact
@@ -77,6 +79,7 @@ from etforge.core.contracts.rewrite import (
     val,
 )
 from etforge.core.contracts.target import NpuSpec, OptionSpec, TargetSpec
+from etforge.core.contracts.verify_gate import GateInput, GateVerdict, VerifyGate
 from etforge.core.graph import layout
 
 if TYPE_CHECKING:
@@ -143,6 +146,8 @@ __all__ = [
     "ConversionError",
     "CpuBackend",
     "Elementwise",
+    "GateInput",
+    "GateVerdict",
     "EtforgeError",
     "HostArithmetic",
     "KernelArg",
@@ -160,6 +165,7 @@ __all__ = [
     "Rewrite",
     "Support",
     "TargetSpec",
+    "VerifyGate",
     "attribute",
     "batch_norm_affine",
     "batch_norm_after",

@@ -369,6 +369,11 @@ def _verify(
             "the LiteRT partitions the NPU compiler compiled them from, in their place"
         )
     result.notes.extend(hash_notes + byte_notes)
+    from etforge.core.contracts.verify_gate import GateInput
+    from etforge.runtime.verification.gates import run_gates
+
+    given = GateInput(out, report, program, interp, _inputs(report, seed, samples), edge_outputs)
+    run_gates(given, result, steps, registry())  # the plugins' gates (etforge_verify_gates)
     result.failures[:0] = byte_failures
     if not agreement.ok:
         result.failures.insert(
