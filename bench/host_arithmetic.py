@@ -29,9 +29,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from support import CMSIS_NN, CMSIS_NN_SHIM, _cmsis_nn_sources  # noqa: E402
-
 from etforge.plugins.targets import cortex_m_host as K  # noqa: E402
+
+from support import CMSIS_NN, CMSIS_NN_SHIM, _cmsis_nn_sources  # noqa: E402
 
 P8, P32 = ctypes.POINTER(ctypes.c_int8), ctypes.POINTER(ctypes.c_int32)
 
