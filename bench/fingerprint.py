@@ -14,7 +14,15 @@ that differ and exits 1 if any does.
 Nothing is skipped whole. ``report.json`` is hashed with its ``stages`` field removed: those are
 wall-clock seconds per stage, different on every run; every other field (and ``files_sha256``
 of the other outputs) is kept. A compile that fails is fingerprinted by its exit code and
-error line, so a changed refusal shows too. The architecture families are compiled through
+error line, so a changed refusal shows too.
+
+Run both fingerprints from the same path: ``float.pt2`` and ``quantized.pt2`` record the
+source file of each node (the model's and etforge's own modules, by absolute path), so the
+same tree at another path gives other bytes. To fingerprint a second tree while the first
+stays where it is, mount it over the first's path in a private mount namespace::
+
+    unshare -m --propagation private sh -c 'mount --bind AFTER BEFORE && PYTHONPATH=BEFORE ...'
+ The architecture families are compiled through
 factories defined below (``family_<name>``), which the CLI loads as ``this_file.py:factory``.
 """
 
