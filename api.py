@@ -292,12 +292,15 @@ class Compiled:
     def verify(
         self, samples: int = 32, seed: int = 0, max_steps: float | None = None, kernels: str = "default"
     ) -> Any:
-        """Run on the host (NPU partitions in LiteRT) and compare with torch; see ``etforge verify``."""
-        from etforge.runtime.verify import compare
+        """``etforge verify`` of this compile: the same path, every gate (the output is saved to a
+        temporary directory and verified there, as the command line verifies OUT)."""
+        import tempfile
 
-        r = self.result
-        return compare(r.host_program, r.float_program, r.quantized_program, self.report,
-                       samples=samples, seed=seed, max_steps=max_steps, kernels=kernels)  # fmt: skip
+        from etforge.runtime.verification.verify import verify
+
+        with tempfile.TemporaryDirectory(prefix="etforge-verify-") as tmp:
+            out = self.save(Path(tmp) / "out")
+            return verify(out, samples=samples, seed=seed, max_steps=max_steps, kernels=kernels)
 
 
 @_quiet

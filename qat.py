@@ -156,7 +156,7 @@ def _lower(quantized: Any, float_ep: Any, tgt: Any, what: str, early: bool) -> C
     from etforge.core.build.report import build_report
     from etforge.core.build.session import CompileSession
     from etforge.core.registry.manager import registry
-    from etforge.runtime.script_pte import _serialized
+    from etforge.runtime.verification.script_pte import _serialized
 
     reg = registry()
     quantized = remove_unused_parameters_pass(quantized)

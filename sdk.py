@@ -15,6 +15,11 @@ Rewrites (``etforge_rewrites``) and their graph-editing helpers
 Targets (``etforge_targets``), CPU backends, NPU compilers, partition checks
     TargetSpec, NpuSpec, OptionSpec, CpuBackend, KernelLibrary, LOWERING_NOTES_KEY,
     NpuCompiler, NpuPayload, PartitionIo, PartitionCheck, ProposedPartition
+Verify gates (``etforge_verify_gates``): a judgement ``etforge verify`` adds
+    VerifyGate, GateInput, GateVerdict
+A CPU library's host arithmetic (``CpuBackend.host_arithmetic``) and dim-order rules
+    HostArithmetic, KernelArg, and the device-exact reference it builds on: Reference
+    (TFLite's integer rules per Edge op), Q, Out, NotExact
 Errors a plugin raises, and the fallback log a plugin reports a degradation to
     EtforgeError, PluginError, ConversionError, record_fallback
 Running fragile vendor code in a child process
@@ -51,7 +56,13 @@ from etforge.core.contracts.converter import (
     elementwise,
     unsupported,
 )
-from etforge.core.contracts.cpu_backend import LOWERING_NOTES_KEY, CpuBackend, KernelLibrary
+from etforge.core.contracts.cpu_backend import (
+    LOWERING_NOTES_KEY,
+    CpuBackend,
+    HostArithmetic,
+    KernelArg,
+    KernelLibrary,
+)
 from etforge.core.contracts.hookspecs import hookimpl
 from etforge.core.contracts.npu_compiler import NpuCompiler, NpuPayload, PartitionIo
 from etforge.core.contracts.partition_check import PartitionCheck, ProposedPartition
@@ -68,6 +79,7 @@ from etforge.core.contracts.rewrite import (
     val,
 )
 from etforge.core.contracts.target import NpuSpec, OptionSpec, TargetSpec
+from etforge.core.contracts.verify_gate import GateInput, GateVerdict, VerifyGate
 from etforge.core.graph import layout
 
 if TYPE_CHECKING:
@@ -110,6 +122,8 @@ _DEFERRED: dict[str, str] = {
         "etforge.plugins.ops.helpers",
     ),
     **dict.fromkeys(("converter_problems", "target_problems"), "etforge.core.registry.checks"),
+    **dict.fromkeys(("NotExact", "Out", "Q"), "etforge.runtime.arithmetic.operands"),
+    "Reference": "etforge.runtime.arithmetic.device_ref",
     "registry": "etforge.core.registry.manager",
     "check_op": "etforge.testing",
 }
@@ -132,7 +146,11 @@ __all__ = [
     "ConversionError",
     "CpuBackend",
     "Elementwise",
+    "GateInput",
+    "GateVerdict",
     "EtforgeError",
+    "HostArithmetic",
+    "KernelArg",
     "KernelLibrary",
     "NpuCompiler",
     "NpuPayload",
@@ -147,6 +165,7 @@ __all__ = [
     "Rewrite",
     "Support",
     "TargetSpec",
+    "VerifyGate",
     "attribute",
     "batch_norm_affine",
     "batch_norm_after",

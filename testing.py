@@ -152,7 +152,7 @@ def check_op(
     reg = registry()
     tgt = reg.target(target)
     if not quantize:  # the converters on float tensors, whatever dtypes the NPU runs
-        from etforge.runtime.float_check import float_target
+        from etforge.runtime.verification.float_check import float_target
 
         tgt = float_target(tgt)
     example = tuple(example_inputs)
@@ -213,8 +213,8 @@ def _compare(
     """(worst steps, worst mean steps, worst relative error, outputs) of the lowered program on
     ``example`` against ``reference`` with both LiteRT kernel sets: a converter must be right
     whichever rounding runs it."""
-    from etforge.runtime.host import run_program
-    from etforge.runtime.litert_run import KERNELS
+    from etforge.runtime.execution.host import run_program
+    from etforge.runtime.execution.litert_run import KERNELS
 
     worst_steps, mean_steps, worst_rel = 0.0, 0.0, 0.0
     outputs: list[torch.Tensor] = []

@@ -33,7 +33,7 @@ from torch import nn
 
 import etforge
 import etforge.qat as qat
-from etforge.runtime.verify import verify
+from etforge.runtime.verification.verify import verify
 from etforge.zoo import digits
 
 #: QAT fine-tuning per model: (epochs, Adam learning rate). The digits models are fine-tuned

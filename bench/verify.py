@@ -37,12 +37,12 @@ from etforge import zoo
 from etforge.core.build.report import build_report
 from etforge.core.build.session import compile_model
 from etforge.core.registry.manager import registry
-from etforge.runtime import pte_ops
-from etforge.runtime.accuracy import load_labeled
-from etforge.runtime.host import run_program
-from etforge.runtime.pte_agreement import compare_with_edge
-from etforge.runtime.pte_interpreter import PteInterpreter
-from etforge.runtime.verify import _inputs, compare
+from etforge.runtime.execution import pte_ops
+from etforge.runtime.execution.host import run_program
+from etforge.runtime.execution.pte_interpreter import PteInterpreter
+from etforge.runtime.verification.accuracy import load_labeled
+from etforge.runtime.verification.pte_agreement import compare_with_edge
+from etforge.runtime.verification.verify import _inputs, compare
 from etforge.zoo import digits
 
 

@@ -1,5 +1,5 @@
 """``etforge run OUT --on qemu-m33 --profile``: the run's instructions per Edge node and per NPU
-partition (``runtime/device_profile.py``), printed and written to ``OUT/profile.json`` (which
+partition (``runtime/firmware/device_profile.py``), printed and written to ``OUT/profile.json`` (which
 ``etforge report OUT --html`` then shows per node)."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ PROFILE = "profile.json"
 
 def profile(out: Path, dev: Any) -> dict[str, Any]:
     """Map the first sample's per-instruction counts onto the report's nodes; write it whole."""
-    from etforge.runtime.device_profile import per_node
+    from etforge.runtime.firmware.device_profile import per_node
 
     if not dev.per_op:
         raise EtforgeError(f"{out}: --profile: {dev.per_op_note or 'the run has no per-instruction counts'}")

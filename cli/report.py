@@ -137,7 +137,7 @@ def _with_profile(out: Any, data: dict[str, Any]) -> dict[str, Any]:
     path = out / "profile.json"
     if not path.is_file():
         return data
-    from etforge.runtime.device_profile import node_counts
+    from etforge.runtime.firmware.device_profile import node_counts
 
     try:
         prof = json.loads(path.read_text())

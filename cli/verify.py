@@ -250,7 +250,7 @@ def _script_pte(
 
 def _compiled_output(out: Any) -> None:
     """OUT holds a compile's output (``model.pte`` and a readable ``report.json``), else one
-    error line naming it: the check ``runtime.verify`` makes first, without importing torch."""
+    error line naming it: the check ``runtime.verification.verify`` makes first, without importing torch."""
     from etforge.core.build import output
     from etforge.core.common.errors import EtforgeError
 
@@ -265,7 +265,7 @@ def _compiled_output(out: Any) -> None:
 def _verify_on_host(out: Any, script: dict[str, Any] | None, checks: dict[str, Any], quiet: bool) -> Any:
     """The host verification of OUT (or of a script's PTE): unless quiet, a status line saying
     which step runs and one line per finished step with what it compared and its seconds."""
-    from etforge.runtime.verify_steps import Steps
+    from etforge.runtime.verification.verify_steps import Steps
 
     with console.status("verify: starting") if not quiet else contextlib.nullcontext() as status:
         steps = Steps()
@@ -273,10 +273,10 @@ def _verify_on_host(out: Any, script: dict[str, Any] | None, checks: dict[str, A
             steps.started = lambda doing: status.update(f"verify: {escape(doing)} ...")
             steps.finished = lambda line: console.print(f"  {escape(line)}", soft_wrap=True)
         if script is not None:
-            from etforge.runtime.script_pte import verify_script_pte
+            from etforge.runtime.verification.script_pte import verify_script_pte
 
             return verify_script_pte(out, **script, **checks, steps=steps)
-        from etforge.runtime.verify import verify as run_verify
+        from etforge.runtime.verification.verify import verify as run_verify
 
         return run_verify(out, **checks, steps=steps)
 
@@ -320,7 +320,7 @@ def _gate_rows(v: Any) -> Iterator[Row]:
             f"float {v.float_accuracy:.2f}% · compiled {v.compiled_accuracy:.2f}% · drop "
             f"{v.accuracy_drop:.2f} points (max {v.max_accuracy_drop:g})",
         )
-    if len(v.outputs) > 1 or any(o["kind"] != "float" for o in v.outputs):  # runtime.outputs
+    if len(v.outputs) > 1 or any(o["kind"] != "float" for o in v.outputs):  # runtime.verification.outputs
         yield (
             "outputs: compared as, samples agreeing",
             "\n".join(f"{o['name']}: {o['compared_as']}, {o['agreed']}/{o['samples']}" for o in v.outputs),

@@ -184,8 +184,8 @@ def _tflm_lists(
 
 
 def _host_only_partitions(pte: Path) -> list[tuple[str, bytes]]:
+    from etforge.runtime.execution.pte_interpreter import PteInterpreter
     from etforge.runtime.firmware.device import host_only_partitions
-    from etforge.runtime.pte_interpreter import PteInterpreter
 
     try:
         return host_only_partitions(pte, PteInterpreter(pte.read_bytes(), str(pte)))

@@ -5,7 +5,7 @@ program: the first quantize of each input and the last dequantize of each output
 scale and zero point, a kernel's scratch buffer is a planned 1-D uint8 tensor it takes as an
 argument, and a host-only NPU partition's LiteRT model is in its delegate payload (its working
 memory is planned the way the compile planned it). ``etforge verify`` checks report.json's copy
-of each against these (:mod:`etforge.runtime.report_fields`).
+of each against these (:mod:`etforge.runtime.verification.report_fields`).
 """
 
 from __future__ import annotations

@@ -38,8 +38,8 @@ def _compiled(name: str, target: str) -> tuple[Any, dict[str, Any]]:
 @pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("name", MODELS)
 def test_trained_model_keeps_its_accuracy(name: str, target: str) -> None:
-    from etforge.runtime.accuracy import load_labeled
-    from etforge.runtime.verify import compare
+    from etforge.runtime.verification.accuracy import load_labeled
+    from etforge.runtime.verification.verify import compare
 
     result, report = _compiled(name, target)
     v = compare(
@@ -87,7 +87,7 @@ def _report(shape: list[int]) -> dict[str, Any]:
 
 
 def test_data_formats_npz_pt_and_zoo_read_the_same_samples(tmp_path: Path) -> None:
-    from etforge.runtime.accuracy import load_labeled
+    from etforge.runtime.verification.accuracy import load_labeled
     from etforge.zoo import digits
 
     x, y = digits.test_data("digits_mlp")
@@ -115,7 +115,7 @@ def test_data_formats_npz_pt_and_zoo_read_the_same_samples(tmp_path: Path) -> No
     ],
 )  # fmt: skip
 def test_bad_data_file_is_one_clear_line(tmp_path: Path, arrays: dict[str, Any], message: str) -> None:
-    from etforge.runtime.accuracy import load_labeled
+    from etforge.runtime.verification.accuracy import load_labeled
 
     path = _npz(tmp_path / "bad.npz", **arrays)
     with pytest.raises(EtforgeError) as err:
@@ -124,7 +124,7 @@ def test_bad_data_file_is_one_clear_line(tmp_path: Path, arrays: dict[str, Any],
 
 
 def test_unreadable_data_files_are_named(tmp_path: Path) -> None:
-    from etforge.runtime.accuracy import load_labeled
+    from etforge.runtime.verification.accuracy import load_labeled
 
     (tmp_path / "junk.npz").write_bytes(b"not a zip")
     (tmp_path / "junk.pt").write_bytes(b"not a pickle")
@@ -145,7 +145,7 @@ def test_unreadable_data_files_are_named(tmp_path: Path) -> None:
 
 
 def test_label_out_of_range_for_the_model_is_named() -> None:
-    from etforge.runtime.accuracy import Labeled, evaluate
+    from etforge.runtime.verification.accuracy import Labeled, evaluate
 
     result, report = _compiled("digits_mlp", "imxrt700")
     x = torch.zeros(3, 64)

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 import etforge
-from etforge.runtime.verify import verify
+from etforge.runtime.verification.verify import verify
 
 
 class Scaled(nn.Module):

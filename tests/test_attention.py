@@ -24,7 +24,7 @@ from torch import nn
 import etforge
 from etforge.codegen.kernels import catalogue
 from etforge.codegen.registration import build_entry
-from etforge.runtime.verify import compare
+from etforge.runtime.verification.verify import compare
 
 TARGETS = ("imxrt700", "imxrt700cm", "cortex-m33")
 INCLUDE = Path(sysconfig.get_paths()["purelib"]) / "executorch" / "include"

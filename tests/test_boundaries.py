@@ -21,7 +21,7 @@ from etforge.core.graph import layout
 from etforge.core.graph.utils import node_op
 from etforge.core.lower.boundaries import check_delegate_dim_orders, layout_conversions
 from etforge.core.registry.manager import registry
-from etforge.runtime.host import run_program
+from etforge.runtime.execution.host import run_program
 
 SPLITS = {
     # three NPU convolutions, each followed by a CMSIS-NN max pool, then the NPU classifier

@@ -375,7 +375,7 @@ def test_two_models_share_one_firmware(outs: dict[str, Path], cache: Path, tmp_p
     import numpy as np
     import torch
 
-    from etforge.runtime.pte_interpreter import PteInterpreter
+    from etforge.runtime.execution.pte_interpreter import PteInterpreter
 
     src = cache / "two-src"
     src.mkdir(exist_ok=True)

@@ -132,10 +132,11 @@ def test_codegen_imports_no_torch_once_the_schemas_are_stored(
 
 def test_a_damaged_or_foreign_table_is_recomputed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from etforge.codegen import kernels, torch_schemas
+    from etforge.core.registry.manager import registry
 
     monkeypatch.setenv("ETFORGE_NO_CACHE", "0")
     monkeypatch.setenv("ETFORGE_CACHE_DIR", str(tmp_path))
-    libraries = json.dumps(kernels._libraries(), sort_keys=True, default=str)
+    libraries = json.dumps(kernels._parsed(registry()), sort_keys=True, default=str)
     torch_schemas.table.cache_clear()
     good = torch_schemas.table(libraries)
     (path,) = (tmp_path / torch_schemas.SUBDIR).glob("*.json")

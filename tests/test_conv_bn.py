@@ -11,7 +11,7 @@ from torchao.quantization.pt2e.utils import _fuse_conv_bn_
 
 import etforge
 from etforge.core.quantize.conv_bn import fold_conv_batch_norms
-from etforge.runtime.verify import compare
+from etforge.runtime.verification.verify import compare
 
 
 def _bn(n: int, gen: torch.Generator) -> nn.Module:

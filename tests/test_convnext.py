@@ -9,7 +9,7 @@ Two things it holds that no suite family has:
   layout either way) instead of leaving the early path;
 - a LayerNorm over an input another LayerNorm already centred: its mean is float32 noise
   around 0, which verify's float check measures against the summed terms
-  (``runtime/float_check.py``, ``_terms``), not against the ~0 output.
+  (``runtime/verification/float_check.py``, ``_terms``), not against the ~0 output.
 
 Exact GELU has no NPU form: it stays on the CPU between partitions (reported).
 """

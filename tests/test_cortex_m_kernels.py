@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 
-from etforge.runtime import cortex_m_kernels as K
+from etforge.plugins.targets import cortex_m_host as K
 
 from support import CMSIS_NN, cmsis_nn_library
 
@@ -587,7 +587,7 @@ def test_quantize_dequantize_div(lib: ctypes.CDLL, rng: np.random.Generator) -> 
 
 def test_transpose_conv2d(lib: ctypes.CDLL, rng: np.random.Generator) -> None:
     """Proven where CMSIS-NN computes the transposed convolution; with height padding and height
-    stride > 1 it does not (``cortex_m_kernels.NOT_PROVEN``), so those cases are left out."""
+    stride > 1 it does not (``cortex_m_host.NOT_PROVEN``), so those cases are left out."""
     for _ in range(TRIALS):
         kh, kw = (int(x) for x in rng.integers(1, 4, 2))
         sh, sw = (int(x) for x in rng.integers(1, 3, 2))
@@ -684,7 +684,7 @@ def test_program_instructions_equal_cmsis_nn(lib: ctypes.CDLL) -> None:
     write what CMSIS-NN's C computes from the same bytes and arguments."""
     from etforge.core.build.session import compile_model
     from etforge.core.registry.manager import registry
-    from etforge.runtime.pte_interpreter import PteInterpreter
+    from etforge.runtime.execution.pte_interpreter import PteInterpreter
 
     torch.manual_seed(0)
     calib = [(torch.randn(1, 3, 4, 4),) for _ in range(4)]
@@ -770,7 +770,7 @@ def test_a_quantize_of_a_float_ops_value_has_no_exact_reference() -> None:
     import torch.fx
     import torchao.quantization.pt2e.quantize_pt2e  # noqa: F401  (registers quantized_decomposed)
 
-    from etforge.runtime.device_ref import NotExact
+    from etforge.runtime.arithmetic.operands import NotExact
 
     qd = torch.ops.quantized_decomposed
     graph = torch.fx.Graph()

@@ -7,7 +7,7 @@ refuses the fusion. Without the pass the conv stayed an ``aten.convolution`` on 
 (the portable kernel computing on raw int8 numbers: 134 steps off the quantized model).
 With it the conv is CMSIS-NN's and the ReLU a portable int8 clamp of its codes; verify pairs
 the two (both hold the one PT2E quantize node) and holds them to the conv's CMSIS-NN
-reference with the ReLU's clamp (``runtime/stepwise.py``, ``HostInt8Values.forced``): every
+reference with the ReLU's clamp (``runtime/verification/stepwise.py``, ``HostInt8Values.forced``): every
 value exact, the whole program equal to its device simulation.
 """
 

@@ -1,6 +1,6 @@
 """``etforge run OUT --on qemu-m33 --profile``: QEMU's instruction counts per ExecuTorch
 instruction, mapped to the Edge nodes of the report through the emitter's debug handles
-(runtime/device_profile.py), labelled as emulator counts; ``report --html`` then shows them.
+(runtime/firmware/device_profile.py), labelled as emulator counts; ``report --html`` then shows them.
 
 One firmware run of a cortex-m33 program: conv, PReLU (int8 parts), ceil-mode pool, linear.
 """

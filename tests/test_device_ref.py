@@ -2,7 +2,7 @@
 
 Each model below is compiled through etforge (every op on the NPU side), its partition runs in
 LiteRT with ``OpResolverType.BUILTIN_REF`` on random inputs, and every int8 value is compared
-with ``runtime.device_ref``'s value of the *Edge* op fed the same int8 inputs: 0 values off,
+with ``runtime.arithmetic.device_ref``'s value of the *Edge* op fed the same int8 inputs: 0 values off,
 on every op family the rules cover. torch's float evaluation of the same ops (round half to
 even, one rounding) is measured beside it and is *not* exact on these cases.
 """
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from etforge.runtime import tflite_int as ti
+from etforge.runtime.arithmetic import tflite_int as ti
 
 F = torch.nn.functional
 
@@ -181,8 +181,8 @@ TARGETS = ("imxrt700", "imxrt700cm")
 
 def _parity(name: str, samples: int = 4, target: str = "imxrt700", seed: int = 0) -> list[Any]:
     from etforge.core.build.session import compile_model
-    from etforge.runtime.host import run_program
-    from etforge.runtime.stepwise import op_parity
+    from etforge.runtime.execution.host import run_program
+    from etforge.runtime.verification.stepwise import op_parity
 
     cls, shape = CASES[name]
     torch.manual_seed(seed)
@@ -289,7 +289,7 @@ FIXED_POINT_TOL = 2**-20
 
 def test_fixed_point_functions_approximate_the_math() -> None:
     """exp on [-31, 0] (Q5.26 in), 1/(1+x) on [0, 1), 1/sqrt(n): each within FIXED_POINT_TOL."""
-    from etforge.runtime import fixedpoint as fp
+    from etforge.runtime.arithmetic import fixedpoint as fp
 
     x = np.linspace(-31.0, 0.0, 2001)
     got = fp.exp_on_negative_values(np.round(x * 2**26).astype(np.int64), 5) / 2**31
@@ -309,7 +309,7 @@ def _edge_value(
     """``Reference``'s value of ``q(op(dq(x0), dq(x1), ...))`` built as an Edge-style graph."""
     import torchao.quantization.pt2e  # noqa: F401 (registers quantized_decomposed)
 
-    from etforge.runtime.device_ref import Reference
+    from etforge.runtime.arithmetic.device_ref import Reference
 
     qd = torch.ops.quantized_decomposed
     g = torch.fx.Graph()
@@ -334,7 +334,7 @@ def _litert_value(
     """One LiteRT operator (tensors: shape, dtype, qparams, constant data or None; the last is
     the output) run by the reference kernels on ``inputs`` (the non-constant tensors)."""
     from etforge.core.litert.builder import LiteRTBuilder, Quant, options
-    from etforge.runtime.litert_run import run
+    from etforge.runtime.execution.litert_run import run
 
     b = LiteRTBuilder()
     ids = [
@@ -418,7 +418,7 @@ def test_vectorized_multipliers_equal_quantize_multiplier_per_element() -> None:
     mantissa rounding up to 2^31 (halved, shift + 1), negative reals."""
     import numpy as np
 
-    from etforge.runtime import tflite_int as ti
+    from etforge.runtime.arithmetic import tflite_int as ti
 
     g = np.random.default_rng(0)
     reals = np.concatenate(

@@ -20,7 +20,7 @@ from etforge.core.graph.utils import node_op
 from etforge.core.lower import driver
 from etforge.core.lower import early as early_module
 from etforge.core.registry.manager import registry
-from etforge.runtime.host import run_program
+from etforge.runtime.execution.host import run_program
 
 
 class ConvHead(torch.nn.Module):

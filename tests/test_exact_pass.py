@@ -1,4 +1,4 @@
-"""The per-op gates judged from the device simulation's one pass (``runtime.exact_pass``) give
+"""The per-op gates judged from the device simulation's one pass (``runtime.verification.exact_pass``) give
 what the teacher-forced checks give, op for op, and a sample with any value off runs the
 teacher-forced checks (which name it)."""
 
@@ -23,8 +23,8 @@ def _compiled(model: torch.nn.Module, calib: list[tuple[torch.Tensor, ...]], tar
 def _both(result: Any, report: Any, monkeypatch: pytest.MonkeyPatch, host: Any = None) -> tuple[Any, Any]:
     """(verify's figures with the one pass, with every sample teacher-forced)."""
     from etforge.core.build.pipeline import clone_program
-    from etforge.runtime import exact_pass
-    from etforge.runtime.verify import compare
+    from etforge.runtime.verification import exact_pass
+    from etforge.runtime.verification.verify import compare
 
     program = host if host is not None else result.host_program
 

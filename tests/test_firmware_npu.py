@@ -2,7 +2,7 @@
 the CPU side in ExecuTorch's runtime, each host-only NPU partition in TensorFlow Lite Micro
 with CMSIS-NN (``--cpu-partitions``: a stand-in on the CPU, never the NPU), every output byte
 what the host interpreter computes in the device's arithmetic (LiteRT's reference kernels, with
-TFLM's FULLY_CONNECTED and MUL: ``runtime.tflm_arith``).
+TFLM's FULLY_CONNECTED and MUL: ``runtime.arithmetic.tflm_arith``).
 
 Economical by design (one sample each; the firmware libraries and TFLM are built once per
 content and shared): zoo models, architecture families and a torchvision family, spread over
@@ -123,8 +123,8 @@ def test_int8_mul_is_computed_as_tflm_does(tmp_path: Path) -> None:
     from ai_edge_litert import schema_py_generated as schema
 
     import etforge
-    from etforge.runtime import litert_run
-    from etforge.runtime import tflite_int as ti
+    from etforge.runtime.arithmetic import tflite_int as ti
+    from etforge.runtime.execution import litert_run
 
     calibration = _mul_calibration()
     compiled = etforge.compile(_Mul().eval(), calibration[0], target="imxrt700cm", calibration=calibration)

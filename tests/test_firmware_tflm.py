@@ -80,7 +80,7 @@ def test_imxrt700_program_with_partitions_in_tflm_is_bit_exact(tmp_path: Path) -
 def test_conv_flip_conv_for_imxrt700cm_is_bit_exact_in_tflm(tmp_path: Path) -> None:
     """Two partitions with the portable flip between them (../shared/tflm-spike/mix.py): was
     2/3, sample 2's output 2 one step off (TFLM's FULLY_CONNECTED rounds twice, LiteRT's once);
-    the host now computes TFLM's FC (``runtime.tflm_arith``)."""
+    the host now computes TFLM's FC (``runtime.arithmetic.tflm_arith``)."""
     import torch
     from test_device_conformance import _ConvFlipConv
 

@@ -2,7 +2,7 @@
 
 Broken converters are plugins registered the way a third-party one is (``extra_plugins``),
 overriding the built-in (``priority``); the program is compiled and compared as ``verify``
-does (``runtime.verify.compare``).
+does (``runtime.verification.verify.compare``).
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def _compare(
     from etforge.core.build.report import build_report
     from etforge.core.build.session import compile_model
     from etforge.core.registry.manager import extra_plugins, registry
-    from etforge.runtime.verify import compare
+    from etforge.runtime.verification.verify import compare
 
     with extra_plugins(*plugins):
         reg = registry()
@@ -162,7 +162,7 @@ def test_exact_gate_fails_the_approximate_gelu_swap(gelu_runs: dict[bool, Any]) 
 def test_float_check_fails_the_approximate_gelu_swap(gelu_runs: dict[bool, Any]) -> None:
     """The same converters on float32 tensors: exact GELU within float noise of torch's, the
     tanh approximation far outside ``FLOAT_REL_TOL``."""
-    from etforge.runtime.float_check import FLOAT_REL_TOL
+    from etforge.runtime.verification.float_check import FLOAT_REL_TOL
 
     exact, approx = gelu_runs[False], gelu_runs[True]
     assert exact.float_ops > 0 and exact.float_max_rel <= FLOAT_REL_TOL
@@ -232,8 +232,8 @@ def test_accuracy_gate_fails_a_wrong_converter_on_real_data() -> None:
     from etforge.core.build.report import build_report
     from etforge.core.build.session import compile_model
     from etforge.core.registry.manager import extra_plugins, registry
-    from etforge.runtime.accuracy import load_labeled
-    from etforge.runtime.verify import compare
+    from etforge.runtime.verification.accuracy import load_labeled
+    from etforge.runtime.verification.verify import compare
 
     model, example = zoo.build("digits_cnn")
     with extra_plugins(_avg_for_max_pool()):
@@ -257,7 +257,7 @@ def test_gate_thresholds_are_fixed_constants(gelu_runs: dict[bool, Any]) -> None
     choice (signatures below), and two programs with different errors get the same ones.
     (An absence check on the names of the old model-derived allowances cannot fail; the
     signatures and the equal requirements can.)"""
-    from etforge.runtime import verify
+    from etforge.runtime.verification import verify
 
     for name in ("OP_MAX_STEPS", "OFF_BY_ONE_FREE", "TOP1_MISSES_PER_32"):
         assert type(getattr(verify, name)) is int
@@ -282,7 +282,7 @@ def _compiled(model: torch.nn.Module, calib: list[tuple[torch.Tensor, ...]], tar
 
 
 def _verify(result: Any, report: Any, host: Any = None, samples: int = 2) -> Any:
-    from etforge.runtime.verify import compare
+    from etforge.runtime.verification.verify import compare
 
     program = host if host is not None else result.host_program
     return compare(program, result.float_program, result.quantized_program, report, samples=samples)

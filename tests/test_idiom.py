@@ -106,7 +106,7 @@ def build():
 
 def test_verify_takes_a_scripts_pte(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``etforge verify PTE --model MODEL``: the script's program against the model it came from."""
-    from etforge.runtime.script_pte import verify_script_pte
+    from etforge.runtime.verification.script_pte import verify_script_pte
 
     monkeypatch.syspath_prepend(str(Path(__file__).parent))
     (tmp_path / "net.py").write_text(FACTORY)

@@ -94,7 +94,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dict[st
 def _rehash(out: Path) -> None:
     """Re-record the side files' hashes in report.json, as whoever planted a file would: the
     hash chain then passes and only the loader stands between the pickle and the process."""
-    from etforge.runtime.artifact import record_hashes
+    from etforge.runtime.verification.artifact import record_hashes
 
     report = json.loads((out / "report.json").read_text())
     record_hashes(out, report)

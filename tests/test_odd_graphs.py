@@ -19,7 +19,7 @@ from torch import nn
 
 import etforge
 from etforge.core.common.errors import EtforgeError
-from etforge.runtime.verify import compare
+from etforge.runtime.verification.verify import compare
 
 
 class MulOnes(nn.Module):

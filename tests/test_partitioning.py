@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from etforge.core.build.session import compile_model
-from etforge.runtime.host import run_program
+from etforge.runtime.execution.host import run_program
 
 
 class TwoLinears(torch.nn.Module):

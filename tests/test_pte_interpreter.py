@@ -23,9 +23,9 @@ from etforge.core.build.report import build_report
 from etforge.core.build.session import CompileResult, compile_model
 from etforge.core.common.errors import EtforgeError
 from etforge.core.registry.manager import registry
-from etforge.runtime.host import run_program
-from etforge.runtime.pte_interpreter import PteInterpreter
-from etforge.runtime.verify import verify
+from etforge.runtime.execution.host import run_program
+from etforge.runtime.execution.pte_interpreter import PteInterpreter
+from etforge.runtime.verification.verify import verify
 
 from support import run_cli
 
@@ -202,7 +202,7 @@ def test_a_changed_weight_is_named_at_the_instruction_reading_it_with_its_edge_n
     from executorch.exir import schema
     from executorch.exir._serialize._program import deserialize_pte_binary, serialize_pte_binary
 
-    from etforge.runtime.pte_agreement import compare_with_edge
+    from etforge.runtime.verification.pte_agreement import compare_with_edge
 
     result, d = compiled["cortex-m33"]
     pte = deserialize_pte_binary((d / output.PTE).read_bytes())

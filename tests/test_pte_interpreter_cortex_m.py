@@ -19,9 +19,9 @@ from etforge.core.build.report import build_report
 from etforge.core.build.session import CompileResult, compile_model
 from etforge.core.common.errors import EtforgeError
 from etforge.core.registry.manager import registry
-from etforge.runtime import cortex_m_kernels
-from etforge.runtime.host import run_program
-from etforge.runtime.pte_interpreter import PteInterpreter
+from etforge.plugins.targets import cortex_m_host
+from etforge.runtime.execution.host import run_program
+from etforge.runtime.execution.pte_interpreter import PteInterpreter
 
 from support import run_cli
 
@@ -98,7 +98,7 @@ def test_cortex_m_ops_run_etforge_kernels(squeeze: tuple[CompileResult, Path]) -
     interp = _interp(squeeze[1])
     interp.run(_data(3, 1)[0])
     cortex = [k for k in interp.kernels if k.name.startswith("cortex_m::")]
-    assert cortex and all(k.own is cortex_m_kernels.KERNELS[k.name.removesuffix(".out")] for k in cortex)
+    assert cortex and all(k.own is cortex_m_host.KERNELS[k.name.removesuffix(".out")] for k in cortex)
 
 
 def test_a_failing_instruction_is_one_line_naming_it(squeeze: tuple[CompileResult, Path]) -> None:

@@ -15,8 +15,9 @@ import torch
 from executorch.exir import to_edge
 
 from etforge.core.common.errors import EtforgeError
-from etforge.plugins.targets.dim_orders import Arg, align, problem
-from etforge.runtime.pte_interpreter import PteInterpreter
+from etforge.plugins.targets.dim_orders import align, problem
+from etforge.runtime.execution.pte_interpreter import PteInterpreter
+from etforge.sdk import KernelArg as Arg
 
 
 class AddConstant(torch.nn.Module):

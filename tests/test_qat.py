@@ -20,7 +20,7 @@ import etforge
 import etforge.qat as qat
 from etforge.core.common.errors import EtforgeError
 from etforge.recipes import target_recipe
-from etforge.runtime.verify import verify
+from etforge.runtime.verification.verify import verify
 from etforge.zoo import digits
 
 #: The issue's bound for int8 on the digits (as tests/test_accuracy.py): one point of top-1.

@@ -8,7 +8,7 @@ from etforge.core.build import pipeline
 from etforge.core.graph.utils import is_dequantize, node_op
 from etforge.core.quantize.quantizer import ComposedQuantizer, convert, prepare
 from etforge.core.registry.manager import registry
-from etforge.runtime.host import run_program
+from etforge.runtime.execution.host import run_program
 
 
 def _quantized(module: torch.nn.Module, x: tuple[torch.Tensor, ...]) -> torch.fx.GraphModule:

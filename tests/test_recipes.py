@@ -105,7 +105,7 @@ def test_options_pass_through_the_recipe() -> None:
 
 @pytest.mark.parametrize("lowering", ["early", "classic"])
 def test_verify_takes_the_recipes_pte(lowering: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from etforge.runtime.script_pte import verify_script_pte
+    from etforge.runtime.verification.script_pte import verify_script_pte
 
     monkeypatch.syspath_prepend(str(Path(__file__).parent))
     (tmp_path / "net.py").write_text(FACTORY)

@@ -5,7 +5,7 @@ the input projection's single dequantize becomes one slice per step, read by as 
 partitions. Each partition must read int8 (``core/graph/dequant_copies.py``), and a slice onto
 other qparams must requantize after it, not copy codes across grids
 (``ConversionContext.output(like=...)``); verify's device-exact rule for that requantize is
-``runtime.device_ref``'s relabel rule. Before both, these models were a LiteRT load error
+``runtime.arithmetic.device_ref``'s relabel rule. Before both, these models were a LiteRT load error
 (``RESHAPE`` float32 -> int8) or 30-60 steps off on imxrt700.
 """
 
@@ -45,6 +45,14 @@ def _calibration() -> list[tuple[torch.Tensor]]:
     ("cell", "target"),
     [(nn.LSTM, "imxrt700"), (nn.LSTM, "imxrt700cm"), (nn.GRU, "imxrt700cm")],
     ids=["lstm-imxrt700", "lstm-imxrt700cm", "gru-imxrt700cm"],
+)
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 44 found it (Compiled.verify now runs etforge verify's gates): report.json lists "
+    "memory.npu_partitions in partition order (etforge_0, etforge_1, ...), model.pte its delegates in "
+    "program order (etforge_7 first here); verify's report-fields gate refuses the report, and "
+    "codegen reads a device payload's working memory from the report by program index. The same "
+    "compile fails `etforge verify` on main (89947e8).",
 )
 def test_recurrent_layer_compiles_and_verifies(cell: type[nn.Module], target: str) -> None:
     torch.manual_seed(0)

@@ -17,7 +17,7 @@ from etforge.core.build.report import build_report
 from etforge.core.build.session import compile_model
 from etforge.core.common.errors import EtforgeError
 from etforge.core.registry.manager import registry
-from etforge.runtime.verify import verify
+from etforge.runtime.verification.verify import verify
 
 from support import conv_head
 
@@ -101,7 +101,7 @@ def test_codegen_takes_the_programs_figures_not_the_reports(
 
 def test_an_unforged_report_matches_its_program(programs: dict[str, Path]) -> None:
     from etforge.codegen.pte import read_program
-    from etforge.runtime.report_fields import mismatches
+    from etforge.runtime.verification.report_fields import mismatches
 
     for src in programs.values():
         pte = src / "model.pte"

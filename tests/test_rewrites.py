@@ -31,7 +31,7 @@ from etforge.core.registry.manager import registry
 #: reciprocal, LayerNorm's variance is summed in another order): float32 noise, not error.
 FLOAT_TOL = 1e-5
 NPU_TARGETS = ("imxrt700", "imxrt700cm")
-#: verify's per-op gate (runtime.verify.OP_MAX_STEPS) as the issue states it, restated here.
+#: verify's per-op gate (runtime.verification.verify.OP_MAX_STEPS) as the issue states it, restated here.
 OP_STEPS = 1
 #: Seeded verify samples: the per-op step gate sees every NPU op on each (as test_architectures).
 SAMPLES = 4

@@ -3,7 +3,7 @@
 A model may return a dict, nested tuples/lists/dicts, ``None`` or Python numbers beside its
 tensors, an integer tensor (an argmax); it may take integer token ids (an ``Embedding``
 front) or inputs of several dtypes. The ``.pte``'s outputs are the pytree leaves of what
-``forward`` returns; each is compared with its own reference (``runtime/outputs.py``), and
+``forward`` returns; each is compared with its own reference (``runtime/verification/outputs.py``), and
 ``model.pte`` itself, run by the host interpreter, must return the same leaves. A zero-size
 example input is refused with one line naming it, and nothing is written.
 """
@@ -20,11 +20,11 @@ from torch import nn
 
 import etforge
 from etforge.core.common.errors import EtforgeError
-from etforge.runtime.inputs import seeded_inputs
-from etforge.runtime.outputs import OutputCheck
-from etforge.runtime.pte_agreement import compare_with_edge
-from etforge.runtime.pte_interpreter import PteInterpreter
-from etforge.runtime.verify import compare, top1_required, verify
+from etforge.runtime.execution.pte_interpreter import PteInterpreter
+from etforge.runtime.verification.inputs import seeded_inputs
+from etforge.runtime.verification.outputs import OutputCheck
+from etforge.runtime.verification.pte_agreement import compare_with_edge
+from etforge.runtime.verification.verify import compare, top1_required, verify
 
 from support import run_cli
 
@@ -200,8 +200,8 @@ def test_integer_inputs_are_drawn_within_the_range_the_data_spans(
 
 def _leaf_failures(c: Any, change: Any) -> list[str]:
     """OutputCheck's failures when ``change`` alters the program's output leaves."""
-    from etforge.runtime.host import run_program
-    from etforge.runtime.outputs import exact_leaves
+    from etforge.runtime.execution.host import run_program
+    from etforge.runtime.verification.outputs import exact_leaves
 
     r = c.result
     check = OutputCheck(r.host_program)

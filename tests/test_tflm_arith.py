@@ -1,4 +1,4 @@
-"""The host's stand-in for TFLite Micro's FULLY_CONNECTED (``runtime.tflm_arith``, LiteRT
+"""The host's stand-in for TFLite Micro's FULLY_CONNECTED (``runtime.arithmetic.tflm_arith``, LiteRT
 kernels ``"tflm"``) computes TFLM's requantization: the Q31 multiplier and shift with two
 roundings (``tflite_int.requantize``), not LiteRT's double multiplier rounded once, on a real
 partition etforge compiled (per-channel weights)."""
@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from etforge.runtime import litert_run
-from etforge.runtime import tflite_int as ti
+from etforge.runtime.arithmetic import tflite_int as ti
+from etforge.runtime.execution import litert_run
 
 
 def _fc_partition(tmp_path: Path) -> bytes:

@@ -15,10 +15,10 @@ import torch
 from torch import nn
 
 import etforge
-from etforge.runtime.inputs import seeded_inputs
-from etforge.runtime.pte_agreement import compare_with_edge
-from etforge.runtime.pte_interpreter import PteInterpreter
-from etforge.runtime.verify import compare
+from etforge.runtime.execution.pte_interpreter import PteInterpreter
+from etforge.runtime.verification.inputs import seeded_inputs
+from etforge.runtime.verification.pte_agreement import compare_with_edge
+from etforge.runtime.verification.verify import compare
 
 TARGETS = ("imxrt700cm", "cortex-m33")
 KINDS = ("zeros_like", "ones_like", "full_like")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from etforge.runtime.verify import top1_agrees
+from etforge.runtime.verification.outputs import top1_agrees
 
 
 def test_top1_counts_a_tie_on_either_side_as_agreement() -> None:
@@ -33,7 +33,7 @@ def _compile_and_compare(*plugins: object, min_top1: int | None = None) -> objec
     from etforge.core.build.report import build_report
     from etforge.core.build.session import compile_model
     from etforge.core.registry.manager import extra_plugins, registry
-    from etforge.runtime.verify import compare
+    from etforge.runtime.verification.verify import compare
 
     g = torch.Generator().manual_seed(0)
     calib = [(4 * torch.randn(1, 8, 6, 6, generator=g),) for _ in range(4)]
@@ -66,7 +66,7 @@ def test_cpu_ops_are_compared_with_the_reference_op_on_the_same_inputs() -> None
     inputs (0 values off); a shifted output offset is seen at that op only."""
     from etforge.core.build.pipeline import clone_program
     from etforge.core.build.session import compile_model
-    from etforge.runtime.stepwise import cpu_op_parity
+    from etforge.runtime.verification.stepwise import cpu_op_parity
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(
@@ -98,7 +98,7 @@ def test_the_reference_in_float64_is_the_exact_quantized_value() -> None:
     here exactly; torch's float32 evaluation of the same program misses it on some values
     (which is why verify reports the reference's own precision)."""
     from etforge.core.build.session import compile_model
-    from etforge.runtime.reference import run_float64
+    from etforge.runtime.verification.reference import run_float64
 
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(0)
@@ -138,7 +138,7 @@ def test_a_sample_leaves_no_interpreter_behind() -> None:
     from etforge.core.build.report import build_report
     from etforge.core.build.session import compile_model
     from etforge.core.registry.manager import registry
-    from etforge.runtime.verify import compare
+    from etforge.runtime.verification.verify import compare
 
     g = torch.Generator().manual_seed(0)
     calib = [(4 * torch.randn(1, 8, 6, 6, generator=g),) for _ in range(4)]

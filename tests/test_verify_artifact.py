@@ -33,7 +33,7 @@ def _copy(compiled: dict[str, Path], tmp_path: Path, target: str = "imxrt700") -
 
 
 def _verify(out: Path):  # type: ignore[no-untyped-def]
-    from etforge.runtime.verify import verify
+    from etforge.runtime.verification.verify import verify
 
     return verify(out, samples=2)
 

@@ -45,7 +45,7 @@ def test_float_check_folds_batch_norms_into_one_npu_partition(conv_bn: Any) -> N
     CPU and cuts it. The float check still compares every NPU op: all within FLOAT_REL_TOL."""
     from etforge.core.build.pipeline import clone_program, lower
     from etforge.core.registry.manager import registry
-    from etforge.runtime import float_check, float_program
+    from etforge.runtime.verification import float_check, float_program
 
     result, calib = conv_bn
     reg = registry()
@@ -68,7 +68,7 @@ def test_float_check_folds_batch_norms_into_one_npu_partition(conv_bn: Any) -> N
 def test_integer_sums_in_float32_equal_the_int64_sums() -> None:
     """device_ref sums in float32 only below 2**24 (then exact), in float64 above: both equal
     the int64 convolution, on a layer small enough for float32 and one that is not."""
-    from etforge.runtime.device_ref import _F32_EXACT, Q, Reference, _conv_nd, _sum_bound
+    from etforge.runtime.arithmetic.device_ref import _F32_EXACT, Q, Reference, _conv_nd, _sum_bound
 
     g = torch.Generator().manual_seed(1)
     for c_in, expect32 in ((4, True), (512, False)):
@@ -86,9 +86,9 @@ def test_integer_sums_in_float32_equal_the_int64_sums() -> None:
 def test_exact_value_vmapped_equals_one_sample_at_a_time(conv_bn: Any) -> None:
     """The float64 reference of 8 samples in one vmapped pass is, value for value, the
     reference of each sample alone."""
-    from etforge.runtime.constant_nodes import ConstantNodes
-    from etforge.runtime.exact_batched import _vmapped, exact_leaves_all
-    from etforge.runtime.outputs import exact_leaves
+    from etforge.runtime.verification.constant_nodes import ConstantNodes
+    from etforge.runtime.verification.exact_batched import _vmapped, exact_leaves_all
+    from etforge.runtime.verification.outputs import exact_leaves
 
     result, _ = conv_bn
     q_fn = result.quantized_program.module(check_guards=False)
@@ -108,7 +108,7 @@ def test_srdhm_is_gemmlowps_on_every_sign_and_the_saturating_edge() -> None:
     """``SaturatingRoundingDoublingHighMul`` as gemmlowp writes it (nudge by the product's sign,
     C's division toward zero, INT32_MIN * INT32_MIN saturating), in Python integers, against
     the one-shift form, on the edges and random pairs."""
-    from etforge.runtime.tflite_int import srdhm
+    from etforge.runtime.arithmetic.tflite_int import srdhm
 
     lo, hi = -(2**31), 2**31 - 1
 
@@ -130,7 +130,7 @@ def test_srdhm_is_gemmlowps_on_every_sign_and_the_saturating_edge() -> None:
 
 
 def test_constant_nodes_are_kept_once_and_not_in_a_graph_with_an_in_place_op() -> None:
-    from etforge.runtime.constant_nodes import ConstantNodes
+    from etforge.runtime.verification.constant_nodes import ConstantNodes
 
     class M(torch.nn.Module):
         def __init__(self) -> None:

@@ -14,7 +14,7 @@ def _compile_compare(model: torch.nn.Module, shape: tuple[int, ...], target: str
     from etforge.core.build.report import build_report
     from etforge.core.build.session import compile_model
     from etforge.core.registry.manager import registry
-    from etforge.runtime.verify import compare
+    from etforge.runtime.verification.verify import compare
 
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(0)
@@ -83,7 +83,7 @@ def test_two_means_are_exact_and_the_whole_program_equals_its_simulation() -> No
 def test_a_cpu_op_far_off_fails_verify_naming_it() -> None:
     """cortex-m33: a conv's output offset moved by 100 steps in the compiled program."""
     from etforge.core.build.pipeline import clone_program
-    from etforge.runtime.verify import compare
+    from etforge.runtime.verification.verify import compare
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(
@@ -113,10 +113,10 @@ def test_a_cortex_m_linear_is_exact_in_cmsis_nn_rounding() -> None:
     FULLY_CONNECTED rule (one rounding, ``device_ref``) is off on a few: CPU ops need the CPU
     kernel's rule."""
     from etforge.core.build.session import compile_model
-    from etforge.runtime.cortex_m_kernels import cmsis_reference
-    from etforge.runtime.device_ref import Reference
-    from etforge.runtime.host import run_program
-    from etforge.runtime.stepwise import HostInt8Values, observer_names
+    from etforge.plugins.targets.cortex_m_host import cmsis_reference
+    from etforge.runtime.arithmetic.device_ref import Reference
+    from etforge.runtime.execution.host import run_program
+    from etforge.runtime.verification.stepwise import HostInt8Values, observer_names
 
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(0)

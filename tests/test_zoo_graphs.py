@@ -8,7 +8,7 @@ import torch
 from etforge import zoo
 from etforge.core.build import pipeline
 from etforge.core.registry.manager import registry
-from etforge.runtime.host import run_program
+from etforge.runtime.execution.host import run_program
 from etforge.testing import check_op
 
 

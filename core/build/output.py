@@ -297,7 +297,7 @@ def side_files(out: Path) -> list[str]:
 
 def record_hashes(out: Path, report: dict[str, Any]) -> None:
     """Add the side files' sha256 to ``report`` (call once they are written, before report.json):
-    the hash chain ``verify`` checks (``runtime.artifact``)."""
+    the hash chain ``verify`` checks (``runtime.verification.artifact``)."""
     report[FILES_KEY] = {name: sha256_file(out / name) for name in side_files(out)}
 
 

@@ -1,3 +1,3 @@
 """What plugins implement: the hookspecs and the contracts they return (op converters, quantizer
-rules, rewrites, targets, CPU backends, NPU compilers, partition checks). Plugins reach them
+rules, rewrites, targets, CPU backends, NPU compilers, partition checks, verify gates). Plugins reach them
 through :mod:`etforge.sdk`."""

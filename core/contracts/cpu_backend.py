@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -27,8 +28,50 @@ class KernelLibrary:
     #: What messages call it ("ExecuTorch portable").
     title: str
     #: Its operator list: an ExecuTorch ``functions.yaml``-style file, relative to the
-    #: installed ``executorch`` package.
+    #: installed ``executorch`` package (or an absolute path: a plugin's own library).
     yaml: str
+    #: Where the firmware build finds the C++ sources of its kernels: a directory relative to
+    #: the ExecuTorch source tree ("" : a library the firmware does not compile per kernel).
+    sources: str = ""
+
+
+@dataclass(frozen=True)
+class KernelArg:
+    """One tensor of a kernel call, as ``CpuBackend.dim_order_problem`` sees it: the schema
+    argument's name, the tensor's sizes and dim order, and whether the call writes it."""
+
+    name: str
+    sizes: tuple[int, ...]
+    order: tuple[int, ...]
+    out: bool = False
+
+    def label(self) -> str:
+        return f"{self.name}{list(self.sizes)} dim order {tuple(self.order)}"
+
+
+@dataclass(frozen=True)
+class HostArithmetic:
+    """A CPU library's own kernels on the host, integer for integer what its C code computes
+    on the device: ``etforge verify`` runs the library's ops of a program on ``kernels`` and
+    holds their int8 values to ``reference``.
+
+    ``kernels``: operator (``ns::op``, no overload) -> its out variant as a host function,
+    taking the schema's arguments in order (``out`` last) and returning ``out``.
+    ``reference``: ``reference(value, host_op)`` -> a function of a quantize node of the
+    quantized program giving that node's device-exact int8 value (a tensor), computed from
+    the values ``value(node)`` returns, for the library's op ``host_op``
+    (``ns.op.overload``); it raises ``etforge.sdk.NotExact`` where it has no rule. None:
+    the library's ops are held to torch's value, as ExecuTorch's portable kernels are.
+    ``not_proven``: operator -> why its host kernel is not proven equal to the device
+    (``verify`` prints it as a note whenever a program calls it).
+    ``register``: called before a program runs on the host; registers the library's
+    operators with torch (``torch.ops.<ns>``) when importing the plugin did not.
+    """
+
+    kernels: Mapping[str, Callable[..., Any]]
+    reference: Callable[[Callable[[Any], Any], str], Callable[[Any], Any]] | None = None
+    not_proven: Mapping[str, str] = field(default_factory=dict)
+    register: Callable[[], None] | None = None
 
 
 class CpuBackend:
@@ -81,6 +124,18 @@ class CpuBackend:
 
     def isa(self, target: TargetSpec, options: dict[str, Any]) -> str | None:
         """The instruction-set variant the kernels were chosen for (the report's ``isa``)."""
+        return None
+
+    def host_arithmetic(self) -> HostArithmetic | None:
+        """The host implementation of this backend's own ops (those in ``kernel_namespaces``):
+        what ``verify`` runs them on and holds them to. None: the backend has no op of its own.
+        Called once per process (load what it needs lazily)."""
+        return None
+
+    def dim_order_problem(self, op: str, args: Sequence[KernelArg]) -> str | None:
+        """Why the device's C kernel for ``op`` (``ns::name``) refuses or miscomputes a call
+        with these tensors' dim orders; None if it computes it right (the default: any order).
+        ``etforge verify`` refuses a ``.pte`` any CPU backend finds a problem in."""
         return None
 
     def describe(self) -> dict[str, Any]:

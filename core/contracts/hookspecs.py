@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from etforge.core.contracts.quant_rule import QuantRule
     from etforge.core.contracts.rewrite import Rewrite
     from etforge.core.contracts.target import TargetSpec
+    from etforge.core.contracts.verify_gate import VerifyGate
 
 PROJECT = "etforge"
 ENTRY_POINT_GROUP = "etforge"
@@ -196,4 +197,32 @@ def etforge_partition_checks() -> list[PartitionCheck]:
         @hookimpl
         def etforge_partition_checks():
             return [NoLoneOp()]
+    """
+
+
+@hookspec
+def etforge_verify_gates() -> list[VerifyGate]:
+    """Return verify gates: instances of :class:`etforge.core.contracts.verify_gate.VerifyGate`.
+
+    ``etforge verify`` (and ``Compiled.verify``) runs each after its built-in gates, in plugin
+    order, with a :class:`~etforge.core.contracts.verify_gate.GateInput` (the output directory,
+    report, rebuilt program, ``model.pte`` in the host interpreter, the seeded inputs and the
+    Edge program's outputs); the verdict's failures fail verify, its notes are told. A gate
+    that raises fails verify naming its plugin.
+
+    Example::
+
+        from etforge.sdk import GateVerdict, VerifyGate, hookimpl
+
+        class FiniteOutputs(VerifyGate):
+            name = "finite_outputs"
+            description = "every output of model.pte is finite"
+
+            def check(self, given):
+                bad = [i for i, out in enumerate(given.edge_outputs) if not all(t.isfinite().all() for t in out)]
+                return GateVerdict(failures=[f"sample {i}: a non-finite output" for i in bad])
+
+        @hookimpl
+        def etforge_verify_gates():
+            return [FiniteOutputs()]
     """

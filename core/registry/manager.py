@@ -24,6 +24,7 @@ from etforge.core.contracts.partition_check import PartitionCheck
 from etforge.core.contracts.quant_rule import QuantRule
 from etforge.core.contracts.rewrite import Rewrite
 from etforge.core.contracts.target import TargetSpec
+from etforge.core.contracts.verify_gate import VerifyGate
 from etforge.core.registry.checks import item_problems
 
 #: hook name -> (type each item must have, provides-key)
@@ -35,6 +36,7 @@ HOOKS: dict[str, tuple[type, str]] = {
     "etforge_cpu_backends": (CpuBackend, "cpu_backends"),
     "etforge_rewrites": (Rewrite, "rewrites"),
     "etforge_partition_checks": (PartitionCheck, "partition_checks"),
+    "etforge_verify_gates": (VerifyGate, "verify_gates"),
 }
 
 
@@ -146,6 +148,11 @@ class Registry:
         """The rewrites that apply to ``target``, in run order (order, plugin, name)."""
         mine = [r for r in self.rewrites if r.applies_to(target)]
         return sorted(mine, key=lambda r: (r.order, self.owner(r), r.name))
+
+    @property
+    def verify_gates(self) -> dict[str, VerifyGate]:
+        """The plugins' verify gates by name, in plugin order."""
+        return self._by_name("verify_gates", "verify gate")
 
     @property
     def cpu_backends(self) -> dict[str, CpuBackend]:

@@ -6,10 +6,11 @@ pass manager, configured for the target's core, rewrite leftovers into ``cortex_
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from etforge.plugins.targets.portable import EXECUTORCH_LIBRARIES
-from etforge.sdk import CpuBackend, KernelLibrary, OptionSpec, TargetSpec, hookimpl
+from etforge.sdk import CpuBackend, HostArithmetic, KernelArg, KernelLibrary, OptionSpec, TargetSpec, hookimpl
 
 if TYPE_CHECKING:
     from executorch.exir import EdgeCompileConfig
@@ -74,7 +75,9 @@ def target_config(target: TargetSpec, options: dict[str, Any]) -> Any:
 
 
 #: CMSIS-NN's kernels as ExecuTorch's Cortex-M backend registers them (``cortex_m::`` ops).
-CMSIS_NN = KernelLibrary("cortex_m", "CMSIS-NN (cortex_m::)", "backends/cortex_m/ops/operators.yaml")
+CMSIS_NN = KernelLibrary(
+    "cortex_m", "CMSIS-NN (cortex_m::)", "backends/cortex_m/ops/operators.yaml", "backends/cortex_m/ops"
+)
 
 
 class CortexMBackend(CpuBackend):
@@ -89,6 +92,24 @@ class CortexMBackend(CpuBackend):
     folds_qdq = True
     quantize_ops = ("cortex_m.quantize_per_tensor.default",)
     dequantize_ops = ("cortex_m.dequantize_per_tensor.default",)
+
+    def host_arithmetic(self) -> HostArithmetic:
+        """CMSIS-NN's arithmetic on the host (``cortex_m_host``: its numpy port, proven bit-exact
+        against CMSIS-NN's C in ``tests/test_cortex_m_kernels.py``)."""
+        from etforge.plugins.targets import cortex_m_host
+
+        return HostArithmetic(
+            kernels=cortex_m_host.KERNELS,
+            reference=cortex_m_host.cmsis_reference,
+            not_proven=cortex_m_host.NOT_PROVEN,
+            register=_register_cortex_m_ops,
+        )
+
+    def dim_order_problem(self, op: str, args: Sequence[KernelArg]) -> str | None:
+        """CMSIS-NN's (NHWC) and the portable kernels' dim-order rules (``dim_orders.problem``)."""
+        from etforge.plugins.targets.dim_orders import problem
+
+        return problem(op, args)
 
     def isa(self, target: TargetSpec, options: dict[str, Any]) -> str | None:
         """The CMSIS-NN implementation (scalar, dsp, mve) chosen for the core."""
@@ -150,6 +171,13 @@ class CortexMBackend(CpuBackend):
         except Exception:
             raise lowering_error(first, ep, target) from None
         return _checked(_aligned(lowered), target)
+
+
+def _register_cortex_m_ops() -> None:
+    """``torch.ops.cortex_m``: ``executorch.backends.cortex_m.passes`` defines the library in the
+    order its own modules need (importing ``cortex_m.ops.operators`` first fails on a circular
+    import)."""
+    import executorch.backends.cortex_m.passes  # noqa: F401
 
 
 def _checked(ep: ExportedProgram, target: TargetSpec) -> ExportedProgram:

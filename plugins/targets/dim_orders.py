@@ -13,7 +13,7 @@ portable kernels have their own rules (``kernels/portable/cpu``):
 * a broadcasting elementwise kernel writes its output linearly as if contiguous.
 
 CMSIS-NN's convolutions (``cortex_m::``) want NHWC inputs and outputs. ``problem`` states these
-rules for one kernel call; ``runtime/pte_interpreter.py`` refuses a ``.pte`` that breaks them
+rules for one kernel call; ``etforge verify`` refuses (each CPU backend's ``dim_order_problem``) a ``.pte`` that breaks them
 (what the device refuses or miscomputes), and ``align`` rewrites the Edge program after the
 Cortex-M lowering so it breaks none: a 0-d constant operand becomes a scalar argument, and
 any other call that breaks a rule runs on contiguous copies of its inputs, its result copied
@@ -23,11 +23,12 @@ back to the dim order its users were given (``_to_dim_order_copy``).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from torch.export import ExportedProgram
 from torch.fx import Node
+
+from etforge.sdk import KernelArg
 
 #: Portable kernels that index with leading/trailing dims (or memcpy rows) as if contiguous.
 CONTIGUOUS_ONLY = frozenset(
@@ -141,19 +142,6 @@ CONTIGUOUS_CORTEX_M = frozenset({"transpose"})
 PORTABLE = frozenset({"aten", "dim_order_ops", "quantized_decomposed"})
 
 
-@dataclass(frozen=True)
-class Arg:
-    """One tensor of a kernel call: schema argument name, sizes, dim order, written or read."""
-
-    name: str
-    sizes: tuple[int, ...]
-    order: tuple[int, ...]
-    out: bool = False
-
-    def label(self) -> str:
-        return f"{self.name}{list(self.sizes)} dim order {tuple(self.order)}"
-
-
 def is_contiguous(order: Sequence[int]) -> bool:
     return all(int(d) == i for i, d in enumerate(order))
 
@@ -164,18 +152,18 @@ def is_channels_last(order: Sequence[int]) -> bool:
     return n in (4, 5) and tuple(order) == (0, *range(2, n), 1)
 
 
-def trivial(arg: Arg) -> bool:
+def trivial(arg: KernelArg) -> bool:
     """Same bytes as contiguous: the order only moves size-1 dims."""
     moved = [d for d in arg.order if arg.sizes[d] != 1]
     return moved == sorted(moved)
 
 
-def same_dim_order(args: Sequence[Arg]) -> bool:
+def same_dim_order(args: Sequence[KernelArg]) -> bool:
     """``tensors_have_same_dim_order``: all contiguous or all channels-last."""
     return all(is_contiguous(a.order) for a in args) or all(is_channels_last(a.order) for a in args)
 
 
-def _cortex_m_nhwc(arg: Arg) -> bool:
+def _cortex_m_nhwc(arg: KernelArg) -> bool:
     """CMSIS-NN wrappers' ``is_channels_last_tensor`` (ambiguous when C or H×W is 1)."""
     if len(arg.sizes) != 4:
         return False
@@ -190,7 +178,7 @@ def _leading_ones_stripped(sizes: Sequence[int]) -> tuple[int, ...]:
     return tuple(sizes[i:])
 
 
-def problem(op: str, args: Sequence[Arg]) -> str | None:
+def problem(op: str, args: Sequence[KernelArg]) -> str | None:
     """Why the device's kernel for ``op`` (``ns::name``) refuses or miscomputes this call; None if fine."""
     ns, _, name = op.rpartition("::")
     if ns == "cortex_m":
@@ -213,6 +201,12 @@ def problem(op: str, args: Sequence[Arg]) -> str | None:
             if not _cortex_m_nhwc(a):
                 return f"CMSIS-NN's {name} needs channels-last (NHWC) tensors, got {a.label()}"
         return None
+    return portable_problem(op, args)
+
+
+def portable_problem(op: str, args: Sequence[KernelArg]) -> str | None:
+    """``problem`` for ExecuTorch's portable and quantized kernels (``PORTABLE`` namespaces)."""
+    ns, _, name = op.rpartition("::")
     if ns not in PORTABLE:
         return None
     checked = [a for a in args if a.name not in UNCHECKED.get(name, frozenset())]
@@ -255,8 +249,8 @@ def _order(val: Any) -> tuple[int, ...]:
     return tuple(int(d) for d in dim_order_from_stride(tuple(val.stride())))
 
 
-def _arg(name: str, val: Any, out: bool = False) -> Arg:
-    return Arg(name, tuple(int(s) for s in val.shape), _order(val), out)
+def _arg(name: str, val: Any, out: bool = False) -> KernelArg:
+    return KernelArg(name, tuple(int(s) for s in val.shape), _order(val), out)
 
 
 def _schema(node: Node) -> Any:
@@ -268,14 +262,14 @@ def _op(node: Node) -> str | None:
     return None if schema is None else str(schema.name)
 
 
-def node_args(node: Node) -> list[Arg] | None:
+def node_args(node: Node) -> list[KernelArg] | None:
     """The call's tensors as ``problem`` takes them (None: not an op with tensor outputs)."""
     schema = _schema(node)
     val = node.meta.get("val")
     outs = [v for v in (val if isinstance(val, (list, tuple)) else [val]) if _is_tensor(v)]
     if schema is None or not outs:
         return None
-    args: list[Arg] = []
+    args: list[KernelArg] = []
     for i, s in enumerate(schema.arguments):
         value = node.args[i] if i < len(node.args) else node.kwargs.get(s.name)
         items = value if isinstance(value, (list, tuple)) else [value]
@@ -405,7 +399,7 @@ def _contiguous_run(graph: Any, node: Node, copies: Copies) -> None:
 _DIM_ORDER_COPIES = frozenset({"dim_order_ops::_clone_dim_order", "dim_order_ops::_to_dim_order_copy"})
 
 
-def _unserializable_copy(node: Node, args: Sequence[Arg]) -> bool:
+def _unserializable_copy(node: Node, args: Sequence[KernelArg]) -> bool:
     """A dim-order copy whose output ExecuTorch will serialize in another order than the one
     it asks for: strides cannot tell a channels-last tensor with C == 1 (or H*W == 1) from
     other orders, ``dim_order_from_stride`` picks e.g. (0, 2, 1, 3), and the device's
@@ -416,7 +410,7 @@ def _unserializable_copy(node: Node, args: Sequence[Arg]) -> bool:
     if _op(node) not in _DIM_ORDER_COPIES or want is None or out is None or len(args) != 2:
         return False
     want = tuple(int(d) for d in want)
-    if out.order == want or is_contiguous(want) or not trivial(Arg("out", out.sizes, want)):
+    if out.order == want or is_contiguous(want) or not trivial(KernelArg("out", out.sizes, want)):
         return False
     node.kwargs = {**node.kwargs, "dim_order": list(range(len(want)))}
     _refake(node)
@@ -451,7 +445,7 @@ def _becomes_view(node: Node) -> bool:
     return _op(node) == "aten::view_copy" and all(u.op != "output" for u in node.users)
 
 
-def _view_problem(args: Sequence[Arg]) -> str | None:
+def _view_problem(args: Sequence[KernelArg]) -> str | None:
     odd = [a for a in args if not a.out and not is_contiguous(a.order) and not trivial(a)]
     if odd:
         return f"a view reads the bytes of {odd[0].label()} as contiguous"

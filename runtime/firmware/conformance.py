@@ -159,8 +159,8 @@ def run_batch(
 ) -> BatchResult:
     """Build, run on QEMU and compare one batch (inputs re-drawn per sample from ``seed``,
     keeping each input's shape, dtype and memory format)."""
+    from etforge.runtime.execution.pte_interpreter import PteInterpreter
     from etforge.runtime.firmware import device
-    from etforge.runtime.pte_interpreter import PteInterpreter
 
     key = hashlib.sha256(repr([c.name for c in cases]).encode()).hexdigest()[:12]
     out = work / f"batch-{key}"

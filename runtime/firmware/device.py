@@ -10,7 +10,7 @@ Programs with NPU partitions need their delegate's device runtime linked into th
 ``DELEGATE_BACKENDS`` is where such a backend is registered (none is: the Neutron runtime comes
 with NXP's SDK). With ``cpu_partitions`` (an explicit opt-in) host-only LiteRT partitions run in
 TensorFlow Lite Micro on the CPU instead (``tflm.py``) and ``verify`` compares them with LiteRT's
-reference kernels in TFLM's arithmetic (``runtime.tflm_arith``); Neutron microcode, or partitions without the opt-in, are refused before
+reference kernels in TFLM's arithmetic (``runtime.arithmetic.tflm_arith``); Neutron microcode, or partitions without the opt-in, are refused before
 anything is built.
 """
 
@@ -103,7 +103,7 @@ class DeviceVerification:
 
 def _load(out: Path) -> tuple[dict[str, Any], Any]:
     from etforge.core.serialize.pte_check import check_pte
-    from etforge.runtime.pte_interpreter import PteInterpreter
+    from etforge.runtime.execution.pte_interpreter import PteInterpreter
 
     output.recover(out)
     report_path, pte_path = out / output.REPORT, out / output.PTE
@@ -343,7 +343,7 @@ def verify(
     interpreter's bit for bit, and its planned memory to be the report's arena. Partitions run
     in TFLM with CMSIS-NN (``cpu_partitions``) compute LiteRT's *reference* kernels'
     arithmetic but for FULLY_CONNECTED's requantization, so the host runs those kernels on a
-    rewrite computing TFLM's FC (``runtime.tflm_arith``, kernels ``"tflm"``)."""
+    rewrite computing TFLM's FC (``runtime.arithmetic.tflm_arith``, kernels ``"tflm"``)."""
     dev = run(out, runtime, samples, inputs, seed, executorch_src, cmsis_nn_src, arena_shrink, cpu_partitions)
     report, interp = _load(out)
     out_values = [int(v) for v in interp.plan.outputs]

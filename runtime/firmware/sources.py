@@ -29,12 +29,21 @@ _GET = {
     ENV_CMSIS_NN: "ARM-software/CMSIS-NN at dbf45dbfcc515421dd6099037d3e2637b90748c8, or your MCU SDK's CMSIS-NN",
 }
 
-#: Kernel libraries: (operator yaml, source directory), relative to the ExecuTorch tree.
-KERNEL_LIBRARIES: dict[str, tuple[str, str]] = {
-    "portable": ("kernels/portable/functions.yaml", "kernels/portable/cpu"),
-    "quantized": ("kernels/quantized/quantized.yaml", "kernels/quantized/cpu"),
-    "cortex_m": ("backends/cortex_m/ops/operators.yaml", "backends/cortex_m/ops"),
-}
+
+def kernel_libraries() -> dict[str, tuple[str, str]]:
+    """Kernel libraries the firmware compiles per kernel: name -> (operator yaml, source
+    directory), relative to the ExecuTorch tree, as the CPU backend plugins declare them
+    (``KernelLibrary.sources``; a library without a source directory is not compiled here)."""
+    from etforge.core.registry.manager import registry
+
+    return {
+        lib.name: (lib.yaml, lib.sources)
+        for backend in registry().cpu_backends.values()
+        for lib in backend.kernel_libraries
+        if lib.sources
+    }
+
+
 #: Operator namespaces the runtime registers itself (``kernels/prim_ops``, linked whole).
 PRIM_NAMESPACES = ("executorch_prim::", "aten::sym_size", "aten::sym_numel")
 
@@ -100,7 +109,7 @@ def selected_operators(yaml_path: Path) -> list[str]:
 def _kernel_names(et: Path, library: str) -> dict[str, str]:
     import yaml
 
-    yaml_rel, _ = KERNEL_LIBRARIES[library]
+    yaml_rel, _ = kernel_libraries()[library]
     entries = yaml.safe_load((et / yaml_rel).read_text()) or []
     names: dict[str, str] = {}
     for e in entries:
@@ -118,7 +127,8 @@ def _kernel_names(et: Path, library: str) -> dict[str, str]:
 def kernel_sources(et: Path, operators: list[str]) -> list[str]:
     """ExecuTorch-relative sources defining the kernels of ``operators`` (cortex_m ops are in
     the prebuilt library and prim ops in the runtime, so neither is listed)."""
-    tables = {lib: _kernel_names(et, lib) for lib in KERNEL_LIBRARIES}
+    libraries = kernel_libraries()
+    tables = {lib: _kernel_names(et, lib) for lib in libraries}
     found: set[str] = set()
     for op in operators:
         if op.startswith(PRIM_NAMESPACES):
@@ -132,7 +142,7 @@ def kernel_sources(et: Path, operators: list[str]) -> list[str]:
         if lib == "cortex_m":
             continue
         function = tables[lib][op].rsplit("::", 1)[-1]
-        found.add(_defining_source(et, KERNEL_LIBRARIES[lib][1], op, function))
+        found.add(_defining_source(et, libraries[lib][1], op, function))
     return sorted(found)
 
 
@@ -189,7 +199,7 @@ def util_closure(et: Path, sources: list[str]) -> list[str]:
 
 
 def cortex_m_sources(et: Path) -> list[str]:
-    return sorted(str(p.relative_to(et)) for p in (et / KERNEL_LIBRARIES["cortex_m"][1]).glob("op_*.cpp"))
+    return sorted(str(p.relative_to(et)) for p in (et / kernel_libraries()["cortex_m"][1]).glob("op_*.cpp"))
 
 
 _NN_TYPES = re.compile(r"_(s4|s8|s16|s32|s64|f16|f32|q7|q15)(?=_|$)")

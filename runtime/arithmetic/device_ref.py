@@ -6,12 +6,12 @@ the device kernels (TFLite's reference kernels, which TFLite Micro and the NPU c
 follow) accumulate in int32, requantize with a fixed-point multiplier and shift, and round
 halves away from zero in MEAN and AVERAGE_POOL_2D. ``reference(q)`` computes the int8 value of
 quantize node ``q`` from the *Edge op* — its semantics, its constants and the qparams of its
-dequantize / quantize nodes — in that arithmetic (``runtime.tflite_int``), never from the
+dequantize / quantize nodes — in that arithmetic (``runtime.arithmetic.tflite_int``), never from the
 converted LiteRT op, so a wrong conversion (constant, axis, epsilon, scale) differs from it.
 
 The stored layout is a device fact the Edge op does not carry: where a kernel's path depends
 on it (MEAN over NHWC H, W), the LiteRT tensor's dim order is passed in. An op with no rule
-here returns ``None`` and a reason; ``runtime.stepwise`` keeps the <= 1 step rule for it and
+here returns ``None`` and a reason; ``runtime.verification.stepwise`` keeps the <= 1 step rule for it and
 lists it (the goal is an empty list). Each rule is proved against LiteRT's reference kernel
 interpreter bit for bit in ``tests/test_device_ref.py``.
 """
@@ -21,7 +21,6 @@ from __future__ import annotations
 import functools
 import operator
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -31,38 +30,10 @@ from torch.fx import Node
 from etforge.core.contracts.converter import moving_ops
 from etforge.core.graph.utils import is_dequantize, is_quantize, node_op
 from etforge.core.registry.manager import Registry, registry
-from etforge.runtime import tflite_int as ti
-
-
-@dataclass
-class Q:
-    """An int8/int32 operand: integer codes and their (float32-stored) qparams."""
-
-    codes: np.ndarray
-    scale: np.ndarray  # scalar array, or per-channel along ``axis``
-    zero_point: np.ndarray
-    axis: int | None = None
-
-    def channel(self, rank: int, axis: int) -> tuple[np.ndarray, np.ndarray]:
-        """scale, zero point shaped to broadcast along ``axis`` of a rank-``rank`` tensor."""
-        if self.axis is None:
-            return self.scale, self.zero_point
-        shape = [1] * rank
-        shape[axis] = -1
-        return self.scale.reshape(shape), self.zero_point.reshape(shape)
-
-
-@dataclass
-class Out:
-    scale: float
-    zero_point: int
-    qmin: int
-    qmax: int
-
-
-class NotExact(Exception):
-    """The op (or this use of it) has no device-exact rule yet: the reason says why."""
-
+from etforge.runtime.arithmetic import tflite_int as ti
+from etforge.runtime.arithmetic.device_ref_nonlinear import RULES as _NONLINEAR_RULES
+from etforge.runtime.arithmetic.operands import NotExact, Out, Q
+from etforge.runtime.arithmetic.operands import arg as _arg
 
 #: Ops that move or select values without arithmetic: with every input on the output's grid
 #: the device copies codes, so the op applied to the codes is exact.
@@ -116,12 +87,6 @@ def _bounds(node: Node) -> tuple[float | None, float | None]:
     lo = node.args[1] if len(node.args) > 1 else node.kwargs.get("min")
     hi = node.args[2] if len(node.args) > 2 else node.kwargs.get("max")
     return (None if lo is None else float(lo)), (None if hi is None else float(hi))
-
-
-def _arg(node: Node, i: int, name: str, default: Any = None) -> Any:
-    if len(node.args) > i:
-        return node.args[i]
-    return node.kwargs.get(name, default)
 
 
 class Reference:
@@ -523,14 +488,7 @@ class Reference:
 
 def _rule_for(op: str) -> Callable[[Reference, Node, Out], np.ndarray] | None:
     """The device-exact rule of ``op``, if there is one."""
-    return _RULES.get(op) or _nonlinear_rules().get(op)
-
-
-def _nonlinear_rules() -> dict[str, Callable[[Reference, Node, Out], np.ndarray]]:
-    """The rules of ``runtime.device_ref_nonlinear`` (imported late: it builds on this module)."""
-    from etforge.runtime.device_ref_nonlinear import RULES
-
-    return RULES
+    return _RULES.get(op) or _NONLINEAR_RULES.get(op)
 
 
 #: Integers below this magnitude are exact in float32, and so is every sum of them that stays below it.

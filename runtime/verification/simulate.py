@@ -4,9 +4,10 @@ The PT2E quantized program runs with every int8 value replaced by the value the 
 computes it on the device would produce from the simulation's own earlier values — the chain
 of device references, end to end, each op by the rule of where it runs:
 
-- an NPU op (inside a partition, or a partition's output): ``runtime.device_ref`` (TFLite's
+- an NPU op (inside a partition, or a partition's output): ``runtime.arithmetic.device_ref`` (TFLite's
   reference kernels, which the NPU compiler follows);
-- a Cortex-M op: ``runtime.cortex_m_kernels.cmsis_reference`` (CMSIS-NN's arithmetic);
+- a CPU library's op: its plugin's reference (``stepwise.library_rule``; a Cortex-M op's is
+  CMSIS-NN's arithmetic);
 - a portable op: dequantize, the float op, quantize — what torch computes for the program.
 
 An op with no rule yet (listed as ``not_exact``) takes the compiled program's own value when
@@ -27,8 +28,8 @@ from typing import Any
 import torch
 
 from etforge.core.graph.utils import is_quantize, node_op
-from etforge.runtime.constant_nodes import ConstantNodes
-from etforge.runtime.stepwise import CORTEX_M, PORTABLE, laid_out_as
+from etforge.runtime.verification.constant_nodes import ConstantNodes
+from etforge.runtime.verification.stepwise import PORTABLE, laid_out_as, library_rule
 
 #: Steps an unruled op's simulated value may be from the compiled program's for the program's
 #: value to be used: one rounding, the rule ``verify`` gates such ops with (``OP_MAX_STEPS``).
@@ -41,8 +42,8 @@ FORCE_MAX_STEPS = 1
 #: ruled or forced the bound is 0.
 SIM_MAX_STEPS = 4
 
-#: Where a quantize node's value is computed: the kernel kinds ``runtime.stepwise`` records
-#: (``CORTEX_M``, ``PORTABLE``); a value with no kind is an NPU partition's.
+#: Where a quantize node's value is computed: the kernel kinds ``runtime.verification.stepwise`` records
+#: (a CPU library's namespace, ``PORTABLE``); a value with no kind is an NPU partition's.
 NPU = ""
 
 
@@ -53,7 +54,7 @@ class Simulation:
     not_exact: dict[str, str] = field(default_factory=dict)
     #: those of them whose value is torch's, not the compiled program's (bound ``SIM_MAX_STEPS``)
     unforced: dict[str, str] = field(default_factory=dict)
-    #: what the module returned, structured as ``forward`` returns it (``runtime.outputs.flatten``)
+    #: what the module returned, structured as ``forward`` returns it (``runtime.verification.outputs.flatten``)
     raw: Any = None
 
 
@@ -71,12 +72,12 @@ def simulate(
     CPU (absent: an NPU value); ``program_values``: the compiled program's int8 values by
     quantize node, used for ops with no rule (see the module doc); ``seen`` (when given)
     collects, per per-tensor quantize node, (its rule's value, None without a rule; torch's
-    value on the simulation's inputs): ``runtime.exact_pass`` judges the ops from them;
+    value on the simulation's inputs): ``runtime.verification.exact_pass`` judges the ops from them;
     ``constants``: the values of nodes that read no input, kept from an earlier sample
-    (``runtime.constant_nodes``; quantize nodes are always computed, so ``seen`` is complete).
+    (``runtime.verification.constant_nodes``; quantize nodes are always computed, so ``seen`` is complete).
     """
-    from etforge.runtime.cortex_m_kernels import cmsis_reference
-    from etforge.runtime.device_ref import NotExact, Reference
+    from etforge.runtime.arithmetic.device_ref import Reference
+    from etforge.runtime.arithmetic.operands import NotExact
 
     kinds, program_values = kinds or {}, program_values or {}
     not_exact: dict[str, str] = {}
@@ -103,7 +104,7 @@ def simulate(
                 return out
             value = lambda a: self.env[a]  # noqa: E731
             try:
-                rule = cmsis_reference(value, host_op) if kind == CORTEX_M else Reference(value)
+                rule = Reference(value) if kind == NPU else library_rule(kind, value, host_op)
                 ruled = laid_out_as(rule(n), out)
                 if seen is not None:
                     seen[n.name] = (ruled, out)

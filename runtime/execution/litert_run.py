@@ -7,7 +7,7 @@ the reference kernels, whose fixed-point requantization (two roundings, as TFLit
 and CMSIS-NN do) is one step off on a fraction of a percent of elements; deep random-weight
 nets amplify that into tens of steps at the output, a property of the kernels, not the model.
 ``tflm``: the reference kernels with int8 FULLY_CONNECTED and MUL computed as TFLite Micro
-does (``runtime.tflm_arith``): what a partition run in TFLM on the device computes.
+does (``runtime.arithmetic.tflm_arith``): what a partition run in TFLM on the device computes.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def interpreter(model: bytes, kernels: str, preserve_all_tensors: bool = False) 
         raise ValueError(f"unknown LiteRT kernels {kernels!r} (known: {', '.join(KERNELS)})")
     resolver = OpResolverType.AUTO if kernels == "default" else OpResolverType.BUILTIN_REF
     if kernels == "tflm":  # the reference kernels on a rewrite computing TFLM's FULLY_CONNECTED
-        from etforge.runtime.tflm_arith import tflm_model
+        from etforge.runtime.arithmetic.tflm_arith import tflm_model
 
         model = tflm_model(model)
     from etforge.core.common.quiet import native_stderr
@@ -104,8 +104,8 @@ def kept(model: bytes, kernels: str, inputs: Sequence[np.ndarray]) -> Any | None
 
 def run(model: bytes, inputs: Sequence[np.ndarray], kernels: str = "default") -> list[np.ndarray]:
     """Inputs/outputs in the model's subgraph order."""
-    if kernels == "tflm":  # int8 MUL as TFLM computes it (runtime.tflm_arith.run)
-        from etforge.runtime.tflm_arith import run as tflm_run
+    if kernels == "tflm":  # int8 MUL as TFLM computes it (runtime.arithmetic.tflm_arith.run)
+        from etforge.runtime.arithmetic.tflm_arith import run as tflm_run
 
         outs = tflm_run(model, inputs)
         if outs is not None:

@@ -9,7 +9,7 @@ forcing), so each op is measured on exactly the inputs LiteRT gave it: a convers
 shows up at the op that has it.
 
 The reference of a quantize node is its op computed in the device's integer arithmetic
-(``runtime.device_ref``) from the Edge op and its qparams, and LiteRT runs its reference
+(``runtime.arithmetic.device_ref``) from the Edge op and its qparams, and LiteRT runs its reference
 kernels (the device's arithmetic): a correct conversion is then exact, 0 values off. An op
 with no device-exact rule yet is compared with torch's float evaluation (the <= 1 step rule)
 and marked ``device_exact=False``; the torch comparison is kept as a figure for every op.
@@ -30,9 +30,9 @@ from etforge.core.graph import layout
 from etforge.core.graph.utils import is_quantize
 from etforge.core.litert import payload
 from etforge.core.litert.builder import read_metadata
-from etforge.runtime import litert_run
-from etforge.runtime.cortex_m_kernels import dense
-from etforge.runtime.host import program_inputs, run_program, stored_inputs
+from etforge.runtime.execution import litert_run
+from etforge.runtime.execution.cpu_libraries import host_library
+from etforge.runtime.execution.host import program_inputs, run_program, stored_inputs
 
 
 @dataclass(frozen=True)
@@ -94,9 +94,10 @@ def op_parity(
 
     ``kernels``: LiteRT's kernel set; the device-exact references reproduce ``reference``.
     ``record`` collects LiteRT's int8 values by the partition's node names (the quantized
-    program's: ``runtime.simulate`` takes them for ops without a rule).
+    program's: ``runtime.verification.simulate`` takes them for ops without a rule).
     """
-    from etforge.runtime.device_ref import NotExact, Reference
+    from etforge.runtime.arithmetic.device_ref import Reference
+    from etforge.runtime.arithmetic.operands import NotExact
 
     blob = payload.unpack_for_host(bytes(lowered.processed_bytes))
     if not blob.format.startswith("litert"):
@@ -191,9 +192,25 @@ def _int8_result(node: torch.fx.Node) -> torch.fx.Node | None:
 #: Portable int8 clamps: an activation applied to another kernel's output codes.
 _CLAMPS = {"aten.clamp.default", "aten.relu.default", "aten.hardtanh.default"}
 
-#: Which kernel computes a CPU op's value, and so which arithmetic its reference follows.
-CORTEX_M = "cortex_m"  # CMSIS-NN: integer arithmetic, the device-exact rule (``device_ref``)
-PORTABLE = "portable"  # ExecuTorch's portable kernels: dequantize, float op, quantize (torch's)
+#: Which kernel computes a CPU op's value, and so which arithmetic its reference follows: a
+#: CPU library with a host reference of its own (``CpuBackend.host_arithmetic``; CMSIS-NN's
+#: ``cortex_m``) is named by its op namespace, its ops held to that reference; any other op
+#: runs on ExecuTorch's portable kernels:
+PORTABLE = "portable"  # dequantize, float op, quantize (torch's)
+
+
+def kernel_kind(ns: str) -> str:
+    """The kernel kind of a CPU op in namespace ``ns``: ``ns`` when a CPU library with a
+    host reference owns it, else ``PORTABLE``."""
+    library = host_library(ns)
+    return ns if library is not None and library.reference is not None else PORTABLE
+
+
+def library_rule(kind: str, value: Any, host_op: str) -> Any:
+    """The device-exact rule of a CPU library's op ``host_op`` (kind ``kind``, not portable)."""
+    library = host_library(kind)
+    assert library is not None and library.reference is not None, kind
+    return library.reference(value, host_op)
 
 
 def cpu_reference(
@@ -202,19 +219,18 @@ def cpu_reference(
     """The reference of CPU quantize node ``n`` of the quantized program and why it is not
     exact ("" when it is), given the interpreter's values (``value``) and torch's result.
 
-    A Cortex-M op (``host_op``) computes in CMSIS-NN's integer arithmetic: its reference is
-    ``cortex_m_kernels.cmsis_reference`` (``device_ref``'s TFLite rules, which CMSIS-NN shares,
-    with CMSIS-NN's own requantization where it differs). A portable op dequantizes, computes
+    A CPU library's op (``host_op``; a Cortex-M op computes in CMSIS-NN's integer arithmetic)
+    is held to the library's reference (``library_rule``; CMSIS-NN's is ``device_ref``'s
+    TFLite rules, which it shares, with its own requantization where it differs). A portable op dequantizes, computes
     in float and quantizes, which is what torch runs for the quantized program: torch's value
     is its reference.
     """
-    from etforge.runtime.cortex_m_kernels import cmsis_reference
-    from etforge.runtime.device_ref import NotExact
+    from etforge.runtime.arithmetic.operands import NotExact
 
     if kind == PORTABLE:
         return torch_value, ""
     try:
-        return cmsis_reference(value, host_op)(n).reshape(torch_value.shape), ""
+        return library_rule(kind, value, host_op)(n).reshape(torch_value.shape), ""
     except NotExact as why:
         return torch_value, str(why)
 
@@ -260,7 +276,7 @@ class HostInt8Values:
         name = _qep_name(n)
         ns = node_op(n).split(".")[0]
         if name is not None:  # any other kernel is ExecuTorch's portable one (aten, dim_order_ops, ...)
-            kind = CORTEX_M if ns == "cortex_m" else PORTABLE
+            kind = kernel_kind(ns)
             self.produced[name] = (n.name, kind, node_op(n), out.detach())
 
     def forced(self, reference: torch.fx.GraphModule) -> dict[str, Produced]:
@@ -273,12 +289,12 @@ class HostInt8Values:
             if q is None:
                 continue
             before = forced.get(q.name)
-            if before is not None and before[1] == CORTEX_M and item[2] in _CLAMPS:
-                # A Cortex-M op, then a portable clamp of its int8 output: the activation
-                # ExecuTorch could not fuse, run as its own kernel on the op's codes (on the
-                # activation's qparams: plugins/targets/cortex_m_unfused.py). Together they
-                # are the PT2E op with its activation: the op's CMSIS-NN reference.
-                item = (item[0], CORTEX_M, before[2], item[3])
+            if before is not None and before[1] not in ("", PORTABLE) and item[2] in _CLAMPS:
+                # A library's op (Cortex-M), then a portable clamp of its int8 output: the
+                # activation the lowering could not fuse, run as its own kernel on the op's
+                # codes (on the activation's qparams: plugins/targets/cortex_m_unfused.py).
+                # Together they are the PT2E op with its activation: the op's reference.
+                item = (item[0], before[1], before[2], item[3])
             forced[q.name] = item
         return forced
 
@@ -328,10 +344,21 @@ def laid_out_as(value: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """``value`` (an observed or simulated value) with ``like``'s strides, as the interpreter's
     own value had them: a ``view`` downstream may depend on them (``torch.export`` drops a
     ``.contiguous()`` that was a no-op on the traced strides: HF's attention heads)."""
-    if like.is_contiguous() or not dense(like):
+    if like.is_contiguous() or not _dense(like):
         return value.reshape(like.shape).contiguous()
     laid = torch.empty_strided(like.shape, like.stride(), dtype=value.dtype)
     return laid.copy_(value.reshape(like.shape))
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """The tensor covers exactly ``numel`` consecutive elements of its storage, in some order."""
+    dims = sorted((st, sz) for st, sz in zip(t.stride(), t.shape, strict=True) if sz != 1)
+    expected = 1
+    for st, sz in dims:
+        if st != expected:
+            return False
+        expected *= sz
+    return True
 
 
 def cpu_op_parity(

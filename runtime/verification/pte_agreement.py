@@ -21,8 +21,8 @@ from torch.export import ExportedProgram
 
 from etforge.core.front.load import non_finite_count
 from etforge.core.graph.utils import node_op
-from etforge.runtime.host import run_program
-from etforge.runtime.pte_interpreter import PteInterpreter, Step
+from etforge.runtime.execution.host import run_program
+from etforge.runtime.execution.pte_interpreter import PteInterpreter, Step
 
 
 @dataclass

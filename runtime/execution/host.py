@@ -15,10 +15,11 @@ import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
+from etforge.core.common.errors import EtforgeError
 from etforge.core.front.signature import user_output_positions
 from etforge.core.graph import layout
 from etforge.core.litert import payload
-from etforge.runtime import litert_run, pte_ops
+from etforge.runtime.execution import litert_run, pte_ops
 
 
 def stored_inputs(blob: payload.Blob, args: Sequence[torch.Tensor]) -> list[Any]:
@@ -71,7 +72,14 @@ class _Runner(torch.fx.Interpreter):
             return super().call_function(target, args, kwargs)
         except NotImplementedError:
             with _exact_integer_convolution():  # e.g. a dilated CMSIS-NN conv's reference
-                return super().call_function(target, args, kwargs)
+                try:
+                    return super().call_function(target, args, kwargs)
+                except NotImplementedError:
+                    name = getattr(getattr(target, "_schema", None), "name", str(target))
+                    raise EtforgeError(
+                        f"operator {name}: no host implementation (torch has no CPU kernel for it and "
+                        "no CPU backend's host_arithmetic gives one)"
+                    ) from None
         except RuntimeError:
             if not any(_integer_channels_last(a) for a in args):
                 raise

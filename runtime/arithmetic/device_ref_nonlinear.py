@@ -30,14 +30,15 @@ import numpy as np
 import torch
 
 from etforge.core.graph.utils import is_constant, node_op
-from etforge.runtime import fixedpoint as fp
-from etforge.runtime import tflite_int as ti
-from etforge.runtime.device_ref import NotExact, Out, Q, _arg
+from etforge.runtime.arithmetic import fixedpoint as fp
+from etforge.runtime.arithmetic import tflite_int as ti
+from etforge.runtime.arithmetic.operands import NotExact, Out, Q
+from etforge.runtime.arithmetic.operands import arg as _arg
 
 if TYPE_CHECKING:
     from torch.fx import Node
 
-    from etforge.runtime.device_ref import Reference
+    from etforge.runtime.arithmetic.device_ref import Reference
 
 F32 = np.float32
 

@@ -3,7 +3,7 @@
 TFLM with CMSIS-NN equals LiteRT's reference kernels (``OpResolverType.BUILTIN_REF``) op for
 op but two: int8 MUL (its multiplier in double, not float32: ``run``, below) and int8
 FULLY_CONNECTED. LiteRT scales its int32 accumulator by the double multiplier
-and rounds once, halves away from zero (``runtime.tflite_int.fc_requantize``); TFLM's kernel
+and rounds once, halves away from zero (``runtime.arithmetic.tflite_int.fc_requantize``); TFLM's kernel
 (CMSIS-NN ``arm_fully_connected_s8`` / ``arm_nn_requantize``) uses the Q31 multiplier and
 shift with two roundings, as every convolution does. They differ by one step where the
 product lies within a rounding of a half (measured: conv -> flip -> conv -> linear for
@@ -156,7 +156,7 @@ class _Mul:
     def __call__(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """TFLM's int8 MUL (``reference_integer_ops::Mul``, CMSIS-NN ``arm_elementwise_mul_s8``):
         the offset product, the double multiplier's Q31 form with two roundings, clamped."""
-        from etforge.runtime import tflite_int as ti
+        from etforge.runtime.arithmetic import tflite_int as ti
 
         acc = (a.astype(np.int64) - self.qa[1]) * (b.astype(np.int64) - self.qb[1])
         real = float(np.float32(self.qa[0])) * float(np.float32(self.qb[0])) / float(np.float32(self.qo[0]))
@@ -172,7 +172,7 @@ def _per_tensor(t: Any) -> tuple[float, int] | None:
 
 def _activation_range(schema: Any, act: int, scale: float, zero_point: int) -> tuple[int, int]:
     """``CalculateActivationRangeQuantized`` for int8."""
-    from etforge.runtime import tflite_int as ti
+    from etforge.runtime.arithmetic import tflite_int as ti
 
     def q(v: float) -> int:
         return ti.quantize_value(v, scale, zero_point)
@@ -285,7 +285,7 @@ def _steps(model: bytes) -> tuple[tuple[_Step, ...], tuple[int, ...], tuple[int,
 def run(model: bytes, inputs: Any) -> list[np.ndarray] | None:
     """What TFLM computes for ``model`` on ``inputs`` (subgraph order), or None when ``model``
     has no int8 MUL (then LiteRT's reference kernels on ``tflm_model`` compute it whole)."""
-    from etforge.runtime import litert_run
+    from etforge.runtime.execution import litert_run
 
     cut = _steps(tflm_model(model))
     if cut is None:

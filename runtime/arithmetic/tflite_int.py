@@ -1,6 +1,6 @@
 """TFLite's integer arithmetic, vectorized: the rounding primitives the device kernels use.
 
-These are the building blocks of ``runtime.device_ref``. Each follows LiteRT's reference
+These are the building blocks of ``runtime.arithmetic.device_ref``. Each follows LiteRT's reference
 kernels (``tensorflow/lite/kernels/internal/common.h`` and ``quantization_util.cc``): a real
 multiplier becomes a Q31 fixed-point multiplier and a shift (``QuantizeMultiplier``), a
 product is requantized with two roundings (``SaturatingRoundingDoublingHighMul`` then

@@ -1,5 +1,8 @@
 """Host kernels for the ``cortex_m::`` operators, integer for integer what the device computes.
 
+The Cortex-M CPU backend's host arithmetic (``CortexMBackend.host_arithmetic``): ``verify`` asks
+the backend for it and never names this module.
+
 On the device each ``cortex_m`` op is ExecuTorch's C++ wrapper (``backends/cortex_m/ops``) around a
 CMSIS-NN function; ExecuTorch's Python reference implementations of the same ops compute in float
 and round half to even where CMSIS-NN rounds half away from zero (average pooling, division), and
@@ -961,7 +964,7 @@ LUT_ACTIVATIONS = frozenset(
 def _same_float_on_both_sides(node: Any) -> bool:
     """Whether the host and the reference see the same float: a model input, or a dequantize
     of int8 codes both sides agree on (through ops that only move or copy values)."""
-    from etforge.core.graph.utils import is_dequantize
+    from etforge.sdk import is_dequantize
 
     while isinstance(node, torch.fx.Node):
         if node.op == "placeholder" or is_dequantize(node):
@@ -977,17 +980,17 @@ def cmsis_reference(value: Callable[[Any], Any], host_op: str) -> Callable[[Any]
     computed from the *Edge op* and its qparams (never from the lowered op's arguments, which
     are what a lowering error gets wrong): ``value(node)`` reads the interpreter's values.
 
-    CMSIS-NN requantizes as TFLite's reference kernels do (``runtime.device_ref``), with two
+    CMSIS-NN requantizes as TFLite's reference kernels do (``etforge.sdk.Reference``), with two
     differences handled here: ``arm_fully_connected_s8`` rounds twice (``arm_nn_requantize``,
     as the convolutions do) where LiteRT's FULLY_CONNECTED rounds once, and the program's own
     quantize (``cortex_m::quantize_per_tensor``, ``host_op``) is the wrapper's float32 kernel.
-    Raises ``device_ref.NotExact`` where neither has a rule.
+    Raises ``etforge.sdk.NotExact`` where neither has a rule.
     """
-    from etforge.runtime.device_ref import NotExact, Out, Q, Reference
+    from etforge.sdk import NotExact, Out, Q, Reference
 
     class Cmsis(Reference):
         def compute(self, node: Any, out: Out) -> Any:
-            from etforge.core.graph.utils import node_op
+            from etforge.sdk import node_op
 
             if node_op(node) in LUT_ACTIVATIONS:
                 return self._lut(node, out)
@@ -1005,7 +1008,7 @@ def cmsis_reference(value: Callable[[Any], Any], host_op: str) -> Callable[[Any]
             from executorch.backends.cortex_m.passes.passes_utils import build_activation_lut
             from executorch.exir.dialects._ops import ops as exir_ops
 
-            from etforge.core.graph.utils import node_op
+            from etforge.sdk import node_op
 
             x = self.operand(node.args[0])
             if not isinstance(x, Q) or x.axis is not None:

@@ -4,7 +4,7 @@ What ``etforge verify`` proves must be about the file the user flashes, so this 
 ExecuTorch's own deserializer and does what the device runtime does with it: every planned
 tensor lives at its planned offset inside one buffer per memory id (an overlapping plan
 corrupts values here as it would on the device), constants come from the program's constant
-data, kernel calls run each operator's reference implementation (``runtime.pte_ops``), and
+data, kernel calls run each operator's reference implementation (``runtime.execution.pte_ops``), and
 delegate calls unpack etforge's payload and run the partition in LiteRT. Moves, frees and
 conditional jumps follow the execution plan's chain.
 """
@@ -23,8 +23,8 @@ from etforge.core.common.errors import EtforgeError
 from etforge.core.graph import layout
 from etforge.core.litert import payload
 from etforge.core.serialize.pte_check import load_program
-from etforge.runtime import litert_run
-from etforge.runtime.pte_ops import Kernel, kernel
+from etforge.runtime.execution import litert_run
+from etforge.runtime.execution.pte_ops import Kernel, kernel
 
 _MEMORY_FORMATS = {
     0: torch.contiguous_format,
@@ -274,10 +274,11 @@ class PteInterpreter:
 
     def check_dim_orders(self) -> None:
         """Every kernel call's tensors in dim orders the device's C++ kernel accepts and computes
-        right (``plugins/targets/dim_orders.problem``): torch's kernels take any strides, ExecuTorch's
-        portable and CMSIS-NN kernels refuse or miscompute some, so a host run alone would pass
-        a program the device refuses."""
-        from etforge.plugins.targets.dim_orders import Arg, problem
+        right (each CPU backend's ``dim_order_problem``): torch's kernels take any strides,
+        ExecuTorch's portable and CMSIS-NN kernels refuse or miscompute some, so a host run
+        alone would pass a program the device refuses."""
+        from etforge.core.contracts.cpu_backend import KernelArg
+        from etforge.runtime.execution.cpu_libraries import dim_order_problem
 
         if not self.kernels:
             self.kernels = [kernel(o.name, o.overload) for o in self.plan.operators]
@@ -287,7 +288,7 @@ class PteInterpreter:
             ins = self.plan.chains[0].instructions[step.index].instr_args
             op = self.plan.operators[ins.op_index]
             schema_args = self.kernels[ins.op_index].schema.arguments
-            args: list[Arg] = []
+            args: list[KernelArg] = []
             for i, a in zip(ins.args[: len(schema_args)], schema_args, strict=True):
                 value = self.initial[i] if i >= 0 else None
                 items = value.items if isinstance(value, _Ref) else (i,)
@@ -295,8 +296,8 @@ class PteInterpreter:
                     spec = self.specs.get(t)
                     if spec is not None:
                         order = tuple(int(d) for d in self.plan.values[t].val.dim_order)
-                        args.append(Arg(a.name, spec.sizes, order, bool(a.is_out)))
-            why = problem(str(op.name), args)
+                        args.append(KernelArg(a.name, spec.sizes, order, bool(a.is_out)))
+            why = dim_order_problem(str(op.name), args)
             if why is not None:
                 raise EtforgeError(
                     f"{self.source}: instruction {step.index} ({step.name}) would fail or compute "

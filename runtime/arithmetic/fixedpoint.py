@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from etforge.runtime.tflite_int import INT32_MAX, INT32_MIN, rounding_divide_by_pot, srdhm
+from etforge.runtime.arithmetic.tflite_int import INT32_MAX, INT32_MIN, rounding_divide_by_pot, srdhm
 
 INT16_MIN, INT16_MAX = -(2**15), 2**15 - 1
 

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from etforge.core.graph.utils import op_name
-from etforge.runtime.constant_nodes import ConstantNodes
+from etforge.runtime.verification.constant_nodes import ConstantNodes
 
 
 def _quantize(

@@ -22,18 +22,30 @@ from etforge.core.common.errors import EtforgeError
 from etforge.core.front.load import load_program
 from etforge.core.litert import payload
 from etforge.core.registry.manager import Registry, registry
-from etforge.runtime import exact_pass, litert_run
-from etforge.runtime.accuracy import DEFAULT_MAX_ACCURACY_DROP, Labeled, evaluate
-from etforge.runtime.constant_nodes import ConstantNodes
-from etforge.runtime.exact_batched import exact_leaves_all
-from etforge.runtime.host import run_program
-from etforge.runtime.inputs import seeded_inputs
-from etforge.runtime.outputs import OutputCheck, flatten, leaf_scales, rows
-from etforge.runtime.pte_agreement import Agreement, compare_with_edge
-from etforge.runtime.pte_interpreter import PteInterpreter
-from etforge.runtime.simulate import SIM_MAX_STEPS, output_steps, simulate
-from etforge.runtime.stepwise import DEVICE_KERNELS, HostInt8Values, OpParity, observer_names, op_parity
-from etforge.runtime.verify_steps import Steps
+from etforge.runtime.execution import litert_run
+from etforge.runtime.execution.host import run_program
+from etforge.runtime.execution.pte_interpreter import PteInterpreter
+from etforge.runtime.verification import exact_pass
+from etforge.runtime.verification.accuracy import DEFAULT_MAX_ACCURACY_DROP, Labeled, evaluate
+from etforge.runtime.verification.constant_nodes import ConstantNodes
+from etforge.runtime.verification.exact_batched import exact_leaves_all
+from etforge.runtime.verification.inputs import seeded_inputs
+from etforge.runtime.verification.outputs import (
+    OutputCheck,
+    flatten,
+    leaf_scales,
+    top1_agrees,
+)
+from etforge.runtime.verification.pte_agreement import Agreement, compare_with_edge
+from etforge.runtime.verification.simulate import SIM_MAX_STEPS, output_steps, simulate
+from etforge.runtime.verification.stepwise import (
+    DEVICE_KERNELS,
+    HostInt8Values,
+    OpParity,
+    observer_names,
+    op_parity,
+)
+from etforge.runtime.verification.verify_steps import Steps
 
 # The gates. Each is a fixed number, never a figure measured from the model under test (a
 # bound derived from the model's own behaviour loosens itself exactly where it should hold).
@@ -52,14 +64,14 @@ OFF_BY_ONE_MAX_FRACTION = {"default": 0.001, "reference": 0.01}
 #: An op with at most this many values one step off passes the share rule whatever its size:
 #: on an op of a few hundred values one or two boundary ties are already a percent.
 OFF_BY_ONE_FREE = 8
-#: Values an NPU op may differ from its device-exact reference (``runtime.device_ref``): the
+#: Values an NPU op may differ from its device-exact reference (``runtime.arithmetic.device_ref``): the
 #: reference computes the Edge op in the device kernels' integer arithmetic, so a correct
 #: conversion is bit-exact and any value off is a conversion error.
 EXACT_VALUES_OFF = 0
-#: Values a CPU op may differ from its reference on the host's own inputs (``runtime.stepwise``:
+#: Values a CPU op may differ from its reference on the host's own inputs (``runtime.verification.stepwise``:
 #: the quantized program run with every int8 value the host computed — CPU ops and partition
 #: outputs — forced to the host's). A Cortex-M op's reference is its Edge op in CMSIS-NN's
-#: integer arithmetic (``cortex_m_kernels.cmsis_reference``), a portable op's is the same
+#: integer arithmetic (the Cortex-M plugin's ``cortex_m_host.cmsis_reference``), a portable op's is the same
 #: dequantize / float op / quantize in torch: a correct lowering is bit-exact, so any value off
 #: is a lowering or kernel error.
 CPU_EXACT_VALUES_OFF = 0
@@ -82,7 +94,7 @@ class Verification:
     top1_vs_float: int | None
     max_abs_vs_float: float
     whole_model_on_npu: bool
-    #: Per NPU op, teacher-forced (``runtime.stepwise``): worst steps, values off, values.
+    #: Per NPU op, teacher-forced (``runtime.verification.stepwise``): worst steps, values off, values.
     op_max_steps: int | None = None
     op_values_off: int = 0
     op_values: int = 0
@@ -91,7 +103,7 @@ class Verification:
     cpu_op_max_steps: int | None = None
     cpu_values_off: int = 0
     cpu_values: int = 0
-    #: The reference's own precision (``runtime.reference``): its float32 evaluation vs
+    #: The reference's own precision (``runtime.verification.reference``): its float32 evaluation vs
     #: its float64 one — worst output steps and top-1 agreement — and ours vs float64.
     reference_spread_steps: float | None = None
     reference_spread_top1: int | None = None
@@ -111,11 +123,11 @@ class Verification:
     #: NPU values compared with their device-exact reference, and how many of them were off.
     exact_values: int = 0
     exact_values_off: int = 0
-    #: The float check (``runtime.float_check``): each NPU op of the float-lowered program
+    #: The float check (``runtime.verification.float_check``): each NPU op of the float-lowered program
     #: against its float Edge op; worst relative error and the ops checked.
     float_max_rel: float | None = None
     float_ops: int = 0
-    #: The whole program in device arithmetic (``runtime.simulate``): the compiled program's
+    #: The whole program in device arithmetic (``runtime.verification.simulate``): the compiled program's
     #: worst distance over every value of every dequantized output, in steps; the quantize
     #: nodes without a rule, and those whose value came from torch, not the program.
     sim_max_steps: float | None = None
@@ -138,12 +150,12 @@ class Verification:
     failures: list[str] = field(default_factory=list)
     #: What the user should know about how this was verified (not failures).
     notes: list[str] = field(default_factory=list)
-    #: Per output leaf (``runtime.outputs``): name, kind, what it was compared as, agreement.
+    #: Per output leaf (``runtime.verification.outputs``): name, kind, what it was compared as, agreement.
     outputs: list[dict[str, Any]] = field(default_factory=list)
-    #: Samples whose per-op gates the device simulation's one pass proved (``runtime.exact_pass``);
+    #: Samples whose per-op gates the device simulation's one pass proved (``runtime.verification.exact_pass``);
     #: the others (the first, any with a value off) ran the teacher-forced checks.
     samples_from_simulation: int = 0
-    #: Seconds per step (``runtime.verify_steps``): where verify's time went.
+    #: Seconds per step (``runtime.verification.verify_steps``): where verify's time went.
     seconds: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -153,20 +165,6 @@ class Verification:
 
 def _inputs(report: dict[str, Any], seed: int, count: int) -> list[tuple[torch.Tensor, ...]]:
     return seeded_inputs(report, seed, count)  # integer inputs within their recorded range
-
-
-def top1_agrees(ours: torch.Tensor, ref: torch.Tensor) -> bool:
-    """Each row's top class agrees, ties included.
-
-    An int8 output cannot order two classes whose scores fall on the same step: when one
-    side's top value is shared by several classes, picking any of them agrees (``argmax``
-    alone would count a tie broken by index as a disagreement).
-    """
-    a, b = rows(ours), rows(ref)  # a 0-D or 1-D output is one row
-    pick_a, pick_b = a.argmax(1, keepdim=True), b.argmax(1, keepdim=True)
-    tied_in_ref = b.gather(1, pick_a).eq(b.amax(1, keepdim=True))
-    tied_in_ours = a.gather(1, pick_b).eq(a.amax(1, keepdim=True))
-    return bool((tied_in_ref | tied_in_ours).all())
 
 
 def top1_required(samples: int) -> int:
@@ -274,8 +272,8 @@ def verify(
     steps: Steps | None = None,
     report_fields: bool = True,
 ) -> Verification:
-    """Verify the compile in ``out``; ``data``: labeled samples (``runtime.accuracy``) to
-    measure the accuracy drop on; ``steps``: progress callbacks (``runtime.verify_steps``);
+    """Verify the compile in ``out``; ``data``: labeled samples (``runtime.verification.accuracy``) to
+    measure the accuracy drop on; ``steps``: progress callbacks (``runtime.verification.verify_steps``);
     ``report_fields=False`` only where report.json is etforge's reference compile beside
     another program (``script_pte``): its firmware fields then describe the reference, not
     the program run, and no firmware is generated from them."""
@@ -312,7 +310,7 @@ def _verify(
             f"{out}: no compiled program here (missing {output.PTE} or {output.REPORT}); run etforge compile first"
         )
     report = output.load_report(report_path)  # corrupt or foreign: named, not a traceback
-    from etforge.runtime import artifact
+    from etforge.runtime.verification import artifact
 
     with steps.step("files", "checking the hash chain and reading the compiled files") as done:
         hash_notes = artifact.check_hashes(out, report)  # a side file from another compile: named
@@ -322,7 +320,7 @@ def _verify(
         pte_path = out / output.PTE  # empty, truncated, corrupt or not this report's: refused here
         interp = PteInterpreter(check_pte(pte_path, report), str(pte_path))
         if report_fields:
-            from etforge.runtime.report_fields import refuse_forged
+            from etforge.runtime.verification.report_fields import refuse_forged
 
             refuse_forged(interp.program, pte_path, report)  # the firmware's figures are the program's
         done["line"] = (
@@ -331,7 +329,7 @@ def _verify(
         )
     labeled = None
     if data is not None:
-        from etforge.runtime.accuracy import load_labeled
+        from etforge.runtime.verification.accuracy import load_labeled
 
         labeled = load_labeled(data, report)  # bad data fails before the long rebuild
     parts: list[Any] = []
@@ -364,12 +362,12 @@ def _verify(
             interp, program, float_ep, qep, report, samples, seed, max_steps, min_top1, kernels,
             labeled, max_accuracy_drop, edge_outputs, steps,
         )  # fmt: skip
-    from etforge.runtime.cortex_m_kernels import NOT_PROVEN
+    from etforge.runtime.execution.cpu_libraries import not_proven
 
     ops = {step.name.removesuffix(".out") for step in interp.steps}
     result.notes.extend(
         f"{op}: host kernel not proven equal to the device: {why}"
-        for op, why in NOT_PROVEN.items()
+        for op, why in not_proven().items()
         if op in ops
     )
     if stand_ins:
@@ -379,6 +377,11 @@ def _verify(
             "the LiteRT partitions the NPU compiler compiled them from, in their place"
         )
     result.notes.extend(hash_notes + byte_notes)
+    from etforge.core.contracts.verify_gate import GateInput
+    from etforge.runtime.verification.gates import run_gates
+
+    given = GateInput(out, report, program, interp, _inputs(report, seed, samples), edge_outputs)
+    run_gates(given, result, steps, registry())  # the plugins' gates (etforge_verify_gates)
     result.failures[:0] = byte_failures
     if not agreement.ok:
         result.failures.insert(
@@ -448,11 +451,11 @@ def compare(
     """Run ``program`` on seeded inputs and compare with the float and quantized references.
 
     Gates (fixed constants above; docs/report.md): every NPU op equal to its device-exact
-    reference on LiteRT's inputs (``runtime.stepwise``, teacher-forced; an op without a rule
+    reference on LiteRT's inputs (``runtime.verification.stepwise``, teacher-forced; an op without a rule
     within ``OP_MAX_STEPS`` and ``OFF_BY_ONE_MAX_FRACTION``, listed); every CPU op equal to its
     reference on the host's inputs (CMSIS-NN arithmetic, or torch for a portable op; without a
     rule within ``CPU_OP_MAX_STEPS``, listed); every output value equal to the whole program
-    simulated in the device's arithmetic (``runtime.simulate``); top-1 agreement with the
+    simulated in the device's arithmetic (``runtime.verification.simulate``); top-1 agreement with the
     quantized reference's exact (float64) value on all but ``TOP1_MISSES_PER_32`` per 32
     samples — a reported figure when the output equals its simulation (``min_top1`` keeps it a
     gate); with ``max_steps``, the output within that many steps of the exact value; with
@@ -565,7 +568,7 @@ def _compare(
             sim_not_exact.update(sim.not_exact)
             sim_unforced.update(sim.unforced)
             start = steps.add("samples: the device simulation", start) + start
-        with torch.no_grad():  # every output leaf, in the program's order (``runtime.outputs``)
+        with torch.no_grad():  # every output leaf, in the program's order (``runtime.verification.outputs``)
             flat_f = flatten(program, float_fn(*batch))
             flat_q = flatten(program, q_fn(*batch)) if q_fn is not None else flat_f
         flat_exact = exact_all[index] if exact_all is not None else flat_q
@@ -806,8 +809,8 @@ def _float_check(
     seed: int,
     steps: Steps,
 ) -> None:
-    """Every NPU converter in float form against the float Edge ops (``runtime.float_check``)."""
-    from etforge.runtime import float_check
+    """Every NPU converter in float form against the float Edge ops (``runtime.verification.float_check``)."""
+    from etforge.runtime.verification import float_check
 
     reg = registry()
     target = reg.target(report["target"])
@@ -830,7 +833,7 @@ def _gate_simulation(
     result: Verification, worst: float, not_exact: dict[str, str], unforced: dict[str, str]
 ) -> None:
     """Every value of every dequantized output equals the device-arithmetic simulation
-    (``runtime.simulate``); within ``SIM_MAX_STEPS`` only where a value without a rule could
+    (``runtime.verification.simulate``); within ``SIM_MAX_STEPS`` only where a value without a rule could
     not be taken from the program (listed)."""
     result.sim_max_steps = worst
     result.sim_not_exact = sorted(not_exact)

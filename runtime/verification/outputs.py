@@ -4,7 +4,7 @@ A model may return a tensor, a tuple, a dict, nested lists and dicts, ``None`` o
 numbers. The ``.pte``'s outputs are the pytree leaves of that value in ``torch.export``'s
 order (``core.front.signature``); the float and quantized references are flattened the same way,
 so each leaf is compared with its own reference. What each kind of leaf must satisfy (the
-gates are ``runtime.verify``'s constants):
+gates are ``runtime.verification.verify``'s constants):
 
 - **float** (a floating-point tensor with elements): top-1 agreement with the reference on
   all but ``TOP1_MISSES_PER_32`` per 32 samples, ties on an int8 step counting as agreement
@@ -67,10 +67,10 @@ def flatten(program: ExportedProgram, value: Any) -> list[Any]:
 def exact_leaves(
     program: ExportedProgram, module: torch.fx.GraphModule, inputs: tuple[Any, ...], constants: Any = None
 ) -> list[Any]:
-    """The quantized reference's output leaves evaluated in float64 (``runtime.reference``;
+    """The quantized reference's output leaves evaluated in float64 (``runtime.verification.reference``;
     floating-point leaves returned as float32), flattened as the program's; ``constants``: a
-    ``runtime.constant_nodes.ConstantNodes`` of ``module`` kept across samples."""
-    from etforge.runtime.reference import Float64
+    ``runtime.verification.constant_nodes.ConstantNodes`` of ``module`` kept across samples."""
+    from etforge.runtime.verification.reference import Float64
 
     with torch.no_grad():
         value = Float64(module, constants).run(*inputs)
@@ -160,8 +160,6 @@ class OutputCheck:
     def add(self, ours: list[Any], exact: list[Any]) -> None:
         """One sample: the program's outputs and the reference's exact values (the quantized
         program in float64; the float model's for a float program)."""
-        from etforge.runtime.verify import top1_agrees
-
         if len(ours) != len(self.leaves) or len(exact) != len(self.leaves):
             raise ValueError(
                 f"the program returned {len(ours)} outputs, its reference {len(exact)}; "
@@ -203,6 +201,20 @@ class OutputCheck:
                     f"{leaf.name}: max difference from {against} {leaf.max_steps:.1f} steps > {max_steps:g}"
                 )
         return out
+
+
+def top1_agrees(ours: torch.Tensor, ref: torch.Tensor) -> bool:
+    """Each row's top class agrees, ties included.
+
+    An int8 output cannot order two classes whose scores fall on the same step: when one
+    side's top value is shared by several classes, picking any of them agrees (``argmax``
+    alone would count a tie broken by index as a disagreement).
+    """
+    a, b = rows(ours), rows(ref)  # a 0-D or 1-D output is one row
+    pick_a, pick_b = a.argmax(1, keepdim=True), b.argmax(1, keepdim=True)
+    tied_in_ref = b.gather(1, pick_a).eq(b.amax(1, keepdim=True))
+    tied_in_ours = a.gather(1, pick_b).eq(a.amax(1, keepdim=True))
+    return bool((tied_in_ref | tied_in_ours).all())
 
 
 def _agrees(leaf: Leaf, got: Any, want: Any, top1_agrees: Any) -> tuple[bool, str]:

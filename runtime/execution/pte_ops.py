@@ -2,8 +2,9 @@
 
 An ExecuTorch program calls out variants (``aten::convolution.out``,
 ``quantized_decomposed::quantize_per_tensor.out``, ``cortex_m::quantized_conv2d.out``). The
-``cortex_m::`` ops run etforge's own kernels (``runtime.cortex_m_kernels``: CMSIS-NN's integer
-arithmetic, bit-exact with the device), not ExecuTorch's Python references, which round
+ops of a CPU library with a host arithmetic of its own (``cortex_m::``: CMSIS-NN's integer
+arithmetic, bit-exact with the device; ``CpuBackend.host_arithmetic``, found by
+``runtime.execution.cpu_libraries``) run that, not ExecuTorch's Python references, which round
 differently. Other ops: where torch has a kernel for the out variant (ATen's own, ExecuTorch's
 quantized kernels loaded by ``executorch.kernels.quantized``) it writes straight into the planned
 output tensor; otherwise the functional variant runs and its result is copied into the planned
@@ -21,7 +22,7 @@ from typing import Any
 import torch
 
 from etforge.core.common.errors import EtforgeError
-from etforge.runtime import cortex_m_kernels
+from etforge.runtime.execution.cpu_libraries import host_kernel, host_libraries
 
 _KEYS = ("CPU", "CompositeExplicitAutograd", "CompositeImplicitAutograd")
 #: False only inside ``executorch_references()`` (bench/verify.py's before/after timing).
@@ -30,8 +31,8 @@ _OWN = [True]
 
 @contextmanager
 def executorch_references() -> Iterator[None]:
-    """Run the ``cortex_m`` ops as ExecuTorch's Python reference implementations instead of
-    etforge's kernels (slower, and not the device's rounding): for measuring the difference."""
+    """Run the CPU libraries' ops (``cortex_m``) as ExecuTorch's Python reference implementations
+    instead of their host arithmetic (slower, and not the device's rounding): for measuring the difference."""
     _OWN[0] = False
     try:
         yield
@@ -40,13 +41,11 @@ def executorch_references() -> Iterator[None]:
 
 
 def _register_libraries() -> None:
-    """Out variants of the quantized ops and the ``cortex_m::`` ops' reference implementations.
-
-    ``executorch.backends.cortex_m.passes`` defines the ``cortex_m`` library in the order its
-    own modules need (importing ``cortex_m.ops.operators`` first fails on a circular import).
-    """
-    import executorch.backends.cortex_m.passes  # noqa: F401
+    """Out variants of the quantized ops, and each CPU library's operators (its plugin's
+    ``HostArithmetic.register``)."""
     import executorch.kernels.quantized  # noqa: F401
+
+    host_libraries()
 
 
 @dataclass(frozen=True)
@@ -175,7 +174,7 @@ def kernel(name: str, overload: str) -> Kernel:
         target = getattr(packet, overload or "default")
     except (AttributeError, RuntimeError):
         raise EtforgeError(f"operator {full}: no host implementation is registered in torch") from None
-    own = cortex_m_kernels.KERNELS.get(f"{ns}::{op}") if overload == "out" else None
+    own = host_kernel(f"{ns}::{op}") if overload == "out" else None
     if own is None and overload == "out":
         own = DEVICE_ARITHMETIC.get(f"{ns or 'aten'}::{op}")
     if own is not None:
@@ -189,7 +188,7 @@ def kernel(name: str, overload: str) -> Kernel:
 
 
 def own_functional(target: Any) -> Callable[..., Any] | None:
-    """etforge's kernel for a functional ``cortex_m`` op as an Edge graph calls it (``host.py``),
+    """A CPU library's host kernel for its functional op (``cortex_m``) as an Edge graph calls it (``host.py``),
     taking the functional arguments plus ``out``; for an op in ``DEVICE_ARITHMETIC`` its device
     arithmetic (the Edge run and ``model.pte``'s interpreter must compute alike, and as the
     device does); None for every other op."""
@@ -198,6 +197,6 @@ def own_functional(target: Any) -> Callable[..., Any] | None:
         return None
     if schema.name in DEVICE_ARITHMETIC and not schema.overload_name:
         return DEVICE_ARITHMETIC[schema.name]
-    if not schema.name.startswith("cortex_m::") or not _OWN[0]:
+    if not _OWN[0]:
         return None
-    return cortex_m_kernels.KERNELS.get(schema.name)
+    return host_kernel(schema.name)

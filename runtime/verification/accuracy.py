@@ -168,8 +168,8 @@ def evaluate(
 ) -> Accuracy:
     """Top-1 accuracy of the float model and of the compiled program, sample by sample
     (the programs are exported for a batch of 1)."""
-    from etforge.runtime.host import run_program
-    from etforge.runtime.outputs import first_float, flatten, rows
+    from etforge.runtime.execution.host import run_program
+    from etforge.runtime.verification.outputs import first_float, flatten, rows
 
     channels_last = report["options"].get("dim_order") == "channels_last"
     float_fn = float_ep.module(check_guards=False)
@@ -180,7 +180,8 @@ def evaluate(
 
     with torch.no_grad():
         first = flatten(float_ep, float_fn(sample(0)))
-    at = first_float(first)  # the class scores: the first floating-point output (runtime.outputs)
+    # the class scores: the first floating-point output (runtime.verification.outputs)
+    at = first_float(first)
     if at is None or rows(first[at]).shape[0] != 1:
         why = "no floating-point output" if at is None else f"output {at} has shape {list(first[at].shape)}"
         raise EtforgeError(

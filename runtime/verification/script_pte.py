@@ -40,14 +40,14 @@ def verify_script_pte(
     quantized: str | None = None,
     **verify_args: Any,
 ) -> Any:
-    """A :class:`~etforge.runtime.verify.Verification` of ``pte`` against ``model`` on ``target``."""
+    """A :class:`~etforge.runtime.verification.verify.Verification` of ``pte`` against ``model`` on ``target``."""
     from etforge.core.build import output
     from etforge.core.build.report import build_report
     from etforge.core.front.load import check_program_file, load_calibration, load_model
     from etforge.core.registry.manager import registry
     from etforge.core.registry.options import resolve_options
     from etforge.core.serialize.pte_check import check_pte
-    from etforge.runtime.verify import verify
+    from etforge.runtime.verification.verify import verify
 
     data = check_pte(pte)  # empty, truncated, not a program: refused before any work
     reg = registry()

@@ -20,8 +20,8 @@ import torch
 from etforge.core.graph import layout
 from etforge.core.litert import payload
 from etforge.core.litert.builder import read_metadata
-from etforge.runtime import litert_run
-from etforge.runtime.host import program_inputs, stored_inputs
+from etforge.runtime.execution import litert_run
+from etforge.runtime.execution.host import program_inputs, stored_inputs
 
 #: Largest |LiteRT - Edge| of one op's float values, relative to the largest |Edge value| of
 #: that op (for a sum, or the largest |summed term|: ``_terms``). float32 evaluation-order noise is ~1e-7..1e-6 of the range on one op (a few
@@ -119,10 +119,10 @@ def check_float_program(
     batches: Sequence[tuple[torch.Tensor, ...]],
 ) -> list[FloatOp]:
     """Delegate ``float_ep``'s NPU partitions (the float program, its BatchNorms folded as
-    prepare folds them: ``runtime.float_program``) and check every NPU op of it on
+    prepare folds them: ``runtime.verification.float_program``) and check every NPU op of it on
     ``batches``; per op, the worst relative error over the batches."""
-    from etforge.runtime.float_program import delegated
-    from etforge.runtime.host import run_program
+    from etforge.runtime.execution.host import run_program
+    from etforge.runtime.verification.float_program import delegated
 
     program, _, _ = delegated(float_ep, float_target(target), options, reg)
     worst: dict[tuple[str, str], FloatOp] = {}

@@ -1,6 +1,6 @@
 """The quantized reference's exact (float64) value on every sample, a few samples per pass.
 
-``runtime.reference`` evaluates the PT2E program in float64 through an fx interpreter: per
+``runtime.verification.reference`` evaluates the PT2E program in float64 through an fx interpreter: per
 sample, Python walks every node (MobileNetV2: ~560) to compute a network of small tensors, so
 the walk costs more than the arithmetic. Under ``torch.vmap`` one walk computes ``CHUNK``
 samples, each exactly as alone (every op maps each sample on its own; float64 keeps the
@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch.export import ExportedProgram
 
-from etforge.runtime.outputs import exact_leaves, flatten
+from etforge.runtime.verification.outputs import exact_leaves, flatten
 
 #: Samples per vmapped pass: the activations of that many samples live at once, in float64.
 CHUNK = 8
@@ -30,7 +30,7 @@ def exact_leaves_all(
     batches: Sequence[tuple[Any, ...]],
     constants: Any = None,
 ) -> list[list[Any]]:
-    """Per sample, ``runtime.outputs.exact_leaves`` of it."""
+    """Per sample, ``runtime.verification.outputs.exact_leaves`` of it."""
     out: list[list[Any]] = []
     for start in range(0, len(batches), CHUNK):
         chunk = list(batches[start : start + CHUNK])
@@ -44,7 +44,7 @@ def exact_leaves_all(
 def _vmapped(
     program: ExportedProgram, module: torch.fx.GraphModule, chunk: list[tuple[Any, ...]], constants: Any
 ) -> list[list[Any]]:
-    from etforge.runtime.reference import Float64
+    from etforge.runtime.verification.reference import Float64
 
     if not all(isinstance(x, torch.Tensor) for batch in chunk for x in batch):
         raise TypeError("a non-tensor input")

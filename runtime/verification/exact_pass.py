@@ -3,7 +3,7 @@
 ``verify`` holds every int8 value of every op to its reference on the program's own inputs:
 NPU ops teacher-forced in the partition (``stepwise.op_parity``), CPU ops in the quantized
 program with the host's values forced (``HostInt8Values.compare``). The device simulation
-(``runtime.simulate``) computes the same references along the same program, on its own
+(``runtime.verification.simulate``) computes the same references along the same program, on its own
 values. Where every value the program computed equals the simulation's, the simulation's
 inputs to each op *are* the program's, so each op's reference on the program's inputs is the
 simulation's value at that op: the teacher-forced runs would compute the same numbers again.
@@ -29,10 +29,10 @@ import torch
 from etforge.core.graph import layout
 from etforge.core.litert import payload
 from etforge.core.litert.builder import read_metadata
-from etforge.runtime import litert_run
-from etforge.runtime.host import stored_inputs
-from etforge.runtime.simulate import FORCE_MAX_STEPS
-from etforge.runtime.stepwise import DEVICE_KERNELS, OpParity, _measure
+from etforge.runtime.execution import litert_run
+from etforge.runtime.execution.host import stored_inputs
+from etforge.runtime.verification.simulate import FORCE_MAX_STEPS
+from etforge.runtime.verification.stepwise import DEVICE_KERNELS, OpParity, _measure
 
 #: A simulation record per quantize node: (its rule's value or None, torch's value).
 Seen = dict[str, tuple[torch.Tensor | None, torch.Tensor]]
