@@ -7,10 +7,7 @@ from pathlib import Path
 
 import click
 
-
-def cmake_dir() -> Path:
-    """The package's CMake directory (``etforgeConfig.cmake``), shipped in the wheel."""
-    return Path(__file__).resolve().parent.parent / "cmake"
+from etforge.codegen.cmake_runtime import cmake_dir
 
 
 @click.command("cmake-dir")

@@ -18,6 +18,12 @@ from etforge.core.common.errors import EtforgeError
 if TYPE_CHECKING:
     from etforge.runtime.firmware.sources import Sources
 
+
+def cmake_dir() -> Path:
+    """The package's CMake directory (``etforgeConfig.cmake``), shipped in the wheel."""
+    return Path(__file__).resolve().parent.parent / "cmake"
+
+
 #: CPU -> compiler flags (the Cortex-M33 with DSP and FPv5-SP of the RT700 and mps2-an505).
 CPU_FLAGS = {
     "cortex-m33": "-mcpu=cortex-m33 -mthumb -mfloat-abi=hard -mfpu=fpv5-sp-d16",

@@ -119,7 +119,7 @@ def test_int8_mul_is_computed_as_tflm_does(tmp_path: Path) -> None:
     """TFLM's MUL Prepare (``mul_common.cc``) takes the multiplier s1*s2/s_out in double,
     LiteRT's in float32: their Q31 multipliers differ in the low bits and products near a
     rounding boundary land one step apart. Was 14 of 64 values different on QEMU (the host ran
-    LiteRT's MUL); the host now computes TFLM's (``tflm_arith.run``)."""
+    LiteRT's MUL); the host now computes TFLM's (``litert_run._run_tflm``)."""
     from ai_edge_litert import schema_py_generated as schema
 
     import etforge

@@ -280,28 +280,3 @@ def _steps(model: bytes) -> tuple[tuple[_Step, ...], tuple[int, ...], tuple[int,
         b.Finish(m.Pack(b), file_identifier=b"TFL3")
         steps.append((bytes(b.Output()), ins, outs))
     return tuple(steps), tuple(graph_inputs), tuple(graph_outputs)
-
-
-def run(model: bytes, inputs: Any) -> list[np.ndarray] | None:
-    """What TFLM computes for ``model`` on ``inputs`` (subgraph order), or None when ``model``
-    has no int8 MUL (then LiteRT's reference kernels on ``tflm_model`` compute it whole)."""
-    from etforge.runtime.execution import litert_run
-
-    cut = _steps(tflm_model(model))
-    if cut is None:
-        return None
-    steps, graph_inputs, graph_outputs = cut
-    env = {t: np.asarray(x) for t, x in zip(graph_inputs, inputs, strict=True)}
-    for step in steps:
-        if isinstance(step, _Mul):
-            known = {**env, **dict(step.constants)}
-            env[step.out] = step(known[step.a], known[step.b])
-            continue
-        piece, ins, outs = step
-        it = litert_run._interpreter(piece, "reference")
-        litert_run.set_inputs(it, [env[i] for i in ins])
-        it.invoke()
-        details = it.get_output_details()
-        for t, d in zip(outs, details, strict=True):
-            env[t] = np.array(it.get_tensor(d["index"]))
-    return [env[t] for t in graph_outputs]

@@ -104,10 +104,8 @@ def kept(model: bytes, kernels: str, inputs: Sequence[np.ndarray]) -> Any | None
 
 def run(model: bytes, inputs: Sequence[np.ndarray], kernels: str = "default") -> list[np.ndarray]:
     """Inputs/outputs in the model's subgraph order."""
-    if kernels == "tflm":  # int8 MUL as TFLM computes it (runtime.arithmetic.tflm_arith.run)
-        from etforge.runtime.arithmetic.tflm_arith import run as tflm_run
-
-        outs = tflm_run(model, inputs)
+    if kernels == "tflm":  # int8 MUL as TFLM computes it (_run_tflm)
+        outs = _run_tflm(model, inputs)
         if outs is not None:
             return outs
     if _keeping is not None and kernels == _keeping_kernels:
@@ -120,3 +118,28 @@ def run(model: bytes, inputs: Sequence[np.ndarray], kernels: str = "default") ->
     return [
         np.array(it.get_tensor(d["index"])) for d in it.get_output_details()
     ]  # 0-d: an array, not a scalar
+
+
+def _run_tflm(model: bytes, inputs: Any) -> list[np.ndarray] | None:
+    """What TFLM computes for ``model`` on ``inputs`` (subgraph order), or None when ``model``
+    has no int8 MUL (then LiteRT's reference kernels on ``tflm_model`` compute it whole)."""
+    from etforge.runtime.arithmetic.tflm_arith import _Mul, _steps, tflm_model
+
+    cut = _steps(tflm_model(model))
+    if cut is None:
+        return None
+    steps, graph_inputs, graph_outputs = cut
+    env = {t: np.asarray(x) for t, x in zip(graph_inputs, inputs, strict=True)}
+    for step in steps:
+        if isinstance(step, _Mul):
+            known = {**env, **dict(step.constants)}
+            env[step.out] = step(known[step.a], known[step.b])
+            continue
+        piece, ins, outs = step
+        it = _interpreter(piece, "reference")
+        set_inputs(it, [env[i] for i in ins])
+        it.invoke()
+        details = it.get_output_details()
+        for t, d in zip(outs, details, strict=True):
+            env[t] = np.array(it.get_tensor(d["index"]))
+    return [env[t] for t in graph_outputs]

@@ -109,8 +109,8 @@ _RECIPE_FILES = ("CMakeLists.txt", "startup.c", "pal_semihost.cpp", "an505.ld")
 
 
 def _recipe(h: hashlib._Hash) -> None:
-    from etforge.cli.cmake import cmake_dir
     from etforge.codegen import cmake_runtime
+    from etforge.codegen.cmake_runtime import cmake_dir
 
     for f in [files_dir() / n for n in _RECIPE_FILES] + [cmake_dir() / "etforge.cmake"]:
         h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
@@ -199,8 +199,8 @@ def _run(cmd: list[str], what: str, progress: str = "") -> None:
 
 def _configure(src: Sources, tree: Path, image_lists: str) -> None:
     """(Re)configure the library tree ``tree`` with ``image_lists`` (an empty image: libraries)."""
-    from etforge.cli.cmake import cmake_dir
     from etforge.codegen import cmake_runtime
+    from etforge.codegen.cmake_runtime import cmake_dir
 
     lists = cmake_runtime.render_lists(cmake_runtime.library_lists(src, "cortex-m33", tree))
     cmake_runtime.write_if_changed(tree / "libs.cmake", lists)

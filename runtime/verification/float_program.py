@@ -18,7 +18,6 @@ float check compares the NPU ops with.
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import torch
@@ -54,11 +53,12 @@ def delegated(
 ) -> tuple[ExportedProgram, int, dict[str, Any]]:
     """(the folded float program with its NPU partitions delegated, BatchNorms folded, the
     lowering path taken and why) for ``target`` (the float check's float-taking target)."""
+    from etforge.core.graph.utils import clone_program
     from etforge.core.lower.driver import delegate_npu
 
     program, folds = folded(float_ep)
     if not folds:  # lowering rewrites a program in place (a rewrite's constants join its
         # signature), and the caller goes on using float_ep as the float model (verify --data)
-        program = copy.deepcopy(float_ep)
+        program = clone_program(float_ep)
     delegated_program, _, why = delegate_npu(program, target, options, reg)
     return delegated_program, folds, why
