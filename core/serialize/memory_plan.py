@@ -24,7 +24,7 @@ from executorch.exir.memory_planning import (
 )
 from executorch.exir.passes.memory_planning_pass import MemoryPlanningPass
 
-from etforge.core.serialize.placement import _ORDERS, _align, _place  # noqa: F401 (re-exported)
+from etforge.core.serialize.placement import _ORDERS, _place
 
 
 def best_fit(
