@@ -1,0 +1,94 @@
+"""Each NPU delegate of a multi-partition program gets its own partition's working memory.
+
+An LSTM decomposes per time step into NPU partitions of different working memories, and
+ExecuTorch emits their delegates in program order (``etforge_0, etforge_7, etforge_6, ...``)
+while report.json lists the partitions in tag order. A reader that pairs the two lists by
+position sizes one partition's NPU working memory with another's figure. Here every delegate
+of the ``.pte`` (read with ExecuTorch's own deserializer, named by the compile spec it kept)
+is held to the figure planned from that very partition: its host-only payload, or, for a
+device payload (the SDK double of tests/sdk_double), the LiteRT model the compile wrote for it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from etforge.codegen.pte import read_program
+from etforge.core.litert import payload
+from etforge.core.serialize.npu_memory import plan_partition
+from etforge.runtime.verification.report_fields import mismatches
+
+from support import REPO
+
+MODEL = f"{REPO / 'tests' / 'models' / 'recurrent_models.py'}:lstm_spotter"
+DOUBLE = REPO / "tests" / "sdk_double"
+KINDS = ("host-only", "device")
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """OUT of the LSTM compiled for imxrt700 without the SDK and with the SDK double."""
+    outs = {}
+    for kind in KINDS:
+        out = tmp_path_factory.mktemp(kind) / "out"
+        env = dict(os.environ, COLUMNS="200")
+        if kind == "device":
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (str(DOUBLE), env.get("PYTHONPATH", "")) if p)
+            env["ETFORGE_SDK_DOUBLE"] = "v1"
+        proc = subprocess.run(
+            [sys.executable, "-m", "etforge", "compile", MODEL, "--target", "imxrt700", "-o", str(out)],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=900,
+        )
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        outs[kind] = out
+    return outs
+
+
+def _delegates(out: Path, kind: str) -> list[tuple[str, int]]:
+    """(partition, working bytes planned from that partition) of each delegate, in program order."""
+    from executorch.exir._serialize._program import deserialize_pte_binary
+
+    program = deserialize_pte_binary((out / "model.pte").read_bytes()).program
+    found = []
+    for d in program.execution_plan[0].delegates:
+        name = {s.key: bytes(s.value).decode() for s in d.compile_specs}["partition"]
+        data = bytes(program.backend_delegate_data[d.processed.index].data)
+        assert (data[:4] == payload.MAGIC) == (kind == "host-only"), f"{kind}: {name}"
+        if data[:4] == payload.MAGIC:
+            blob = payload.unpack(data)
+            assert blob.partition == name and blob.host_only
+            model = blob.data
+        else:
+            model = (out / "partitions" / f"{name}.tflite").read_bytes()
+        found.append((name, plan_partition(name, model).working_bytes))
+    return found
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_each_delegate_gets_its_own_partitions_working_memory(compiled: dict[str, Path], kind: str) -> None:
+    out = compiled[kind]
+    delegates = _delegates(out, kind)
+    report = json.loads((out / "report.json").read_text())
+    listed = [(p["name"], p["working_bytes"]) for p in report["memory"]["npu_partitions"]]
+    # The premise: the two orders differ, and so do the figures where they do.
+    assert sorted(delegates) == sorted(listed)
+    assert [w for _, w in delegates] != [w for _, w in listed], "no index mix-up would show"
+    header = next((out / "codegen").glob("*.h")).read_text()
+    row = re.search(r"kNpuWorkingBytes\[(\d+)\] = \{ ([^}]*) \};\s*// (.*)", header)
+    assert row is not None, header
+    assert int(row[1]) == len(delegates)
+    assert [int(v) for v in row[2].split(", ")] == [w for _, w in delegates]
+    assert row[3].split(", ") == [n for n, _ in delegates]
+    assert re.findall(r"^//   (\w+): ", header, re.M) == [n for n, _ in delegates]  # where each runs
+    # verify's report-fields gate accepts the report as written
+    assert mismatches(read_program(out / "model.pte").program, out / "model.pte", report) == []
