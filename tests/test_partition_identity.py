@@ -14,13 +14,17 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from etforge.codegen import generate
 from etforge.codegen.pte import read_program
+from etforge.core.common.errors import EtforgeError
 from etforge.core.litert import payload
 from etforge.core.serialize.npu_memory import plan_partition
 from etforge.runtime.verification.report_fields import mismatches
@@ -92,3 +96,34 @@ def test_each_delegate_gets_its_own_partitions_working_memory(compiled: dict[str
     assert re.findall(r"^//   (\w+): ", header, re.M) == [n for n, _ in delegates]  # where each runs
     # verify's report-fields gate accepts the report as written
     assert mismatches(read_program(out / "model.pte").program, out / "model.pte", report) == []
+
+
+def _forge(out: Path, dest: Path, edit: Any) -> Path:
+    shutil.copytree(out, dest)
+    report = json.loads((dest / "report.json").read_text())
+    edit(report["memory"]["npu_partitions"])
+    (dest / "report.json").write_text(json.dumps(report))
+    return dest
+
+
+def test_a_report_entry_without_its_delegate_is_named(compiled: dict[str, Path], tmp_path: Path) -> None:
+    """verify names the delegate whose partition the report lacks; codegen refuses to size a
+    device payload without its own partition's figure, in one line."""
+    first = _delegates(compiled["device"], "device")[0][0]
+
+    def rename(parts: list[dict[str, Any]]) -> None:
+        next(p for p in parts if p["name"] == first)["name"] = "etforge_99"
+
+    forged = _forge(compiled["device"], tmp_path / "out", rename)
+    found = mismatches(
+        read_program(forged / "model.pte").program,
+        forged / "model.pte",
+        json.loads((forged / "report.json").read_text()),
+    )
+    assert found == [
+        f"report.json memory.npu_partitions (delegate 0's partition) is None, the program (model.pte) has {first!r}"
+    ]
+    with pytest.raises(EtforgeError) as err:
+        generate(forged / "model.pte", tmp_path / "gen")
+    message = str(err.value)
+    assert f"no entry for delegate 0 (partition {first!r})" in message and "\n" not in message, message
