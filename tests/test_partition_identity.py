@@ -127,3 +127,25 @@ def test_a_report_entry_without_its_delegate_is_named(compiled: dict[str, Path],
         generate(forged / "model.pte", tmp_path / "gen")
     message = str(err.value)
     assert f"no entry for delegate 0 (partition {first!r})" in message and "\n" not in message, message
+
+
+def test_a_profiles_delegate_calls_are_named_by_the_delegate_they_call(compiled: dict[str, Path]) -> None:
+    """``run --profile`` names each delegate call's partition from the program: the calls run in
+    program order, not in report.json's tag order. The QEMU trace is stood in for by one event
+    per instruction (what ``_per_op`` matches against the plan); the program is the compile's."""
+    from types import SimpleNamespace
+
+    from etforge.runtime.execution.pte_interpreter import PteInterpreter
+    from etforge.runtime.firmware.device import _EVENT_OF, _per_op
+    from etforge.runtime.firmware.device_profile import per_node
+
+    out = compiled["host-only"]
+    interp = PteInterpreter((out / "model.pte").read_bytes(), str(out / "model.pte"))
+    kinds = [type(i.instr_args).__name__ for i in interp.plan.chains[0].instructions]
+    trace = SimpleNamespace(events=[(_EVENT_OF[k], 1) for k in kinds], instructions_per_tick=1)
+    per_op, note = _per_op(interp, trace)
+    assert per_op, note
+    report = json.loads((out / "report.json").read_text())
+    called = [p["partition"] for p in per_node(report, per_op)["partitions"]]
+    assert called == [n for n, _ in _delegates(out, "host-only")]
+    assert called != [p["name"] for p in report["partitions"]], "the orders differ: the premise"
