@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from etforge.codegen import program_facts
 from etforge.core.litert import payload
 
 
@@ -18,7 +19,8 @@ from etforge.core.litert import payload
 class DelegateInfo:
     method: str
     backend_id: str
-    #: The partition name when etforge's container says it, else the delegate's position.
+    #: The partition name (etforge's container, else the delegate's compile spec), else the
+    #: delegate's position.
     partition: str
     format: str
     host_only: bool
@@ -38,7 +40,8 @@ def read_delegates(program: Any) -> list[DelegateInfo]:
                 if ref.location == INLINE
                 else b""  # segments are folded back inline by the deserializer
             )
-            name, fmt, host_only = f"{plan.name}[{i}]", "device payload", False
+            fmt, host_only = "device payload", False
+            name = program_facts.delegate_partition(program, d) or f"{plan.name}[{i}]"
             if data[:4] == payload.MAGIC:
                 blob = payload.unpack(data)
                 name, fmt, host_only = blob.partition, blob.format, blob.host_only

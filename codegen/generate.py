@@ -97,21 +97,28 @@ def _is_tensor(plan: Any, index: int) -> bool:
 
 
 def _npu_memory(program: ProgramInfo, report: dict[str, Any] | None) -> list[dict[str, Any]]:
-    """Each NPU partition's working memory: planned from its host-only payload; a device
-    payload's figure is the NPU compiler's (report.json's, in program order, checked to be a
-    byte count: ``verify`` cannot hold it to the program)."""
-    reported = [p for p in (report or {}).get("memory", {}).get("npu_partitions", []) if isinstance(p, dict)]
+    """Each NPU delegate's working memory, in program order: planned from its host-only payload;
+    a device payload's figure is the NPU compiler's (report.json's entry of the same partition
+    name, checked to be a byte count: ``verify`` cannot hold it to the program). Matched by
+    name, never by position: the report lists partitions in tag order, the program its delegates
+    in the order ExecuTorch emits them."""
+    listed = (report or {}).get("memory", {}).get("npu_partitions", [])
+    reported = {p.get("name"): (i, p) for i, p in enumerate(listed) if isinstance(p, dict)}
     out = []
-    for i, (name, working) in enumerate(program_facts.npu_working(program.program)):
-        rep = reported[i] if i < len(reported) else {}
-        name = name if name is not None else str(rep.get("name", f"delegate {i}"))
+    for k, (name, working) in enumerate(program_facts.npu_working(program.program)):
         if working is None:
+            if name is None or name not in reported:
+                raise EtforgeError(
+                    f"report.json: memory.npu_partitions has no entry for delegate {k} "
+                    f"({'partition ' + repr(name) if name else 'it names no partition'}) of {Path(program.path).name}"
+                )
+            i, rep = reported[name]
             working = rep.get("working_bytes")
             if not isinstance(working, int) or isinstance(working, bool) or working < 0:
                 raise EtforgeError(
                     f"report.json: memory.npu_partitions[{i}].working_bytes {working!r} is not a byte count"
                 )
-        out.append({"name": name, "working_bytes": working})
+        out.append({"name": name if name is not None else f"delegate {k}", "working_bytes": working})
     return out
 
 

@@ -88,24 +88,41 @@ def scratch_bytes(plan: Any) -> int:
     return total
 
 
+def delegate_partition(program: Any, delegate: Any) -> str | None:
+    """The partition a delegate runs: etforge's container names it; a device payload is named
+    by the compile spec the partitioner gave it, which the ``.pte`` keeps with the delegate.
+    This, not the delegate's position, is how a delegate meets its report.json entry:
+    ExecuTorch emits delegates in program order, the report lists partitions in tag order."""
+    from etforge.core.litert import payload
+
+    data = bytes(program.backend_delegate_data[delegate.processed.index].data)
+    if data[:4] == payload.MAGIC:
+        return payload.unpack(data).partition
+    for spec in getattr(delegate, "compile_specs", None) or []:
+        if spec.key == payload.PARTITION_SPEC:
+            value = spec.value
+            return bytes(value).decode() if not isinstance(value, str) else value
+    return None
+
+
 def npu_working(program: Any) -> list[tuple[str | None, int | None]]:
     """(partition, working bytes) of each NPU delegate, in program order: planned from a
-    host-only payload's LiteRT model; (None, None) for a device payload (its name and the NPU
-    compiler's figure are not in the program)."""
+    host-only payload's LiteRT model; None for a device payload's figure (the NPU compiler's,
+    not in the program) and for the name of a delegate that carries none."""
     from etforge.core.litert import payload
     from etforge.core.serialize.npu_memory import plan_partition
 
     out: list[tuple[str | None, int | None]] = []
     for plan in program.execution_plan:
         for d in plan.delegates:
-            ref = d.processed
-            data = bytes(program.backend_delegate_data[ref.index].data)
+            data = bytes(program.backend_delegate_data[d.processed.index].data)
+            name = delegate_partition(program, d)
             if data[:4] != payload.MAGIC:
-                out.append((None, None))
+                out.append((name, None))
                 continue
             blob = payload.unpack(data)
             working = plan_partition(blob.partition, blob.data).working_bytes if blob.host_only else None
-            out.append((blob.partition, working))
+            out.append((name, working))
     return out
 
 

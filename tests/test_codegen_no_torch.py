@@ -33,6 +33,9 @@ def check(view, ref):
         assert [(d.id, d.processed.location, d.processed.index) for d in a.delegates] == [
             (d.id, int(d.processed.location), d.processed.index) for d in b.delegates
         ]
+        assert [[(c.key, c.value) for c in d.compile_specs] for d in a.delegates] == [
+            [(c.key, bytes(c.value)) for c in d.compile_specs] for d in b.delegates
+        ]
         assert len(a.values) == len(b.values)
         for va, vb in zip(a.values, b.values):
             kind = type(vb.val).__name__

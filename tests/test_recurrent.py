@@ -46,14 +46,6 @@ def _calibration() -> list[tuple[torch.Tensor]]:
     [(nn.LSTM, "imxrt700"), (nn.LSTM, "imxrt700cm"), (nn.GRU, "imxrt700cm")],
     ids=["lstm-imxrt700", "lstm-imxrt700cm", "gru-imxrt700cm"],
 )
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 44 found it (Compiled.verify now runs etforge verify's gates): report.json lists "
-    "memory.npu_partitions in partition order (etforge_0, etforge_1, ...), model.pte its delegates in "
-    "program order (etforge_7 first here); verify's report-fields gate refuses the report, and "
-    "codegen reads a device payload's working memory from the report by program index. The same "
-    "compile fails `etforge verify` on main (89947e8).",
-)
 def test_recurrent_layer_compiles_and_verifies(cell: type[nn.Module], target: str) -> None:
     torch.manual_seed(0)
     calibration = _calibration()

@@ -17,6 +17,9 @@ from typing import Any
 MAGIC = b"ETFG"
 FORMAT_LITERT_HOST = "litert-host-v1"  # LiteRT flatbuffer, no device code (SDK absent)
 _ALIGN = 16
+#: The delegate's compile-spec key naming its partition (its delegation tag). ExecuTorch keeps a
+#: delegate's compile specs in the ``.pte``: a device payload's only name there.
+PARTITION_SPEC = "partition"
 
 
 @dataclass(frozen=True)

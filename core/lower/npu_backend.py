@@ -32,8 +32,9 @@ class Lowered:
 
 
 #: Compile-spec key naming the partition (its delegation tag): the report's per-node
-#: ``partition`` and the partition files use the same name by construction.
-PARTITION_KEY = "partition"
+#: ``partition`` and the partition files use the same name by construction, and the ``.pte``
+#: keeps it with the delegate (how readers match a delegate to its report entry).
+PARTITION_KEY = payload.PARTITION_SPEC
 
 
 @dataclass

@@ -15,7 +15,7 @@ import importlib
 import importlib.util
 import sys
 import types
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -181,10 +181,18 @@ class BackendDelegateDataReference:
     index: int
 
 
+@dataclass(frozen=True)
+class CompileSpec:
+    key: str
+    value: bytes
+
+
 @dataclass
 class BackendDelegate:
     id: str
     processed: BackendDelegateDataReference
+    #: What the partitioner gave the backend, kept in the program (etforge's partition name).
+    compile_specs: list[CompileSpec] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -273,8 +281,12 @@ def _plan(g: dict[str, Any], p: Any) -> ExecutionPlan:
     delegates = []
     for d in (p.Delegates(i) for i in range(p.DelegatesLength())):
         ref = d.Processed()
+        specs = [
+            CompileSpec(_str(c.Key()), _ubytes(c._tab, 6))
+            for c in (d.CompileSpecs(j) for j in range(d.CompileSpecsLength()))
+        ]
         delegates.append(
-            BackendDelegate(_str(d.Id()), BackendDelegateDataReference(ref.Location(), ref.Index()))
+            BackendDelegate(_str(d.Id()), BackendDelegateDataReference(ref.Location(), ref.Index()), specs)
         )
     return ExecutionPlan(
         name=_str(p.Name()),

@@ -66,8 +66,9 @@ class DeviceRun:
     qemu: QemuRun
     inputs: list[tuple[torch.Tensor, ...]]
     outputs: list[list[torch.Tensor]]  #: per sample, logical shapes (as the host interpreter's)
-    #: First sample, per instruction: {"instruction", "op", "instructions"}; empty when the
-    #: tracer's events cannot be matched to the plan one to one (``per_op_note`` says why).
+    #: First sample, per instruction: {"instruction", "op", "instructions"} (a delegate call
+    #: also its "partition"); empty when the tracer's events cannot be matched to the plan one
+    #: to one (``per_op_note`` says why).
     per_op: list[dict[str, Any]] = field(default_factory=list)
     per_op_note: str = ""
     instruction_label: str = INSTRUCTION_LABEL
@@ -311,8 +312,19 @@ def _per_op(interp: Any, q: QemuRun) -> tuple[list[dict[str, Any]], str]:
     rows = []
     for index, (ins, (_, ticks)) in enumerate(zip(instructions, events, strict=True)):
         op = _op_name(interp, ins.instr_args)
-        rows.append({"instruction": index, "op": op, "instructions": ticks * q.instructions_per_tick})
+        row = {"instruction": index, "op": op, "instructions": ticks * q.instructions_per_tick}
+        if type(ins.instr_args).__name__ == "DelegateCall":  # named by the delegate it calls
+            row["partition"] = _partition(interp, ins.instr_args.delegate_index)
+        rows.append(row)
     return rows, ""
+
+
+def _partition(interp: Any, delegate_index: int) -> str | None:
+    """The partition of the plan's delegate ``delegate_index`` (its payload's or compile spec's
+    name): delegate calls run in program order, not in report.json's tag order."""
+    from etforge.codegen.program_facts import delegate_partition
+
+    return delegate_partition(interp.program, interp.plan.delegates[delegate_index])
 
 
 def _first_difference(host: torch.Tensor, device: torch.Tensor) -> str:

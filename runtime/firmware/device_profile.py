@@ -28,15 +28,15 @@ def per_node(report: dict[str, Any], per_op: Sequence[dict[str, Any]]) -> dict[s
     for n in report.get("nodes", []):
         if n.get("debug_handle") is not None and n.get("placement") != "npu":
             by_handle.setdefault(int(n["debug_handle"]), []).append(n)
-    partitions = [p.get("name") for p in report.get("partitions", [])]
     rows: dict[str, dict[str, Any]] = {}
     parts: list[dict[str, Any]] = []
     other: list[dict[str, Any]] = []
     for item in per_op:
         index, op, count = int(item["instruction"]), str(item["op"]), int(item["instructions"])
         if op.startswith("delegate"):
-            name = partitions[len(parts)] if len(parts) < len(partitions) else None
-            parts.append({"partition": name, "instruction": index, "instructions": count})
+            # the delegate's own partition name (runtime/firmware/device._per_op), not the
+            # report's n-th partition: ExecuTorch calls delegates in program order
+            parts.append({"partition": item.get("partition"), "instruction": index, "instructions": count})
             continue
         handle = handles.get(str(index))
         owners = by_handle.get(int(handle), []) if handle is not None else []

@@ -77,15 +77,24 @@ def mismatches(program: Any, pte: Path, report: dict[str, Any]) -> list[str]:
     if not isinstance(parts, list) or len(parts) != len(working):
         check("memory.npu_partitions (count)", len(parts) if isinstance(parts, list) else parts, len(working))
     else:
-        for i, (rep, (name, size)) in enumerate(zip(parts, working, strict=True)):
-            rep = rep if isinstance(rep, dict) else {}
-            # A device payload's name and figure (the NPU compiler's) are not in the program.
-            if name is not None:
-                check(f"memory.npu_partitions[{i}].name", rep.get("name"), name)
-            if size is not None:
+        # Matched by partition name, never by position: ExecuTorch emits the delegates in
+        # program order, the report lists the partitions in tag order (etforge_0, etforge_1, ...).
+        by_name = {rep.get("name"): i for i, rep in enumerate(parts) if isinstance(rep, dict)}
+        arenas = program_facts.fallback_arenas(program)
+        for k, ((name, size), arena) in enumerate(zip(working, arenas, strict=True)):
+            if name is None:
+                found.append(
+                    f"report.json memory.npu_partitions: delegate {k} of {pte.name} names no partition"
+                )
+                continue
+            if name not in by_name:
+                check(f"memory.npu_partitions (delegate {k}'s partition)", None, name)
+                continue
+            i = by_name[name]
+            rep = parts[i]
+            if size is not None:  # a device payload's figure (the NPU compiler's) is not in the program
                 check(f"memory.npu_partitions[{i}].working_bytes", rep.get("working_bytes"), size)
-        for i, (rep, arena) in enumerate(zip(parts, program_facts.fallback_arenas(program), strict=True)):
-            if isinstance(rep, dict) and "fallback_arena_bytes" in rep:  # a host-only partition's
+            if "fallback_arena_bytes" in rep:  # a host-only partition's
                 check(f"memory.npu_partitions[{i}].fallback_arena_bytes", rep["fallback_arena_bytes"], arena)
         sizes = [p.get("working_bytes") for p in parts if isinstance(p, dict)]
         if all(isinstance(s, int) for s in sizes):
