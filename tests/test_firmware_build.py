@@ -62,3 +62,17 @@ def test_compile_error_is_one_line(out: Path, tmp_path: Path) -> None:
     assert "\n" not in message
     assert message.startswith(f"firmware build failed (image for {bad}): ")
     assert "etforge_model_kernels.cpp" in message and "error" in message
+
+
+def test_a_copy_elsewhere_gets_its_own_library_tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CMake tree records its source directory: the same content configured from another
+    place (a second checkout or venv sharing the cache) must not reuse it, or CMake refuses to
+    reconfigure it for the next image."""
+    src = sources.locate()
+    here = build.library_key(src)
+    copy = tmp_path / "files"
+    shutil.copytree(build.files_dir(), copy)
+    monkeypatch.setattr(build, "files_dir", lambda: copy)
+    assert build.library_key(src) != here
+    monkeypatch.undo()
+    assert build.library_key(src) == here  # and the key is stable where nothing moved

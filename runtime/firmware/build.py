@@ -118,9 +118,17 @@ def _recipe(h: hashlib._Hash) -> None:
 
 
 def library_key(src: Sources) -> str:
+    """The library tree's name: what it compiles (content) and where from (locations). A CMake
+    build tree records its source directory and the absolute paths it compiles, so a tree
+    configured from another checkout, venv or source copy with the same content is refused by
+    CMake when reconfigured for an image: each location gets its own tree."""
     h = hashlib.sha256(f"etforge-firmware-libs {RECIPE_VERSION}\0".encode())
     h.update(_compiler_version())
     _recipe(h)
+    from etforge.codegen.cmake_runtime import cmake_dir
+
+    where = (files_dir(), cmake_dir(), src.executorch, src.cmsis_nn, src.schema, src.flatbuffers)
+    h.update("\0".join(str(Path(p).resolve()) for p in where).encode() + b"\0")
     h.update("\0".join(_lib_utils(src) + cmsis_nn_sources(src.cmsis_nn)).encode())  # what gets compiled
     _hash_tree(h, src.executorch, _ET_DIRS)
     _hash_tree(h, src.cmsis_nn, _NN_DIRS)

@@ -247,7 +247,8 @@ def cmake_lists(src: TflmSources, nn: Path, ops: list[str]) -> dict[str, list[st
 
 
 def library_key(src: TflmSources, nn: Path) -> str:
-    """Content key of TFLM's sources and dependencies (the first build of them is announced)."""
+    """Key of TFLM's sources and dependencies: their content and their locations (the object
+    files a CMake tree holds are named by absolute source path; see ``build.library_key``)."""
     from etforge.runtime.firmware.build import _compiler_version, _hash_tree
 
     h = hashlib.sha256(f"etforge-tflm {RECIPE_VERSION}\0".encode())
@@ -256,4 +257,5 @@ def library_key(src: TflmSources, nn: Path) -> str:
     _hash_tree(h, src.tflm, ("tensorflow",))
     _hash_tree(h, src.deps, ("flatbuffers", "gemmlowp", "ruy", "cmsis"))
     _hash_tree(h, nn, ("Include", "Source"))
+    h.update("\0".join(str(Path(p).resolve()) for p in (src.tflm, src.deps, nn)).encode())
     return h.hexdigest()[:20]
