@@ -227,7 +227,25 @@ def enum(kind: str, name: str) -> int:
 
 
 def read_metadata(model_bytes: bytes) -> dict[str, bytes]:
-    """The metadata entries of a LiteRT model (independent of the builder's state)."""
+    """The metadata entries of a LiteRT model (independent of the builder's state).
+
+    Read through the flatbuffer's tables: only the metadata and their buffers are touched
+    (the object API unpacks every weight buffer into Python lists: ~14 ms for MobileNetV2's
+    2.7 MB partition, and ``verify`` reads each partition's entries once per sample)."""
+    model = schema.Model.GetRootAs(model_bytes, 0)
+    out: dict[str, bytes] = {}
+    for i in range(model.MetadataLength()):
+        entry = model.Metadata(i)
+        index = entry.Buffer()
+        buffer = model.Buffers(index) if index < model.BuffersLength() else None
+        if buffer is None or buffer.DataIsNone():  # not an inline byte vector: as the object API reads it
+            return _read_metadata_unpacked(model_bytes)
+        name = entry.Name()
+        out[name.decode() if isinstance(name, bytes) else name] = buffer.DataAsNumpy().tobytes()
+    return out
+
+
+def _read_metadata_unpacked(model_bytes: bytes) -> dict[str, bytes]:
     model = schema.ModelT.InitFromPackedBuf(model_bytes, 0)
     out = {}
     for m in model.metadata or []:
