@@ -19,6 +19,7 @@ from torch.export import ExportedProgram
 
 from etforge.core.build import output
 from etforge.core.common.errors import EtforgeError
+from etforge.core.common.threads import one_thread
 from etforge.core.front.load import load_program
 from etforge.core.litert import payload
 from etforge.core.registry.manager import Registry, registry
@@ -357,11 +358,19 @@ def _verify(
         # device code that is not the rebuilt one has no LiteRT source to run in its place
         raise EtforgeError("\n".join(byte_failures))
     edge_outputs: list[list[torch.Tensor]] = []
+    batches = _inputs(report, seed, samples)
     with payload.host_stand_ins(stand_ins):
-        result, agreement = _run_checks(
-            interp, program, float_ep, qep, report, samples, seed, max_steps, min_top1, kernels,
-            labeled, max_accuracy_drop, edge_outputs, steps,
+        result = compare(
+            program, float_ep, qep, report, samples=samples, seed=seed, max_steps=max_steps,
+            min_top1=min_top1, kernels=kernels, data=labeled, max_accuracy_drop=max_accuracy_drop,
+            edge_outputs=edge_outputs, steps=steps,
         )  # fmt: skip
+        with steps.step("pte", f"running model.pte in the host interpreter on {samples} samples") as done:
+            result.pte = agreement = compare_with_edge(interp, program, batches, kernels, edge_outputs)
+            done["line"] = (
+                f"model.pte (host interpreter, planned offsets) vs the Edge program: {agreement.agreed}/"
+                f"{agreement.samples} samples identical"
+            )
     from etforge.runtime.execution.cpu_libraries import not_proven
 
     ops = {step.name.removesuffix(".out") for step in interp.steps}
@@ -380,7 +389,7 @@ def _verify(
     from etforge.core.contracts.verify_gate import GateInput
     from etforge.runtime.verification.gates import run_gates
 
-    given = GateInput(out, report, program, interp, _inputs(report, seed, samples), edge_outputs)
+    given = GateInput(out, report, program, interp, batches, edge_outputs)
     run_gates(given, result, steps, registry())  # the plugins' gates (etforge_verify_gates)
     result.failures[:0] = byte_failures
     if not agreement.ok:
@@ -392,47 +401,7 @@ def _verify(
     return result
 
 
-def _run_checks(
-    interp: PteInterpreter,
-    program: ExportedProgram,
-    float_ep: ExportedProgram,
-    qep: ExportedProgram | None,
-    report: dict[str, Any],
-    samples: int,
-    seed: int,
-    max_steps: float | None,
-    min_top1: int | None,
-    kernels: str,
-    labeled: Any,
-    max_accuracy_drop: float,
-    edge_outputs: list[list[torch.Tensor]],
-    steps: Steps,
-) -> tuple[Verification, Agreement]:
-    result = compare(
-        program,
-        float_ep,
-        qep,
-        report,
-        samples=samples,
-        seed=seed,
-        max_steps=max_steps,
-        min_top1=min_top1,
-        kernels=kernels,
-        data=labeled,
-        max_accuracy_drop=max_accuracy_drop,
-        edge_outputs=edge_outputs,
-        steps=steps,
-    )
-    batches = _inputs(report, seed, samples)
-    with steps.step("pte", f"running model.pte in the host interpreter on {samples} samples") as done:
-        result.pte = agreement = compare_with_edge(interp, program, batches, kernels, edge_outputs)
-        done["line"] = (
-            f"model.pte (host interpreter, planned offsets) vs the Edge program: {agreement.agreed}/"
-            f"{agreement.samples} samples identical"
-        )
-    return result, agreement
-
-
+@one_thread()  # batch-1 ops: a spinning OpenMP pool only takes cores from others
 def compare(
     program: ExportedProgram,
     float_ep: ExportedProgram,
@@ -463,30 +432,6 @@ def compare(
     evaluation is otherwise reported, not gated: on random weights it measures how the network
     amplifies rounding torch does differently (MobileNetV2-96: 23 steps), not the conversion.
     """
-    from etforge.core.common.threads import one_thread
-
-    with one_thread():  # batch-1 ops: a spinning OpenMP pool only takes cores from others
-        return _compare(
-            program, float_ep, qep, report, samples, seed, max_steps, min_top1, kernels, data,
-            max_accuracy_drop, edge_outputs, steps,
-        )  # fmt: skip
-
-
-def _compare(
-    program: ExportedProgram,
-    float_ep: ExportedProgram,
-    qep: ExportedProgram | None,
-    report: dict[str, Any],
-    samples: int,
-    seed: int,
-    max_steps: float | None,
-    min_top1: int | None,
-    kernels: str,
-    data: Labeled | None,
-    max_accuracy_drop: float,
-    edge_outputs: list[list[torch.Tensor]] | None,
-    steps: Steps | None,
-) -> Verification:
     import time
 
     steps = steps or Steps()
