@@ -13,13 +13,12 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import sysconfig
 from pathlib import Path
 
 import pytest
 
-from support import REPO
+from support import REPO, run_cli
 
 MODEL = f"{REPO / 'tests' / 'models' / 'user_models.py'}:small"
 DOUBLE = REPO / "tests" / "sdk_double"
@@ -72,17 +71,8 @@ def generated(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     gens = {}
     for kind in ("host-only", "device"):
         out = tmp_path_factory.mktemp(kind) / "out"
-        env = dict(os.environ, COLUMNS="200")
-        if kind == "device":
-            env["PYTHONPATH"] = os.pathsep.join(p for p in (str(DOUBLE), env.get("PYTHONPATH", "")) if p)
-            env["ETFORGE_SDK_DOUBLE"] = "v1"
-        proc = subprocess.run(
-            [sys.executable, "-m", "etforge", "compile", MODEL, "--target", "imxrt700", "-o", str(out)],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=900,
-        )
+        sdk = {"pythonpath": DOUBLE, "env": {"ETFORGE_SDK_DOUBLE": "v1"}} if kind == "device" else {}
+        proc = run_cli("compile", MODEL, "--target", "imxrt700", "-o", str(out), **sdk)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         gens[kind] = out / "codegen"
     return gens

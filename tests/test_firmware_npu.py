@@ -14,9 +14,6 @@ float32, and a program whose partitions are Neutron microcode, refused.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +23,7 @@ import torch
 from etforge.core.common.errors import EtforgeError
 from etforge.runtime.firmware import conformance, device, tflm
 
-from support import REPO
+from support import REPO, run_cli
 
 
 def _missing() -> str | None:
@@ -166,14 +163,10 @@ def test_neutron_microcode_is_refused_before_building(tmp_path: Path) -> None:
     """A program compiled with the eIQ Neutron SDK (its test double) carries microcode: even
     with ``--cpu-partitions`` it is refused, one line naming the delegate, before any build."""
     out = tmp_path / "npu"
-    env = dict(os.environ, ETFORGE_SDK_DOUBLE="v1", COLUMNS="200")
-    env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(REPO / "tests" / "sdk_double"), env.get("PYTHONPATH", "")) if p
-    )
     model = f"{REPO / 'tests' / 'models' / 'user_models.py'}:small"
-    compiled = subprocess.run(
-        [sys.executable, "-m", "etforge", "compile", model, "--target", "imxrt700", "-o", str(out)],
-        capture_output=True, text=True, env=env, timeout=900,
+    compiled = run_cli(
+        "compile", model, "--target", "imxrt700", "-o", str(out),
+        pythonpath=REPO / "tests" / "sdk_double", env={"ETFORGE_SDK_DOUBLE": "v1"},
     )  # fmt: skip
     assert compiled.returncode == 0, compiled.stdout + compiled.stderr
     with pytest.raises(

@@ -12,11 +12,8 @@ device payload (the SDK double of tests/sdk_double), the LiteRT model the compil
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +26,7 @@ from etforge.core.litert import payload
 from etforge.core.serialize.npu_memory import plan_partition
 from etforge.runtime.verification.report_fields import mismatches
 
-from support import REPO
+from support import REPO, run_cli
 
 MODEL = f"{REPO / 'tests' / 'models' / 'recurrent_models.py'}:lstm_spotter"
 DOUBLE = REPO / "tests" / "sdk_double"
@@ -42,17 +39,8 @@ def compiled(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     outs = {}
     for kind in KINDS:
         out = tmp_path_factory.mktemp(kind) / "out"
-        env = dict(os.environ, COLUMNS="200")
-        if kind == "device":
-            env["PYTHONPATH"] = os.pathsep.join(p for p in (str(DOUBLE), env.get("PYTHONPATH", "")) if p)
-            env["ETFORGE_SDK_DOUBLE"] = "v1"
-        proc = subprocess.run(
-            [sys.executable, "-m", "etforge", "compile", MODEL, "--target", "imxrt700", "-o", str(out)],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=900,
-        )
+        sdk = {"pythonpath": DOUBLE, "env": {"ETFORGE_SDK_DOUBLE": "v1"}} if kind == "device" else {}
+        proc = run_cli("compile", MODEL, "--target", "imxrt700", "-o", str(out), **sdk)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         outs[kind] = out
     return outs
