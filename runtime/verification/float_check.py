@@ -117,14 +117,18 @@ def check_float_program(
     options: dict[str, Any] | None,
     reg: Any,
     batches: Sequence[tuple[torch.Tensor, ...]],
+    notes: list[str] | None = None,
 ) -> list[FloatOp]:
     """Delegate ``float_ep``'s NPU partitions (the float program, its BatchNorms folded as
     prepare folds them: ``runtime.verification.float_program``) and check every NPU op of it on
-    ``batches``; per op, the worst relative error over the batches."""
+    ``batches``; per op, the worst relative error over the batches. ``notes`` gets why
+    BatchNorms stayed unfolded, when they did (the check then runs on the unfolded program)."""
     from etforge.runtime.execution.host import run_program
     from etforge.runtime.verification.float_program import delegated
 
-    program, _, _ = delegated(float_ep, float_target(target), options, reg)
+    program, _, why = delegated(float_ep, float_target(target), options, reg)
+    if why.get("unfolded") and notes is not None:
+        notes.append(why["unfolded"])
     worst: dict[tuple[str, str], FloatOp] = {}
     kept: dict[Any, Any] = {}  # each partition's every-tensor run, read back by float_op_check
     for batch in batches:

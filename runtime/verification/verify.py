@@ -128,6 +128,9 @@ class Verification:
     #: against its float Edge op; worst relative error and the ops checked.
     float_max_rel: float | None = None
     float_ops: int = 0
+    #: Why the float check ran on the unfolded float program (BatchNorms it could not fold into
+    #: their convs, ``runtime.verification.float_program.fold``); None when it folded them or had none.
+    float_check_unfolded: str | None = None
     #: The whole program in device arithmetic (``runtime.verification.simulate``): the compiled program's
     #: worst distance over every value of every dequantized output, in steps; the quantize
     #: nodes without a rule, and those whose value came from torch, not the program.
@@ -764,10 +767,18 @@ def _float_check(
     options = {k: tuple(v) if isinstance(v, list) else v for k, v in report["options"].items()}
     batches = _inputs(report, seed, min(samples, FLOAT_CHECK_SAMPLES))
     doing = f"float check: lowering {output.FLOAT_PROGRAM}, NPU ops in float32 on {len(batches)} samples"
+    unfolded: list[str] = []
     with steps.step("float check", doing) as done:
-        ops = float_check.check_float_program(float_ep, target, options, reg, batches)
+        ops = float_check.check_float_program(float_ep, target, options, reg, batches, unfolded)
         done["line"] = (
             f"float check: {len(ops)} NPU ops in float32 against the float Edge ops, {len(batches)} samples"
+            + (f" (BatchNorms not folded: {unfolded[0]})" if unfolded else "")
+        )
+    if unfolded:
+        result.float_check_unfolded = unfolded[0]
+        result.notes.append(
+            f"float check ran on the unfolded float program: {unfolded[0]}; each BatchNorm stays a "
+            "float CPU op and the NPU ops around it are checked as before (slower, as strong)"
         )
     result.float_ops = len(ops)
     result.float_max_rel = max((o.rel_error for o in ops), default=None)
