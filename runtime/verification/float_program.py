@@ -55,10 +55,8 @@ def fold(float_ep: ExportedProgram) -> tuple[ExportedProgram, int, str | None]:
     try:
         return program_from_graph(gm, float_ep, tuple(float_ep.example_inputs[0])), before - after, None
     except Unsupported as exc:
-        return float_ep, 0, (
-            f"{before - after} conv + BatchNorm pair(s) not folded (the float program cannot be rebuilt "
-            f"from the folded graph: {exc})"
-        )
+        why = f"the float program cannot be rebuilt from the folded graph: {exc}"
+        return float_ep, 0, f"{before - after} conv + BatchNorm pair(s) not folded ({why})"
 
 
 def delegated(
