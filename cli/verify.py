@@ -119,6 +119,12 @@ def _finite(value: float | None, param: Any, low: float, high: float | None = No
     help="qemu-m33: run model.pte in ExecuTorch's C++ runtime with CMSIS-NN on an emulated Cortex-M33 "
     "and require its outputs to equal the host interpreter's bit for bit (docs/firmware.md).",
 )
+@click.option(
+    "--reconvert",
+    is_flag=True,
+    help="Convert the NPU partitions again from quantized.pt2 and require partitions/*.tflite byte for "
+    "byte (default: those files, checked against report.json's sha256, are taken as converted).",
+)
 @firmware_source_options
 @click.pass_obj
 def verify(
@@ -142,6 +148,7 @@ def verify(
     executorch_src: str | None = None,
     cmsis_nn_src: str | None = None,
     cpu_partitions: bool = False,
+    reconvert: bool = False,
 ) -> None:
     """Run OUT's program on the host (NPU partitions in LiteRT) and compare with torch.
 
@@ -162,7 +169,7 @@ def verify(
     )
     checks = {
         "samples": samples, "seed": seed, "max_steps": max_steps, "min_top1": min_top1,
-        "kernels": kernels, "data": data, "max_accuracy_drop": max_accuracy_drop,
+        "kernels": kernels, "data": data, "max_accuracy_drop": max_accuracy_drop, "reconvert": reconvert,
     }  # fmt: skip
     if script is None:
         _compiled_output(Path(out_dir))  # a wrong path fails here, before torch loads

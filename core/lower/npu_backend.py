@@ -87,6 +87,22 @@ def lowering(
         _CURRENT.reset(token)
 
 
+#: Conversions taken as given in this context, by partition name (``verify``: the compile's
+#: hash-checked ``partitions/*.tflite``): ``preprocess`` uses one instead of converting again.
+_GIVEN: ContextVar[dict[str, Converted] | None] = ContextVar("etforge_given_conversions", default=None)
+
+
+@contextmanager
+def given_conversions(given: dict[str, Converted]) -> Iterator[None]:
+    """Partitions named in ``given`` are not converted inside the block: their conversion is
+    the one given (a partition not named is converted as always)."""
+    token = _GIVEN.set(given)
+    try:
+        yield
+    finally:
+        _GIVEN.reset(token)
+
+
 def current_lowering() -> Lowering | None:
     """The lowering whose block is open here, if any."""
     return _CURRENT.get()
@@ -109,7 +125,9 @@ class EtforgeNpuBackend(BackendDetails):
         target = own if own is not None and own.name == specs["target"] else reg.target(specs["target"])
         options = {**json.loads(specs.get("options", "{}")), **(low.options if low is not None else {})}
         name = str(specs.get(PARTITION_KEY, "etforge_0"))
-        converted = convert_program(edge_program, target, reg.converters_for(target), name=name, reg=reg)
+        converted = (_GIVEN.get() or {}).get(name) or convert_program(
+            edge_program, target, reg.converters_for(target), name=name, reg=reg
+        )
         io = PartitionIo(tuple(converted.input_dim_orders), tuple(converted.output_dim_orders))
         result = compile_partition(converted.tflite, target, options, name, reg=reg, io=io)
         # A device payload goes in as the device runtime reads it; a host-only LiteRT model

@@ -159,6 +159,11 @@ class Verification:
     #: Samples whose per-op gates the device simulation's one pass proved (``runtime.verification.exact_pass``);
     #: the others (the first, any with a value off) ran the teacher-forced checks.
     samples_from_simulation: int = 0
+    #: NPU partition files taken as converted on ``report.json``'s sha256 (the hash chain), not
+    #: converted again from ``quantized.pt2`` (``runtime.verification.saved_partitions``), and
+    #: those converted again and compared byte for byte (``verify --reconvert``).
+    partitions_by_hash: list[str] = field(default_factory=list)
+    partitions_reconverted: list[str] = field(default_factory=list)
     #: Seconds per step (``runtime.verification.verify_steps``): where verify's time went.
     seconds: dict[str, float] = field(default_factory=dict)
 
@@ -223,12 +228,23 @@ def _per_op(found: list[OpParity]) -> tuple[list[dict[str, Any]], list[dict[str,
 
 
 def rebuild(
-    out: Path, report: dict[str, Any], reg: Registry, parts_out: list[Any] | None = None
+    out: Path,
+    report: dict[str, Any],
+    reg: Registry,
+    parts_out: list[Any] | None = None,
+    reconvert: bool = False,
+    given_out: list[str] | None = None,
 ) -> tuple[ExportedProgram, ExportedProgram, ExportedProgram | None, dict[bytes, Any]]:
     """(lowered host program, float program, quantized program, host stand-ins) from a
     compile's outputs; the stand-ins map each device payload (NPU microcode) to the LiteRT
-    partition it was compiled from, which is what the host can run."""
+    partition it was compiled from, which is what the host can run.
+
+    The NPU partitions are the compile's hash-checked ``partitions/*.tflite``, not converted
+    again (``runtime.verification.saved_partitions``; ``given_out`` gets their names), unless
+    ``reconvert``: then the converters run again and must reproduce the files byte for byte."""
     from etforge.core.build.pipeline import lower
+    from etforge.core.lower.npu_backend import given_conversions
+    from etforge.runtime.verification.saved_partitions import conversions
 
     float_ep = load_program(out / output.FLOAT_PROGRAM)
     qpath = out / output.QUANTIZED_PROGRAM
@@ -238,9 +254,13 @@ def rebuild(
     # The path the compile took (report.json): a classic compile (``lowering="classic"``, a
     # script's .pte) is rebuilt classic, so its payloads are compared with their own kind.
     early = (report.get("lowering") or {}).get("path") != "classic"
-    edge, _, parts, _ = lower(qep if qep is not None else float_ep, target, options, reg, early=early)
+    given = {} if reconvert else conversions(out, report)
+    with given_conversions(given):
+        edge, _, parts, _ = lower(qep if qep is not None else float_ep, target, options, reg, early=early)
     if parts_out is not None:
         parts_out.extend(parts)
+    if given_out is not None:
+        given_out.extend(p.name for p in parts if given.get(p.name) is p.converted)
     for p in parts:
         saved = out / "partitions" / f"{p.name}.tflite"
         if not saved.is_file() or saved.read_bytes() != p.converted.tflite:
@@ -275,8 +295,11 @@ def verify(
     max_accuracy_drop: float = DEFAULT_MAX_ACCURACY_DROP,
     steps: Steps | None = None,
     report_fields: bool = True,
+    reconvert: bool = False,
 ) -> Verification:
-    """Verify the compile in ``out``; ``data``: labeled samples (``runtime.verification.accuracy``) to
+    """Verify the compile in ``out``; ``reconvert``: convert the NPU partitions again and
+    require the compile's ``partitions/*.tflite`` byte for byte (default: those hash-checked
+    files are taken as converted, ``runtime.verification.saved_partitions``); ``data``: labeled samples (``runtime.verification.accuracy``) to
     measure the accuracy drop on; ``steps``: progress callbacks (``runtime.verification.verify_steps``);
     ``report_fields=False`` only where report.json is etforge's reference compile beside
     another program (``script_pte``): its firmware fields then describe the reference, not
@@ -286,8 +309,9 @@ def verify(
     steps = steps or Steps()
     with one_thread():  # batch-1 ops: a spinning OpenMP pool only takes cores from others
         result = _verify(
-            out, samples, seed, max_steps, min_top1, kernels, data, max_accuracy_drop, steps, report_fields
-        )
+            out, samples, seed, max_steps, min_top1, kernels, data, max_accuracy_drop, steps, report_fields,
+            reconvert,
+        )  # fmt: skip
     result.seconds = dict(steps.seconds)
     return result
 
@@ -303,6 +327,7 @@ def _verify(
     max_accuracy_drop: float,
     steps: Steps,
     report_fields: bool = True,
+    reconvert: bool = False,
 ) -> Verification:
     from etforge.core.front.load import check_program_file
     from etforge.core.serialize.pte_check import check_pte
@@ -337,12 +362,14 @@ def _verify(
 
         labeled = load_labeled(data, report)  # bad data fails before the long rebuild
     parts: list[Any] = []
+    given: list[str] = []
     source = output.QUANTIZED_PROGRAM if report["quantized"] else output.FLOAT_PROGRAM
     with steps.step("rebuild", f"rebuilding the lowered program from {source}") as done:
-        program, float_ep, qep, stand_ins = rebuild(out, report, registry(), parts)
-        done["line"] = (
-            f"rebuilt the lowered program from {source}: {len(parts)} NPU partition(s), "
-            "each equal to its partitions/*.tflite"
+        program, float_ep, qep, stand_ins = rebuild(out, report, registry(), parts, reconvert, given)
+        done["line"] = f"rebuilt the lowered program from {source}: {len(parts)} NPU partition(s), " + (
+            f"{len(given)} of them the hash-checked partitions/*.tflite as converted (not converted again)"
+            if given
+            else "each converted again and equal to its partitions/*.tflite"
         )
     with steps.step("payloads", "comparing the delegate payloads with the rebuilt ones") as done:
         byte_notes: list[str] = []
@@ -389,6 +416,17 @@ def _verify(
             "the LiteRT partitions the NPU compiler compiled them from, in their place"
         )
     result.notes.extend(hash_notes + byte_notes)
+    result.partitions_by_hash = [f"{output.PARTITIONS}/{name}.tflite" for name in given]
+    result.partitions_reconverted = [
+        f"{output.PARTITIONS}/{p.name}.tflite" for p in parts if p.name not in given
+    ]
+    if given:
+        result.notes.append(
+            f"{', '.join(result.partitions_by_hash)}: taken as converted on {output.REPORT}'s sha256, not "
+            f"converted again from {source} (verify --reconvert converts and compares byte for byte); what "
+            "they compute is judged by the NPU-op, whole-output and .pte = Edge gates, their bytes in "
+            f"{output.PTE} by the payload-bytes gate"
+        )
     from etforge.core.contracts.verify_gate import GateInput
     from etforge.runtime.verification.gates import run_gates
 
