@@ -159,6 +159,8 @@ def verify(
     if runtime != "host":
         if script_model is not None:
             raise click.UsageError("--runtime qemu-m33 verifies an OUT directory, not a script's .pte")
+        if reconvert:
+            raise click.UsageError("--reconvert goes with the host verification (--runtime host)")
         verify_on_device(
             Path(out_dir), runtime, samples, seed, executorch_src, cmsis_nn_src, as_json, cpu_partitions
         )

@@ -153,3 +153,11 @@ def test_a_partition_changed_with_its_payload_and_every_hash_fails_by_default_an
     )
     with pytest.raises(EtforgeError, match=r"etforge_0\.tflite: does not match the program rebuilt"):
         verify(out, samples=2, reconvert=True)
+
+
+def test_reconvert_is_refused_beside_the_device_runtime(tmp_path: Path) -> None:
+    """--reconvert changes the host rebuild only: with --runtime qemu-m33 it is a usage error,
+    not a flag silently ignored."""
+    proc = cli_in_process("verify", str(tmp_path), "--runtime", "qemu-m33", "--reconvert")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "--reconvert goes with the host verification" in proc.stderr + proc.stdout

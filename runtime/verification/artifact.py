@@ -1,14 +1,17 @@
 """Every byte of a compile's output is the compiled one.
 
-``verify`` rebuilds the lowered program from ``quantized.pt2`` and runs that; this module
-checks that what it ran is what the output holds:
+``verify`` rebuilds the lowered program from ``quantized.pt2`` (its NPU partitions the
+hash-checked ``partitions/*.tflite``, or converted again with ``--reconvert``:
+``runtime.verification.saved_partitions``) and runs that; this module checks that what it ran
+is what the output holds:
 
 * a hash chain: ``report.json`` records the sha256 of ``model.pte`` and of each side file
   (``float.pt2``, ``quantized.pt2``, ``partitions/*``) — a file from another compile, or
   changed after it, is named;
 * every delegate payload inside ``model.pte`` equals, byte for byte, the payload the rebuild
   produced for its partition (a flipped weight bit inside the NPU payload is found even when
-  ``report.json``'s own hash was updated to match);
+  ``report.json``'s hash of ``model.pte`` was updated to match: the partition file's own hash
+  still holds it to the compiled bytes);
 * ``partitions/`` holds only files of this program's partitions.
 """
 

@@ -1,8 +1,9 @@
 """``etforge verify OUT``: run the compiled program on the host and compare with torch.
 
 The lowered program is rebuilt from ``quantized.pt2`` with the recorded target and
-options, and must reproduce ``partitions/*.tflite`` byte for byte — so what runs here is
-what the ``.pte`` holds. NPU partitions run in LiteRT, Cortex-M ops as their reference
+options, its NPU partitions the compile's hash-checked ``partitions/*.tflite`` (``--reconvert``:
+converted again and required equal to them byte for byte), and every delegate payload in the
+``.pte`` must equal the rebuilt one — so what runs here is what the ``.pte`` holds. NPU partitions run in LiteRT, Cortex-M ops as their reference
 implementations, everything else in torch; each op and the whole output are judged against
 the quantized program computed in the device's arithmetic (docs/report.md).
 """
