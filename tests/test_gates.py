@@ -165,6 +165,7 @@ def test_float_check_fails_the_approximate_gelu_swap(gelu_runs: dict[bool, Any])
     from etforge.runtime.verification.float_check import FLOAT_REL_TOL
 
     exact, approx = gelu_runs[False], gelu_runs[True]
+    assert exact.float_check_source == approx.float_check_source == "partitions"  # the compiled partitions
     assert exact.float_ops > 0 and exact.float_max_rel <= FLOAT_REL_TOL
     assert approx.float_max_rel > 5 * FLOAT_REL_TOL
     assert [f for f in approx.failures if re.search(r"NPU op etforge_\d+:\w*gelu\w* in float form", f)], (

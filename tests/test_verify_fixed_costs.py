@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import torch
+from torch.export import ExportedProgram
 
 from support import REPO, cli_in_process
 
@@ -38,21 +39,89 @@ def unfoldable(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def test_a_float_check_that_cannot_fold_batch_norm_says_so(unfoldable: Path) -> None:
-    """The float check falls back to the unfolded float program: the result, its note and
-    ``verify --json`` name why; the gate still ran on every NPU op and held."""
-    from etforge.runtime.verification.verify import verify
+def _unstrippable() -> ExportedProgram:
+    """A program whose quantize feeds an integer op: no quantize / dequantize pair to remove."""
+    import torch.ao.quantization.fx._decomposed  # noqa: F401  (registers quantized_decomposed)
 
-    v = verify(unfoldable, samples=2)
+    class Codes(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            q = torch.ops.quantized_decomposed.quantize_per_tensor(x, 0.1, 0, -128, 127, torch.int8)
+            return q.to(torch.int32) + 1
+
+    return torch.export.export(Codes(), (torch.randn(1, 8),))
+
+
+class _ConvBn(_ConvBnNone):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return torch.relu(self.bn(self.conv(x)))
+
+
+def test_the_float_check_runs_on_the_compiled_partitions(tmp_path: Path) -> None:
+    """By default the float check strips the rebuilt program's NPU partitions of their
+    quantize / dequantize pairs and converts them in float (no second lowering): the same NPU
+    ops as lowering float.pt2 again (its BatchNorm folded), all within FLOAT_REL_TOL; verify
+    --json says which ran."""
+    import etforge
+    from etforge.core.build import output
+    from etforge.core.front.load import load_program
+    from etforge.core.registry.manager import registry
+    from etforge.runtime.verification import float_check
+    from etforge.runtime.verification.verify import _inputs, verify
+
+    calib = [(torch.randn(1, 3, 8, 8, generator=torch.Generator().manual_seed(i)),) for i in range(4)]
+    etforge.compile(_ConvBn().eval(), calib[0], target="imxrt700cm", calibration=calib).save(tmp_path)
+    v = verify(tmp_path, samples=4)
     assert v.ok, v.failures
-    why = v.float_check_unfolded
+    assert v.float_check_source == "partitions" and v.float_check_unfolded is None
+    report = output.load_report(tmp_path / "report.json")
+    again = float_check.check_float_program(
+        load_program(tmp_path / "float.pt2"),
+        registry().target("imxrt700cm"),
+        None,
+        registry(),
+        _inputs(report, 0, 4),
+    )
+    assert v.float_ops == len(again) == 1  # conv + BatchNorm + ReLU: one NPU op
+    assert v.float_max_rel is not None and v.float_max_rel <= float_check.FLOAT_REL_TOL
+    proc = cli_in_process("verify", str(tmp_path), "--samples", "2", "--json")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert json.loads(proc.stdout[proc.stdout.index("{") :])["float_check_source"] == "partitions"
+
+
+def test_a_partition_that_cannot_be_stripped_falls_back_to_float_pt2_and_says_so(unfoldable: Path) -> None:
+    """A delegate whose program has no removable quantize / dequantize pair: the float check
+    lowers float.pt2 as before and says why; that program's BatchNorm cannot be folded there
+    (its forward returns None beside the tensor): said too, field, note and all."""
+    import types
+
+    from etforge.core.build import output
+    from etforge.core.front.load import load_program
+    from etforge.runtime.verification.float_partitions import NotStrippable, stripped
+    from etforge.runtime.verification.verify import Verification, _float_check
+    from etforge.runtime.verification.verify_steps import Steps
+
+    bad = _unstrippable()
+    with pytest.raises(NotStrippable, match="feeds something other than a dequantize or the output"):
+        stripped(bad)
+    report = output.load_report(unfoldable / "report.json")
+    payload = (unfoldable / "partitions" / "etforge_0.tflite").read_bytes()
+    from etforge.core.litert.payload import FORMAT_LITERT_HOST, pack
+
+    lowered = types.SimpleNamespace(
+        processed_bytes=pack(FORMAT_LITERT_HOST, "etforge_0", True, payload), original_module=bad
+    )
+    result = Verification(2, None, None, None, None, None, 0.0, False)
+    _float_check(result, load_program(unfoldable / "float.pt2"), report, 2, 0, Steps(), [[(lowered, [])]])
+    assert result.float_check_source == "float.pt2" and result.float_ops >= 1 and not result.failures
+    assert [
+        n for n in result.notes if n.startswith("float check: lowered float.pt2 again: a partition could not")
+    ]
+    why = result.float_check_unfolded
     assert why is not None and "1 conv + BatchNorm pair(s) not folded" in why
     assert "an output is not a tensor of the graph" in why
-    assert [n for n in v.notes if n.startswith("float check ran on the unfolded float program") and why in n]
-    assert v.float_ops >= 1  # the unfolded program's NPU ops were still checked
-    proc = cli_in_process("verify", str(unfoldable), "--samples", "2", "--json")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert json.loads(proc.stdout[proc.stdout.index("{") :])["float_check_unfolded"] == why
+    assert [
+        n for n in result.notes if n.startswith("float check ran on the unfolded float program") and why in n
+    ]
 
 
 def test_a_foldable_program_reports_no_fallback(unfoldable: Path) -> None:

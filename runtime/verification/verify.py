@@ -132,6 +132,10 @@ class Verification:
     #: Why the float check ran on the unfolded float program (BatchNorms it could not fold into
     #: their convs, ``runtime.verification.float_program.fold``); None when it folded them or had none.
     float_check_unfolded: str | None = None
+    #: What the float check ran on: ``partitions`` (the compiled program's NPU partitions with
+    #: their quantize/dequantize pairs removed, ``runtime.verification.float_partitions``) or
+    #: ``float.pt2`` (lowered again, where a partition could not be: a note says why).
+    float_check_source: str | None = None
     #: The whole program in device arithmetic (``runtime.verification.simulate``): the compiled program's
     #: worst distance over every value of every dequantized output, in steps; the quantize
     #: nodes without a rule, and those whose value came from torch, not the program.
@@ -491,6 +495,7 @@ def compare(
     scales = leaf_scales(program)
     aliases = observer_names(qep) if qep is not None else {}
     template: list[OpParity] | None = None  # the first sample's teacher-forced results
+    float_calls: list[list[Any]] = []  # the first samples' delegate calls, for the float check
     # the weights' dequantizes and other nodes that read no input: computed once (each interpreter's own)
     sim_constants = ConstantNodes(q_fn.graph) if q_fn is not None else None
     inputs = _inputs(report, seed, samples)
@@ -513,6 +518,8 @@ def compare(
         with litert_run.keeping(DEVICE_KERNELS, kept_runs):  # its every-tensor run feeds litert_values
             device_outs = run_program(program, batch, DEVICE_KERNELS, calls, values)
         outs = device_outs if kernels == "reference" or not calls else run_program(program, batch, kernels)
+        if index < FLOAT_CHECK_SAMPLES:  # the float check's partition inputs (``float_partitions``)
+            float_calls.append(list(calls))
         if edge_outputs is not None:  # the .pte interpreter is compared with them (``verify``)
             edge_outputs.append(outs)
         start = steps.add("samples: the program's runs", start) + start
@@ -607,7 +614,7 @@ def compare(
         )
         how = f"; {fast} of them judged op by op from the simulation's one pass" if fast else ""
         steps.finished(f"ran {samples} samples{how}: {compared} ({time.perf_counter() - loop_start:.1f} s)")
-    _float_check(result, float_ep, report, samples, seed, steps)
+    _float_check(result, float_ep, report, samples, seed, steps, float_calls)
     if q_fn is not None and any(scales):
         _gate_simulation(result, sim_worst, sim_not_exact, sim_unforced)
     need = result.top1_required = min_top1 if min_top1 is not None else top1_required(samples)
@@ -795,14 +802,32 @@ def _float_check(
     samples: int,
     seed: int,
     steps: Steps,
+    calls: list[list[Any]] | None = None,
 ) -> None:
-    """Every NPU converter in float form against the float Edge ops (``runtime.verification.float_check``)."""
+    """Every NPU converter in float form against the float Edge ops (``runtime.verification.float_check``):
+    on the compiled program's own partitions in float (``runtime.verification.float_partitions``,
+    ``calls``: the delegate calls of the first samples), else on ``float.pt2`` lowered again (told)."""
     from etforge.runtime.verification import float_check
 
     reg = registry()
     target = reg.target(report["target"])
     if target.npu is None:
         return
+    float_target = float_check.float_target(target)
+    if calls:
+        doing = f"float check: the NPU partitions in float32 on {len(calls)} samples"
+        with steps.step("float check", doing) as done:
+            ops, why = _float_check_in_place(calls, float_target, reg)
+            if ops is not None:
+                done["line"] = (
+                    f"float check: {len(ops)} NPU ops of the compiled partitions in float32 against the "
+                    f"float Edge ops, {len(calls)} samples"
+                )
+        if ops is not None:
+            result.float_check_source = "partitions"
+            _float_failures(result, ops)
+            return
+        result.notes.append(f"float check: lowered {output.FLOAT_PROGRAM} again: {why}")
     options = {k: tuple(v) if isinstance(v, list) else v for k, v in report["options"].items()}
     batches = _inputs(report, seed, min(samples, FLOAT_CHECK_SAMPLES))
     doing = f"float check: lowering {output.FLOAT_PROGRAM}, NPU ops in float32 on {len(batches)} samples"
@@ -813,12 +838,42 @@ def _float_check(
             f"float check: {len(ops)} NPU ops in float32 against the float Edge ops, {len(batches)} samples"
             + (f" (BatchNorms not folded: {unfolded[0]})" if unfolded else "")
         )
+    result.float_check_source = output.FLOAT_PROGRAM
     if unfolded:
         result.float_check_unfolded = unfolded[0]
         result.notes.append(
             f"float check ran on the unfolded float program: {unfolded[0]}; each BatchNorm stays a "
             "float CPU op and the NPU ops around it are checked as before (slower, as strong)"
         )
+    _float_failures(result, ops)
+
+
+def _float_check_in_place(calls: list[list[Any]], target: Any, reg: Registry) -> tuple[list[Any] | None, str]:
+    """(each NPU op's worst float check over ``calls``, "") — or (None, why) where a partition
+    cannot be checked in float in place (then ``float.pt2`` is lowered as before)."""
+    from etforge.runtime.verification.float_check import FloatOp, float_op_check
+    from etforge.runtime.verification.float_partitions import NotStrippable, float_partition
+
+    partitions: dict[int, Any] = {}
+    worst: dict[tuple[str, str], FloatOp] = {}
+    for sample in calls:
+        for lowered, args in sample:
+            if id(lowered) not in partitions:
+                try:
+                    partitions[id(lowered)] = float_partition(lowered, target, reg)
+                except (NotStrippable, EtforgeError) as exc:
+                    return None, f"a partition could not be checked in float in place ({exc})"
+            part = partitions[id(lowered)]
+            for f in float_op_check(part, part.inputs(args)):
+                key = (f.partition, f.node)
+                if key not in worst or f.rel_error > worst[key].rel_error:
+                    worst[key] = f
+    return list(worst.values()), ""
+
+
+def _float_failures(result: Verification, ops: list[Any]) -> None:
+    from etforge.runtime.verification import float_check
+
     result.float_ops = len(ops)
     result.float_max_rel = max((o.rel_error for o in ops), default=None)
     result.failures.extend(float_check.failures(ops))
