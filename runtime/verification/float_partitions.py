@@ -16,6 +16,7 @@ approximated: ``float_ops`` returns None and the float check lowers ``float.pt2`
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -65,6 +66,7 @@ def stripped(ep: ExportedProgram) -> tuple[ExportedProgram, tuple[Any, ...]]:
     if fake_mode is None:
         raise NotStrippable("no fake values to retype the inputs with")
     user_dq: dict[str, Any] = {}
+    seen: set[str] = set()  # placeholders dequantized in place already
 
     def value(arg: Any) -> Any:
         if isinstance(arg, torch.fx.Node):
@@ -87,20 +89,17 @@ def stripped(ep: ExportedProgram) -> tuple[ExportedProgram, tuple[Any, ...]]:
             dq.replace_all_uses_with(src.args[0])
         elif src.op == "placeholder" and src.name in specs:
             spec = specs[src.name]
-            args = tuple(value(a) for a in dq.args[1:])
-            if spec.kind == InputKind.USER_INPUT:
-                if src.name in user_dq or any(u is not dq for u in src.users):
-                    raise NotStrippable(f"input {src.name} is read other than by one dequantize")
-                user_dq[src.name] = (dq.target, args)
-            else:
+            if src.name not in seen:  # every reader one dequantize of the same parameters
                 if any(not is_dequantize(u) or u.args[1:] != dq.args[1:] for u in src.users):
-                    raise NotStrippable(f"constant {src.name} is read other than by one dequantize")
-                held = ep.state_dict if spec.target in ep.state_dict else ep.constants
-                if held[spec.target].is_floating_point():  # dequantized already, by a sibling
-                    pass
+                    raise NotStrippable(f"{src.name} is read other than by dequantizes of one scale")
+                seen.add(src.name)
+                args = tuple(value(a) for a in dq.args[1:])
+                if spec.kind == InputKind.USER_INPUT:
+                    user_dq[src.name] = (dq.target, args)
                 else:
+                    held = ep.state_dict if spec.target in ep.state_dict else ep.constants
                     held[spec.target] = dq.target(held[spec.target], *args)
-            retype(src, src.meta["val"])
+                retype(src, src.meta["val"])
             dq.replace_all_uses_with(src)
         else:
             raise NotStrippable(f"{dq.name} dequantizes {src.name}, neither a quantize nor an input")
@@ -115,7 +114,7 @@ def stripped(ep: ExportedProgram) -> tuple[ExportedProgram, tuple[Any, ...]]:
     if len(names) != len(ep.graph_signature.output_specs) or None in names:
         raise NotStrippable("an output is not a node")
     for spec, name in zip(ep.graph_signature.output_specs, names, strict=True):
-        spec.arg.name = name
+        spec.arg = dataclasses.replace(spec.arg, name=name)  # the signature is the copy's own
     ep.graph_module.recompile()
     inputs = [s.arg.name for s in ep.graph_signature.input_specs if s.kind == InputKind.USER_INPUT]
     return ep, tuple(user_dq.get(name) for name in inputs)

@@ -863,6 +863,8 @@ def _float_check_in_place(calls: list[list[Any]], target: Any, reg: Registry) ->
                     partitions[id(lowered)] = float_partition(lowered, target, reg)
                 except (NotStrippable, EtforgeError) as exc:
                     return None, f"a partition could not be checked in float in place ({exc})"
+                except Exception as exc:  # a converter that fails on float input: the old path, told
+                    return None, f"converting a partition in float failed ({type(exc).__name__}: {exc})"
             part = partitions[id(lowered)]
             for f in float_op_check(part, part.inputs(args)):
                 key = (f.partition, f.node)
