@@ -230,3 +230,34 @@ def test_reconvert_is_refused_beside_the_device_runtime(tmp_path: Path) -> None:
     proc = cli_in_process("verify", str(tmp_path), "--runtime", "qemu-m33", "--reconvert")
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "--reconvert goes with the host verification" in proc.stderr + proc.stdout
+
+
+def test_an_int8_only_converter_is_not_asked_to_convert_float() -> None:
+    """A ReLU converter that declares int8 only (and refuses anything else) wins the int8
+    partition; in float the op's converter is chosen again for float32 (the built-in one),
+    so the float check still runs on the compiled partitions, not the float.pt2 fallback."""
+    from test_gates import _compare, _plugin, _relu_calibration, _ReluPlusInput
+
+    from etforge.core.common.errors import ConversionError
+    from etforge.core.contracts.converter import OpConverter
+
+    class Int8Relu(OpConverter):
+        ops = ("aten.relu.default",)
+        targets = ("neutron-c",)
+        priority = 10
+        litert_ops = ("RELU",)
+        dtypes = ("int8",)
+
+        def convert(self, node: Any, ctx: Any) -> None:
+            x = ctx.input(node.args[0])
+            if x.dtype != "int8":
+                raise ConversionError(node, "relu", f"{x.dtype}: int8 only")
+            ctx.emit("RELU", [x], [ctx.output(node, x.perm)])
+
+    v = _compare(
+        _ReluPlusInput(), _relu_calibration(), "imxrt700", _plugin("int8_relu", Int8Relu()), samples=4
+    )
+    assert v.ok, v.failures
+    assert v.float_check_source == "partitions", v.notes
+    assert not [n for n in v.notes if n.startswith("float check: lowered")]
+    assert v.float_ops > 0

@@ -7,7 +7,9 @@ delegated: most of its time). The rebuilt int8 program already holds each NPU pa
 Edge program: the ops the device runs, each between a dequantize and a quantize. Removed,
 those pairs leave the same ops in float — the int8 constants dequantized (the values the
 device's weights stand for), each partition input dequantized from the int8 value the program
-handed the partition on a seeded sample — which the same converters convert in float. The
+handed the partition on a seeded sample — which the same converters convert in float (the
+converter the partitioner chose for each op; one that handles int8 only is not asked to
+convert float: the op's converter is chosen again for float32 tensors). The
 comparison and its tolerance (``FLOAT_REL_TOL``) are unchanged; the ops checked are exactly
 those the device runs on the NPU. A partition this cannot strip or convert (a quantize or
 dequantize that is not one of these pairs, a converter refusing a float op) is not
@@ -25,7 +27,8 @@ import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
-from etforge.core.graph.utils import clone_program, is_dequantize, is_quantize
+from etforge.core.graph.utils import clone_program, is_dequantize, is_quantize, node_op
+from etforge.core.litert.context import DECIDED_KEY, decided_converter
 
 
 class NotStrippable(Exception):
@@ -128,6 +131,11 @@ def float_partition(lowered: Any, target: Any, reg: Any) -> FloatPartition:
 
     blob = payload.unpack_for_host(bytes(lowered.processed_bytes))
     program, dequantize = stripped(lowered.original_module)
+    converters = reg.converters_for(target)
+    for node in program.graph.nodes:  # the partitioner's choice, unless it takes int8 only
+        chosen = decided_converter(node, converters.get(node_op(node), []), reg)
+        if chosen is not None and "float32" not in chosen.dtypes:
+            node.meta.pop(DECIDED_KEY)  # chosen again for float32, as the float lowering would
     converted = convert_program(
         clone_program(program), target, reg.converters_for(target), name=blob.partition, reg=reg
     )
