@@ -32,6 +32,9 @@ def pytest_configure(config: pytest.Config) -> None:
     cache = getattr(config, "cache", None)  # None under -p no:cacheprovider
     if cache is not None:
         os.environ.setdefault("ETFORGE_FIRMWARE_CACHE", str(cache.mkdir("etforge-firmware")))
+        from compiler_cache import use_ccache  # tests/compiler_cache.py
+
+        use_ccache(Path(cache.mkdir("ccache")), base=Path(cache.mkdir("etforge-firmware")).parent)
 
 
 def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginManager) -> None:
