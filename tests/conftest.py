@@ -32,6 +32,9 @@ def pytest_configure(config: pytest.Config) -> None:
     cache = getattr(config, "cache", None)  # None under -p no:cacheprovider
     if cache is not None:
         os.environ.setdefault("ETFORGE_FIRMWARE_CACHE", str(cache.mkdir("etforge-firmware")))
+        from compiler_cache import use_ccache  # tests/compiler_cache.py
+
+        use_ccache(Path(cache.mkdir("ccache")), base=Path(cache.mkdir("etforge-firmware")).parent)
 
 
 def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginManager) -> None:
@@ -74,6 +77,12 @@ SLOW_FILES |= frozenset(
         "memory_map", "no_cache", "placement_scale", "recipes", "recurrent",
     )
 )  # fmt: skip
+#: More of the same kind, from a fast-tier run's durations (issue 47, part 6): QEMU runs and
+#: firmware builds (firmware_npu, firmware_build), a module fixture compiling every delegate kind
+#: (partition_identity) or a face detector end to end (report_cortex_m) -- 25 to 700 s a file.
+SLOW_FILES |= frozenset(
+    f"test_{name}.py" for name in ("firmware_build", "firmware_npu", "partition_identity", "report_cortex_m")
+)
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:

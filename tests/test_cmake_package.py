@@ -24,7 +24,7 @@ import etforge
 from etforge.codegen import c_api
 from etforge.runtime.firmware import device
 
-from support import REPO, THIRD_PARTY, run_cli
+from support import REPO, THIRD_PARTY, compile_each, run_cli
 
 EXAMPLES = REPO / "examples" / "firmware"
 MODELS = ["digits_cnn", "autoencoder"]
@@ -83,12 +83,8 @@ def _build(build_dir: Path) -> str:
 
 @pytest.fixture(scope="module")
 def outs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("cm")
-    proc = run_cli(
-        "compile", *(f"zoo:{m}" for m in MODELS), "--target", "cortex-m33", "-o", str(root), "--jobs", "1"
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return {m: root / m / "cortex-m33" for m in MODELS}
+    found = compile_each([f"zoo:{m}" for m in MODELS], "cortex-m33", tmp_path_factory.mktemp("cm"))
+    return {m: found[f"zoo:{m}"] for m in MODELS}
 
 
 @pytest.fixture(scope="module")
@@ -165,11 +161,8 @@ def npu_outs(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], 
     root = tmp_path_factory.mktemp("npu")
     found = {}
     for target in NPU_TARGETS:
-        proc = run_cli(
-            "compile", *(f"zoo:{m}" for m in MODELS), "--target", target, "-o", str(root), "--jobs", "1"
-        )
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-        found.update({(m, target): root / m / target for m in MODELS})
+        built = compile_each([f"zoo:{m}" for m in MODELS], target, root)
+        found.update({(m, target): built[f"zoo:{m}"] for m in MODELS})
     return found
 
 

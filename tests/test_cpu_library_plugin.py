@@ -13,6 +13,8 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
+
 from support import REPO, run_cli, write_distribution
 
 LIBRARY = REPO / "tests" / "cpu_library"
@@ -54,6 +56,7 @@ def _site(tmp_path: Path, entry: str, extra: dict[str, str] | None = None) -> Pa
     return site
 
 
+@pytest.mark.slow  # outside the fast tier: CLI subprocesses with a plugin path (issue 47)
 def test_a_third_party_cpu_library_compiles_generates_and_verifies(tmp_path: Path) -> None:
     site = _site(tmp_path, "doublelib")
     out = tmp_path / "out"
@@ -72,6 +75,7 @@ def test_a_third_party_cpu_library_compiles_generates_and_verifies(tmp_path: Pat
     assert json.loads(proc.stdout)["ok"] is True
 
 
+@pytest.mark.slow  # outside the fast tier: CLI subprocesses with a plugin path (issue 47)
 def test_without_its_host_arithmetic_verify_names_the_op(tmp_path: Path) -> None:
     site = _site(tmp_path, "doublelib_nohost", {"doublelib_nohost": WITHOUT_HOST})
     out = tmp_path / "out"

@@ -18,7 +18,7 @@ import pytest
 from etforge.core.common.errors import EtforgeError
 from etforge.runtime.firmware import conformance, device, sources
 
-from support import run_cli
+from support import compile_each, run_cli
 
 ZOO = ["cifarnet", "ds_cnn", "resnet8", "autoencoder", "digits_cnn"]
 #: Architecture-suite families (tests/models/architectures.py) whose cortex-m33 programs the
@@ -41,12 +41,8 @@ pytestmark = pytest.mark.skipif(_missing() is not None, reason=str(_missing()))
 
 @pytest.fixture(scope="module")
 def outs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("fw")
-    proc = run_cli(
-        "compile", *(f"zoo:{m}" for m in ZOO), "--target", "cortex-m33", "-o", str(root), "--jobs", "1"
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return {m: root / m / "cortex-m33" for m in ZOO}
+    found = compile_each([f"zoo:{m}" for m in ZOO], "cortex-m33", tmp_path_factory.mktemp("fw"))
+    return {m: found[f"zoo:{m}"] for m in ZOO}
 
 
 @pytest.fixture(scope="module")

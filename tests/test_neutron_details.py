@@ -108,6 +108,7 @@ def build():
 """
 
 
+@pytest.mark.slow  # outside the fast tier: SDK double subprocess compiles, ~35 s each (issue 47)
 @pytest.mark.parametrize(
     ("device", "why"),
     [

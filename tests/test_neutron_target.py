@@ -75,6 +75,7 @@ def test_partitions_are_compiled_for_the_targets_chip(compiled: Path) -> None:
     assert all(b"excludeGraphPasses='HoistSliceAboveTranspose,MergeTranspose'" in p for p in payloads)
 
 
+@pytest.mark.slow  # outside the fast tier: upstream's payload in a child (issue 47)
 def test_channels_last_io_flags_match_upstreams_payload(compiled: Path, tmp_path: Path) -> None:
     """On a Cortex-M fallback every 4-D tensor is channels-last (docs/targets.md): upstream's
     PayloadComposer, told the partition's 4-D graph I/O are CHANNELS_LAST, packs the bytes

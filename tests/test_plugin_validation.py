@@ -283,6 +283,7 @@ def etforge_op_converters():
 """
 
 
+@pytest.mark.slow  # outside the fast tier: CLI subprocesses with a plugin path (issue 47)
 def test_cli_strict_turns_a_raising_check_into_an_error(plugin_dir: Path, tmp_path: Path) -> None:
     write_distribution(
         plugin_dir, "broken-floor", "0.2", {"bfloor": "bfloor_mod"}, {"bfloor_mod": RAISING_CHECK}

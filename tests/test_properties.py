@@ -7,6 +7,7 @@ checked), and seeds torch from the drawn example, so a failure reproduces.
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 from hypothesis import HealthCheck, given, settings
@@ -46,6 +47,7 @@ def conv_case(draw: st.DrawFn) -> tuple[torch.nn.Module, torch.Tensor]:
     return conv, torch.randn(1, c_in, size, size + draw(st.integers(0, 3)))
 
 
+@pytest.mark.slow  # outside the fast tier: ~20 s of random shapes (issue 47)
 @given(case=conv_case(), quantize=st.booleans())
 @SETTINGS
 def test_conv_random_shapes(case: tuple[torch.nn.Module, torch.Tensor], quantize: bool) -> None:
@@ -54,6 +56,7 @@ def test_conv_random_shapes(case: tuple[torch.nn.Module, torch.Tensor], quantize
     _op_converted(result.litert_ops, "CONV_2D", "DEPTHWISE_CONV_2D")
 
 
+@pytest.mark.slow  # outside the fast tier: ~20 s of random shapes (issue 47)
 @given(
     kind=st.sampled_from(["max", "avg"]),
     k=st.integers(1, 3),

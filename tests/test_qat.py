@@ -88,6 +88,7 @@ def _fit(module: nn.Module, x: torch.Tensor, y: torch.Tensor, epochs: int, lr: f
             opt.step()
 
 
+@pytest.mark.slow  # outside the fast tier: training on real data (issue 47)
 def test_qat_keeps_accuracy_on_real_data(tmp_path: Path) -> None:
     """The workflow as docs/qat.md runs it on the digits' training split (a float model trained,
     then fine-tuned with fake quantization, seeded), measured as ``verify --data`` measures it:
@@ -128,6 +129,7 @@ def test_bad_input_is_refused() -> None:
         etforge.compile(prepared, example, target="imxrt700cm")
 
 
+@pytest.mark.slow  # outside the fast tier: training (issue 47)
 def test_cpu_quantizer_fake_quantizes_in_training() -> None:
     """On cortex-m33 every node is CMSIS-NN's quantizer's, which has PTQ observers only: in
     QAT they become fake-quantize modules of the same scheme, and the result verifies."""

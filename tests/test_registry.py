@@ -12,6 +12,7 @@ import tokenize
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 from etforge.core.contracts.converter import OpConverter
@@ -123,6 +124,7 @@ def test_lowering_token_is_not_serialized() -> None:
     assert first.pte == second.pte
 
 
+@pytest.mark.slow  # outside the fast tier: CLI subprocesses (issue 47)
 def test_plugins_load_once_per_cli_run(tmp_path: Path) -> None:
     """``etforge compile`` loads the entry points once (the backend uses the CLI's registry)."""
     model = tmp_path / "m.py"
