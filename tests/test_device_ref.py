@@ -443,3 +443,29 @@ def test_vectorized_multipliers_equal_quantize_multiplier_per_element() -> None:
     want = [ti.quantize_multiplier(float(r)) for r in reals.reshape(-1)]
     assert m.shape == s.shape == reals.shape and m.dtype == s.dtype == np.int64
     assert list(zip(m.reshape(-1).tolist(), s.reshape(-1).tolist(), strict=True)) == want
+
+
+def test_rounding_divide_by_pot_is_gemmlowps_on_every_sign_and_shift() -> None:
+    """``RoundingDivideByPOT`` as gemmlowp writes it in C — ``(x >> e) + (remainder >
+    threshold)``, threshold one higher below zero — element by element in Python integers, on
+    int32 values of both signs, ties included, shifts 0 to 31 (scalar and per-channel)."""
+    import numpy as np
+
+    from etforge.runtime.arithmetic import tflite_int as ti
+
+    def c(x: int, e: int) -> int:
+        mask = (1 << e) - 1
+        return (x >> e) + int((x & mask) > (mask >> 1) + int(x < 0))
+
+    g = np.random.default_rng(0)
+    ties = [s * ((2 * k + 1) << e) >> 1 for e in range(1, 12) for k in range(3) for s in (1, -1)]
+    x = np.concatenate([g.integers(-(2**31), 2**31, 2000), np.arange(-300, 300), ties, [-(2**31), 2**31 - 1]])
+    for e in range(32):
+        got = ti.rounding_divide_by_pot(x, e)
+        assert got.tolist() == [c(int(v), e) for v in x], e
+    shifts = g.integers(0, 32, x.size)  # per element, zero among them
+    got = ti.rounding_divide_by_pot(x, shifts)
+    assert got.tolist() == [c(int(v), int(e)) for v, e in zip(x, shifts, strict=True)]
+    positive = np.maximum(shifts, 1)  # no zero shift: the other branch
+    got = ti.rounding_divide_by_pot(x, positive)
+    assert got.tolist() == [c(int(v), int(e)) for v, e in zip(x, positive, strict=True)]

@@ -82,10 +82,13 @@ def rounding_divide_by_pot(x: np.ndarray, exponent: Any) -> np.ndarray:
     """``RoundingDivideByPOT``: x / 2^exponent, halves away from zero."""
     x = np.asarray(x, np.int64)
     e = np.asarray(exponent, np.int64)
-    mask = (np.int64(1) << e) - 1
-    remainder = x & mask
-    threshold = (mask >> 1) + (x < 0)
-    return (x >> e) + (remainder > threshold)
+    # gemmlowp's form, (x >> e) + (x & mask > (mask >> 1) + (x < 0)), is adding half of 2^e
+    # (one less below zero, where halves round down) before the shift: 3 passes, not 6
+    # (``tests/test_device_ref.py`` holds the two equal).
+    half = (np.int64(1) << e) >> 1
+    if not np.any(e == 0):
+        return (x + (half - (x < 0))) >> e
+    return (x + (half - ((x < 0) & (e > 0)))) >> e
 
 
 def multiply_by_quantized_multiplier(x: Any, multiplier: Any, shift: Any) -> np.ndarray:
@@ -93,7 +96,9 @@ def multiply_by_quantized_multiplier(x: Any, multiplier: Any, shift: Any) -> np.
     shift = np.asarray(shift, np.int64)
     left = np.where(shift > 0, shift, 0)
     right = np.where(shift > 0, 0, -shift)
-    x = np.asarray(x, np.int64) * (np.int64(1) << left)
+    x = np.asarray(x, np.int64)
+    if np.any(left):
+        x = x * (np.int64(1) << left)
     return rounding_divide_by_pot(srdhm(x, multiplier), right)
 
 

@@ -101,6 +101,8 @@ class BatchedSimulation:
 
     samples: list[Simulation]
     per_sample: dict[str, int] = field(default_factory=dict)
+    #: input-dependent nodes computed once for all samples (torch's value or a rule's)
+    stacked: int = 0
 
 
 def _meta(n: Any) -> Any:
@@ -224,6 +226,7 @@ def simulate_batched(
     unforced: list[dict[str, str]] = [{} for _ in range(count)]
     per_sample: dict[str, int] = {}
     dep: set[Node] = set()
+    once = [0]
 
     def slice_of(v: Any, i: int) -> Any:
         if isinstance(v, PerSample):
@@ -280,6 +283,7 @@ def simulate_batched(
             elif _exact_stacked(n, dep) and not any(
                 isinstance(self.env[a], PerSample) for a in n.all_input_nodes
             ):
+                once[0] += 1
                 return super().run_node(n)
             went_per_sample(n)
             items = []
@@ -312,6 +316,7 @@ def simulate_batched(
                 except Exception:  # noqa: BLE001 - NotExact, or a shape the stacked call cannot take: per sample
                     pass
                 else:
+                    once[0] += 1
                     if seen is not None:
                         for i in range(count):
                             seen[i][q.name] = (ruled[i : i + 1], out[i : i + 1])
@@ -396,4 +401,5 @@ def simulate_batched(
             for i, r in enumerate(raws)
         ],
         per_sample,
+        once[0],
     )
