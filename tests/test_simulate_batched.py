@@ -15,14 +15,23 @@ import pytest
 import torch
 
 
-def _compiled(name: str, target: str) -> tuple[Any, Any]:
+def _built(name: str) -> tuple[torch.nn.Module, list[tuple[torch.Tensor, ...]]]:
     from models.architectures import build
 
+    if name == "mobilenet_v2_96":
+        from etforge.zoo import models
+
+        return models.build(name)[0], models.calibration(name, 4)
+    model, _, calibration = build(name)
+    return model, calibration
+
+
+def _compiled(name: str, target: str) -> tuple[Any, Any]:
     from etforge.core.build.report import build_report
     from etforge.core.build.session import compile_model
     from etforge.core.registry.manager import registry
 
-    model, _, calibration = build(name)
+    model, calibration = _built(name)
     reg = registry()
     result = compile_model(model.eval(), calibration[0], target, calibration=calibration, reg=reg)
     return result, build_report(result, reg, name)
@@ -52,6 +61,8 @@ def _cases(result: Any, report: Any, samples: int) -> tuple[Any, list[Any], list
 
 
 CASES = [
+    # 32 samples: batching torch's float convolutions changes some recorded values here
+    pytest.param("mobilenet_v2_96", "imxrt700cm", marks=pytest.mark.slow),
     ("mobilenet_v3_se", "imxrt700cm"),  # depthwise, per-channel, hardswish / hardsigmoid, average pools
     ("shufflenet", "imxrt700cm"),  # chunk, concat, channel shuffle (views that name the batch)
     ("transformer", "imxrt700cm"),  # layer norm, softmax, GELU, matmuls: NPU and CPU ops
@@ -70,7 +81,7 @@ def test_batched_simulation_equals_each_sample_alone(name: str, target: str) -> 
     from etforge.runtime.verification.simulate_batched import simulate_batched
 
     result, report = _compiled(name, target)
-    q_fn, inputs, kinds, program_values = _cases(result, report, 5)
+    q_fn, inputs, kinds, program_values = _cases(result, report, 32 if name == "mobilenet_v2_96" else 5)
     assert all(k == kinds[0] for k in kinds)
     seen: list[dict[str, Any]] = [{} for _ in inputs]
     batched = simulate_batched(q_fn, inputs, kinds[0], program_values, seen, ConstantNodes(q_fn.graph))
