@@ -157,3 +157,25 @@ def test_verify_figures_are_those_of_the_per_sample_simulation(monkeypatch: pyte
     for f in dataclasses.fields(batched):
         if f.name not in skip:
             assert getattr(batched, f.name) == getattr(alone, f.name), f.name
+
+
+def test_the_folded_reference_computes_what_the_program_does() -> None:
+    """``constant_fold.folded``: the weights' dequantizes computed once, the float32 run's
+    outputs equal to the program's, structure and values, and the program left as it was."""
+    from etforge.runtime.verification.constant_fold import folded
+    from etforge.runtime.verification.inputs import seeded_inputs
+
+    result, report = _compiled("mobilenet_v3_se", "imxrt700cm")
+    q_fn = result.quantized_program.module(check_guards=False)
+    before = [n.name for n in q_fn.graph.nodes]
+    ref = folded(q_fn)
+    assert [n.name for n in q_fn.graph.nodes] == before
+    per_channel = [n for n in ref.graph.nodes if "dequantize_per_channel" in str(n.target)]
+    assert per_channel == [] and any("dequantize_per_channel" in str(n.target) for n in q_fn.graph.nodes)
+    with torch.no_grad():
+        for batch in seeded_inputs(report, 0, 3):
+            a, b = q_fn(*batch), ref(*batch)
+            assert type(a) is type(b)
+            flat_a, spec_a = torch.utils._pytree.tree_flatten(a)
+            flat_b, spec_b = torch.utils._pytree.tree_flatten(b)
+            assert spec_a == spec_b and all(torch.equal(x, y) for x, y in zip(flat_a, flat_b, strict=True))

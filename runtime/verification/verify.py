@@ -28,6 +28,7 @@ from etforge.runtime.execution.host import run_program
 from etforge.runtime.execution.pte_interpreter import PteInterpreter
 from etforge.runtime.verification import exact_pass
 from etforge.runtime.verification.accuracy import DEFAULT_MAX_ACCURACY_DROP, Labeled, evaluate
+from etforge.runtime.verification.constant_fold import folded
 from etforge.runtime.verification.constant_nodes import ConstantNodes
 from etforge.runtime.verification.exact_batched import exact_leaves_all
 from etforge.runtime.verification.inputs import seeded_inputs
@@ -445,6 +446,7 @@ def compare(
     check = OutputCheck(program)
     float_fn = float_ep.module(check_guards=False)
     q_fn = qep.module(check_guards=False) if qep is not None else None
+    q_ref = folded(q_fn) if q_fn is not None else None  # its float32 run: weights dequantized once
     worst, total, count = 0.0, 0.0, 0
     spread, vs_exact, top1_spread, top1_exact = 0.0, 0.0, 0, 0
     top1_q = top1_f = 0
@@ -545,7 +547,7 @@ def compare(
             # every output leaf, in the program's order (``runtime.verification.outputs``)
             with torch.no_grad():
                 flat_f = flatten(program, float_fn(*batch))
-                flat_q = flatten(program, q_fn(*batch)) if q_fn is not None else flat_f
+                flat_q = flatten(program, q_ref(*batch)) if q_ref is not None else flat_f
             flat_exact = exact_all[index] if exact_all is not None else flat_q
             steps.add("samples: torch's references (float, float32, float64)", start)
             check.add(outs, flat_exact)
