@@ -20,10 +20,10 @@ import torch
 
 from etforge.runtime.verification.constant_nodes import ConstantNodes
 from etforge.runtime.verification.simulate import Simulation, simulate
-from etforge.runtime.verification.simulate_batched import Seen, simulate_batched
+from etforge.runtime.verification.simulate_batched import Seen, sample_bytes, simulate_batched
 
-#: Bytes of one chunk's simulated values (every node's value is kept: the rules read back):
-#: the chunk holds as many samples as fit, at most ``MAX_CHUNK``.
+#: Bytes of one chunk's simulated values (each kept until its last reader, a rule reading
+#: back included): the chunk holds as many samples as fit, at most ``MAX_CHUNK``.
 CHUNK_BYTES = 1 << 30
 MAX_CHUNK = 32
 
@@ -41,13 +41,9 @@ class BatchState:
 
 
 def chunk_size(module: torch.fx.GraphModule) -> int:
-    """Samples per batched pass: ``CHUNK_BYTES`` over one sample's values (the graph's metadata)."""
-    per_sample = 0
-    for n in module.graph.nodes:
-        v = n.meta.get("val")
-        if isinstance(v, torch.Tensor):
-            per_sample += v.numel() * v.element_size() * 3  # the value, its float and int64 forms
-    return max(1, min(MAX_CHUNK, CHUNK_BYTES // max(per_sample, 1)))
+    """Samples per batched pass: ``CHUNK_BYTES`` over what one sample adds (``sample_bytes``,
+    from the graph's metadata)."""
+    return max(1, min(MAX_CHUNK, CHUNK_BYTES // max(sample_bytes(module.graph), 1)))
 
 
 def simulations(

@@ -78,8 +78,19 @@ _STRUCTURAL = {
 _ONE_DEPENDENT = _STRUCTURAL - {"aten.bmm.default", "aten.matmul.default", "aten.add_.Tensor"}
 #: Ops that may read several input-dependent values beside constants.
 _TWO_DEPENDENT = {"aten.bmm.default", "aten.matmul.default", "aten.add_.Tensor"}
+#: Reshapes: on stacked samples, each sample's elements (a block of rows, in order) become its
+#: block of the result's rows when the target's first size is the samples' count times the
+#: sample's (the target is rewritten so); the rules read their literal shapes: per sample.
+_RESHAPES = {
+    "aten.view.default",
+    "aten.reshape.default",
+    "aten._unsafe_view.default",
+    "aten.view_copy.default",
+}
 #: Ops whose dim argument (position, default) must not be axis 0.
 _DIM_ARG = {
+    "aten.split.Tensor": (2, 0), "aten.split_with_sizes.default": (2, 0), "aten.chunk.default": (2, 0),
+    "aten.unbind.int": (1, 0),
     "aten.mean.dim": (1, None), "aten.sum.dim_IntList": (1, None), "aten.amax.default": (1, None),
     "aten.amin.default": (1, None), "aten._softmax.default": (1, None), "aten.softmax.int": (1, None),
     "aten.slice.Tensor": (1, 0), "aten.select.int": (1, None), "aten.cat.default": (1, 0),
@@ -109,15 +120,20 @@ def _meta(n: Any) -> Any:
     return n.meta.get("val") if isinstance(n, Node) else None
 
 
-def _batch1(v: Any) -> bool:
-    return isinstance(v, torch.Tensor) and v.dim() >= 1 and v.shape[0] == 1
+def _rows(v: Any) -> bool:
+    """A tensor with a first axis: samples stack along it, each its own block of rows."""
+    return isinstance(v, torch.Tensor) and v.dim() >= 1
 
 
-def _outputs_batch1(n: Node) -> bool:
+def _outputs_rows(n: Node) -> bool:
     v = _meta(n)
     if isinstance(v, (tuple, list)):
-        return bool(v) and all(_batch1(x) for x in v)
-    return _batch1(v)
+        return bool(v) and all(_rows(x) for x in v)
+    return _rows(v)
+
+
+def _first(v: Any) -> torch.Tensor:
+    return v[0] if isinstance(v, (tuple, list)) else v
 
 
 def _dims(v: Any) -> list[int]:
@@ -125,18 +141,23 @@ def _dims(v: Any) -> list[int]:
 
 
 def _axis0_free(n: Node, dep: set[Node]) -> bool:
-    """``n`` maps each sample's slice to its own output slice when given stacked values: its
-    output and every input-dependent value it reads are batch 1, an elementwise op's other
-    operands broadcast along axis 0, and no argument names axis 0."""
-    if n.op != "call_function" or not _outputs_batch1(n):
+    """``n`` maps each sample's block of rows (axis 0) to its own output block when given
+    stacked values: every input-dependent value it reads has the output's rows, an elementwise
+    op's other operands broadcast along axis 0, and no argument names axis 0 (a reshape: see
+    ``_RESHAPES``)."""
+    if n.op != "call_function" or not _outputs_rows(n):
         return False
     op = node_op(n)
-    out = _meta(n)
-    rank = (out[0] if isinstance(out, (tuple, list)) else out).dim()
+    out = _first(_meta(n))
+    rank = out.dim()
     inputs = n.all_input_nodes
     if not all(isinstance(_meta(a), torch.Tensor) for a in inputs):
         return False
-    if not all(_batch1(_meta(a)) for a in inputs if a in dep):
+    if not all(_rows(_meta(a)) for a in inputs if a in dep):
+        return False
+    if op in _RESHAPES:  # one input, any rows: its elements, in order, are the sample's
+        return [a for a in inputs if a in dep] == [n.args[0]] and len(inputs) == 1
+    if any(_meta(a).shape[0] != out.shape[0] for a in inputs if a in dep):
         return False
     if op in _ELEMENTWISE or op in _PER_CHANNEL:  # broadcasting: equal ranks, constants batch 1
         for a in inputs:
@@ -185,6 +206,9 @@ def _exact_stacked(n: Node, dep: set[Node]) -> bool:
         or op in ("aten.constant_pad_nd.default", "aten.slice.Tensor", "aten.select.int")
         or op in ("aten.cat.default", "aten.squeeze.dim", "aten.squeeze.dims", "aten.transpose.int")
         or op in ("aten.amax.default", "aten.amin.default")
+        or op in _RESHAPES
+        or op
+        in ("aten.split.Tensor", "aten.split_with_sizes.default", "aten.chunk.default", "aten.unbind.int")
     )
     return exact and _axis0_free(n, dep)
 
@@ -203,6 +227,53 @@ def _region(q: Node, dep: set[Node]) -> list[Node]:
             continue
         todo.extend(a.all_input_nodes)
     return found
+
+
+def last_readers(graph: torch.fx.Graph) -> dict[Node, int]:
+    """Per node, the position of the last node that reads its value: a user, or a quantize
+    node whose rule reads it (``_region``, with the dequantizes' inputs: the codes); after
+    that its value can go (the batched pass holds every sample's, not one's)."""
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    last: dict[Node, int] = {}
+    for n in graph.nodes:
+        for a in n.all_input_nodes:
+            last[a] = max(last.get(a, 0), order[n])
+        if not is_quantize(n):
+            continue
+        seen: set[Node] = set()
+        todo = [n.args[0]]
+        while todo:
+            a = todo.pop()
+            if not isinstance(a, Node) or a in seen:
+                continue
+            seen.add(a)
+            last[a] = max(last.get(a, 0), order[n])
+            if a.op == "placeholder":
+                continue
+            if is_dequantize(a):
+                for b in a.all_input_nodes:
+                    last[b] = max(last.get(b, 0), order[n])
+                continue
+            todo.extend(a.all_input_nodes)
+    return last
+
+
+def sample_bytes(graph: torch.fx.Graph) -> int:
+    """Bytes one sample adds to a batched pass: its values alive at once at the worst point
+    (``last_readers``), and a rule's int64 temporaries on the largest value (a few of them)."""
+    last = last_readers(graph)
+    order = list(graph.nodes)
+    alive, peak, largest = 0, 0, 0
+    ends: dict[int, int] = {}
+    for i, n in enumerate(order):
+        v = n.meta.get("val")
+        size = v.numel() * v.element_size() if isinstance(v, torch.Tensor) else 0
+        largest = max(largest, v.numel() if isinstance(v, torch.Tensor) else 0)
+        alive += size
+        ends[last.get(n, i)] = ends.get(last.get(n, i), 0) + size
+        peak = max(peak, alive)
+        alive -= ends.pop(i, 0)
+    return peak + 40 * largest
 
 
 def simulate_batched(
@@ -232,16 +303,17 @@ def simulate_batched(
         if isinstance(v, PerSample):
             return v.items[i]
         if isinstance(v, torch.Tensor):
-            return v[i : i + 1]
+            rows = v.shape[0] // count
+            return v[i * rows : (i + 1) * rows]
         if isinstance(v, (tuple, list)):
             return type(v)(slice_of(x, i) for x in v)
         return v
 
     def stacked(items: list[Any]) -> Any:
-        """Per-sample values as one stacked value where each is a batch-1 tensor (or a tuple
-        of them), else as they are."""
+        """Per-sample values as one stacked value where they are tensors of one shape with a
+        first axis (or tuples of them), else as they are."""
         first = items[0]
-        if all(_batch1(x) for x in items) and len({(x.dtype, tuple(x.shape[1:])) for x in items}) == 1:
+        if all(_rows(x) for x in items) and len({(x.dtype, tuple(x.shape)) for x in items}) == 1:
             return torch.cat(items)
         if isinstance(first, (tuple, list)) and all(
             isinstance(x, type(first)) and len(x) == len(first) for x in items
@@ -283,8 +355,10 @@ def simulate_batched(
             elif _exact_stacked(n, dep) and not any(
                 isinstance(self.env[a], PerSample) for a in n.all_input_nodes
             ):
-                once[0] += 1
-                return super().run_node(n)
+                value = self.stacked_run(n)
+                if value is not None:
+                    once[0] += 1
+                    return value
             went_per_sample(n)
             items = []
             for i in range(count):
@@ -293,6 +367,28 @@ def simulate_batched(
                 kwargs = torch.fx.node.map_arg(n.kwargs, value)
                 items.append(getattr(self, n.op)(n.target, args, kwargs))
             return stacked(items)
+
+        def stacked_run(self, n: Node) -> Any:
+            """``n`` run once on the stacked values (a reshape to the stacked shape), None when
+            that fails or gives other than each sample's shape stacked: then per sample."""
+            args, kwargs = self.fetch_args_kwargs_from_env(n)
+            want = _meta(n)
+            if node_op(n) in _RESHAPES:
+                args = (args[0], [count * want.shape[0], *want.shape[1:]], *args[2:])
+            try:
+                value = self.call_function(n.target, args, kwargs)
+            except Exception:  # noqa: BLE001 - a view the stacked strides cannot take: per sample
+                return None
+            if isinstance(want, (tuple, list)):
+                if not isinstance(value, (tuple, list)) or len(value) != len(want):
+                    return None
+                pairs = list(zip(value, want, strict=True))
+            else:
+                pairs = [(value, want)]
+            for v, w in pairs:
+                if not isinstance(v, torch.Tensor) or tuple(v.shape) != (count * w.shape[0], *w.shape[1:]):
+                    return None
+            return value
 
         def quantize(self, q: Node, out: Any) -> Any:
             """``simulate``'s step at quantize node ``q`` (torch's value ``out``), for every sample."""
@@ -312,14 +408,17 @@ def simulate_batched(
                         rule = Reference(self.env.__getitem__)
                     else:
                         rule = library_rule(kind, self.env.__getitem__, host_op)
-                    ruled = laid_out_as(rule(q), out)
+                    value = rule(q)
+                    if tuple(value.shape) != tuple(out.shape):
+                        raise ValueError("not the stacked shape")
+                    ruled = laid_out_as(value, out)
                 except Exception:  # noqa: BLE001 - NotExact, or a shape the stacked call cannot take: per sample
                     pass
                 else:
                     once[0] += 1
                     if seen is not None:
                         for i in range(count):
-                            seen[i][q.name] = (ruled[i : i + 1], out[i : i + 1])
+                            seen[i][q.name] = (slice_of(ruled, i), slice_of(out, i))
                     return ruled
             if q not in dep:  # every sample reads the same values: the rule's value is theirs
                 first = self.one(q, kind, host_op, self.sample_value(0), out, 0)
@@ -353,8 +452,10 @@ def simulate_batched(
                 if is_dequantize(a) and isinstance(self.env.get(a.args[0]), PerSample):
                     return False
                 op = node_op(a)
-                if not _axis0_free(a, dep) or (
-                    op not in _STRUCTURAL and op not in _DIM_ARG and not _exact_stacked(a, dep)
+                if (
+                    op in _RESHAPES
+                    or not _axis0_free(a, dep)
+                    or (op not in _STRUCTURAL and op not in _DIM_ARG and not _exact_stacked(a, dep))
                 ):
                     return False
             return True
@@ -385,16 +486,24 @@ def simulate_batched(
                 return out
 
     interp = Device(module, garbage_collect_values=False)
+    last = last_readers(module.graph)
+    done: dict[int, list[Node]] = {}
+    for n, i in last.items():
+        done.setdefault(i, []).append(n)
     with torch.no_grad():
-        for n in module.graph.nodes:
+        k = 0
+        for i, n in enumerate(module.graph.nodes):
             if n.op == "placeholder":
-                k = len([m for m in interp.env if m.op == "placeholder"])
                 dep.add(n)
                 interp.env[n] = stacked([b[k] for b in batches])
+                k += 1
                 continue
             interp.env[n] = interp.run_node(n)
             if n.op == "output":
                 raws = interp.env[n]
+            for a in done.get(i, ()):  # read by nothing after this: every sample's value goes
+                if a in dep and a.op != "output":
+                    del interp.env[a]
     return BatchedSimulation(
         [
             Simulation(list(r) if isinstance(r, (list, tuple)) else [r], not_exact[i], unforced[i], raw=r)
