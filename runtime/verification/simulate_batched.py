@@ -229,6 +229,20 @@ def _region(q: Node, dep: set[Node]) -> list[Node]:
     return found
 
 
+def _as_traced(v: Any, n: Node) -> Any:
+    """``v`` (one sample's slice of a stacked value) with the strides the per-sample run gives
+    ``n``'s value — the traced ones (``n.meta["val"]``) — where they differ: a stacked value
+    is laid out by the stack (a reshape of the stack, a concatenation of per-sample results),
+    and a float reduction over it could round differently from the per-sample run."""
+    m = _meta(n)
+    if not isinstance(v, torch.Tensor) or not isinstance(m, torch.Tensor) or tuple(v.shape) != tuple(m.shape):
+        return v
+    want = tuple(m.stride())
+    if all(a == b for a, b, size in zip(v.stride(), want, v.shape, strict=True) if size != 1):
+        return v
+    return torch.empty_strided(v.shape, want, dtype=v.dtype).copy_(v)
+
+
 def last_readers(graph: torch.fx.Graph) -> dict[Node, int]:
     """Per node, the position of the last node that reads its value: a user, or a quantize
     node whose rule reads it (``_region``, with the dequantizes' inputs: the codes); after
@@ -330,6 +344,11 @@ def simulate_batched(
         def sample_value(self, i: int) -> Callable[[Node], Any]:
             return lambda a: slice_of(self.env[a], i) if a in dep else self.env[a]
 
+        def traced_value(self, i: int) -> Callable[[Node], Any]:
+            """Sample ``i``'s values laid out as the program traced them (``_as_traced``): a
+            float op's result can depend on its input's memory order (a reduction's order)."""
+            return lambda a: _as_traced(slice_of(self.env[a], i), a) if a in dep else self.env[a]
+
         def run_node(self, n: Node) -> Any:
             if n.op == "output":
                 return [torch.fx.node.map_arg(n.args[0], self.sample_value(i)) for i in range(count)]
@@ -362,7 +381,7 @@ def simulate_batched(
             went_per_sample(n)
             items = []
             for i in range(count):
-                value = self.sample_value(i)
+                value = self.traced_value(i)
                 args = torch.fx.node.map_arg(n.args, value)
                 kwargs = torch.fx.node.map_arg(n.kwargs, value)
                 items.append(getattr(self, n.op)(n.target, args, kwargs))
