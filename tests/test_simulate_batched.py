@@ -15,9 +15,42 @@ import pytest
 import torch
 
 
+class _Patches(torch.nn.Module):
+    """MobileViT's unfold (timm's ``MobileVitBlock``): 2x2 patches become the rows of a
+    layer-normed transformer input, a reshape of a transposed view, then folded back: per
+    sample the normed values are laid out transposed, so a reduction over them sums in
+    another memory order than over the stacked samples' (contiguous) reshape."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 64, 3, padding=1)
+        self.mlp = torch.nn.Linear(64, 64)
+        self.head = torch.nn.Linear(64, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv(x)
+        b, c, h, w = y.shape
+        y = y.reshape(b * c * (h // 2), 2, w // 2, 2).transpose(1, 2)
+        y = y.reshape(b, c, (h // 2) * (w // 2), 4).transpose(1, 3).reshape(b * 4, (h // 2) * (w // 2), c)
+        d = y - y.mean(-1, keepdim=True)  # a layer norm as timm's blocks reach the graph: means
+        y = y + self.mlp(d * torch.rsqrt((d * d).mean(-1, keepdim=True) + 1e-5))
+        y = (
+            y.contiguous()
+            .view(b, 4, (h // 2) * (w // 2), c)
+            .transpose(1, 3)
+            .reshape(b * c * (h // 2), w // 2, 2, 2)
+        )
+        y = y.transpose(1, 2).reshape(b, c, h, w)
+        return self.head(y.mean((2, 3)))
+
+
 def _built(name: str) -> tuple[torch.nn.Module, list[tuple[torch.Tensor, ...]]]:
     from models.architectures import build
 
+    if name == "patches":
+        torch.manual_seed(0)
+        g = torch.Generator().manual_seed(1)
+        return _Patches().eval(), [(torch.randn(1, 3, 32, 32, generator=g),) for _ in range(4)]
     if name == "mobilenet_v2_96":
         from etforge.zoo import models
 
@@ -61,6 +94,7 @@ def _cases(result: Any, report: Any, samples: int) -> tuple[Any, list[Any], list
 
 
 CASES = [
+    ("patches", "cortex-m33"),  # MobileViT's unfold: samples of 4 rows each, laid out transposed
     # 32 samples: batching torch's float convolutions changes some recorded values here
     pytest.param("mobilenet_v2_96", "imxrt700cm", marks=pytest.mark.slow),
     ("mobilenet_v3_se", "imxrt700cm"),  # depthwise, per-channel, hardswish / hardsigmoid, average pools
@@ -81,7 +115,9 @@ def test_batched_simulation_equals_each_sample_alone(name: str, target: str) -> 
     from etforge.runtime.verification.simulate_batched import simulate_batched
 
     result, report = _compiled(name, target)
-    q_fn, inputs, kinds, program_values = _cases(result, report, 32 if name == "mobilenet_v2_96" else 5)
+    q_fn, inputs, kinds, program_values = _cases(
+        result, report, 32 if name in ("mobilenet_v2_96", "patches") else 5
+    )
     assert all(k == kinds[0] for k in kinds)
     seen: list[dict[str, Any]] = [{} for _ in inputs]
     batched = simulate_batched(q_fn, inputs, kinds[0], program_values, seen, ConstantNodes(q_fn.graph))
@@ -179,3 +215,31 @@ def test_the_folded_reference_computes_what_the_program_does() -> None:
             flat_a, spec_a = torch.utils._pytree.tree_flatten(a)
             flat_b, spec_b = torch.utils._pytree.tree_flatten(b)
             assert spec_a == spec_b and all(torch.equal(x, y) for x, y in zip(flat_a, flat_b, strict=True))
+
+
+class _Unfold(torch.nn.Module):
+    """MobileViT's unfold, then a mean over the channels: per sample the reshape is a view
+    whose channels are strided; over stacked samples it is a copy, channels contiguous."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, c, h, w = x.shape
+        y = x.reshape(b * c * (h // 2), 2, w // 2, 2).transpose(1, 2)
+        y = y.reshape(b, c, (h // 2) * (w // 2), 4).transpose(1, 3).reshape(b * 4, (h // 2) * (w // 2), c)
+        return y.mean(-1, keepdim=True)
+
+
+def test_a_float_reduction_per_sample_reads_its_input_laid_out_as_traced() -> None:
+    """A float op the batched pass runs per sample gets each sample's input with the strides
+    the per-sample run has: a mean over strided channels sums in another order than over
+    contiguous ones (float32: last bits differ), and the outputs must be the same bits."""
+    from etforge.runtime.verification.simulate import simulate
+    from etforge.runtime.verification.simulate_batched import simulate_batched
+
+    g = torch.Generator().manual_seed(0)
+    inputs = [(torch.randn(1, 64, 32, 32, generator=g),) for _ in range(4)]
+    module = torch.export.export(_Unfold(), inputs[0]).module()
+    batched = simulate_batched(module, inputs)
+    assert batched.stacked > 0 and "mean" in batched.per_sample  # reshapes stacked, the mean per sample
+    for i, batch in enumerate(inputs):
+        alone = simulate(module, batch)
+        assert torch.equal(alone.outputs[0], batched.samples[i].outputs[0]), f"sample {i}"
