@@ -509,17 +509,18 @@ def simulate_batched(
     done: dict[int, list[Node]] = {}
     for n, i in last.items():
         done.setdefault(i, []).append(n)
+    flat_inputs = [module.graph.process_inputs(*b) for b in batches]  # as ``Interpreter.run`` takes them
     with torch.no_grad():
         k = 0
         for i, n in enumerate(module.graph.nodes):
             if n.op == "placeholder":
                 dep.add(n)
-                interp.env[n] = stacked([b[k] for b in batches])
+                interp.env[n] = stacked([b[k] for b in flat_inputs])
                 k += 1
                 continue
             interp.env[n] = interp.run_node(n)
-            if n.op == "output":
-                raws = interp.env[n]
+            if n.op == "output":  # structured as ``forward`` returns it (``Interpreter.run`` does so)
+                raws = [module.graph.process_outputs(r) for r in interp.env[n]]
             for a in done.get(i, ()):  # read by nothing after this: every sample's value goes
                 if a in dep and a.op != "output":
                     del interp.env[a]
