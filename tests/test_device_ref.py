@@ -443,3 +443,37 @@ def test_vectorized_multipliers_equal_quantize_multiplier_per_element() -> None:
     want = [ti.quantize_multiplier(float(r)) for r in reals.reshape(-1)]
     assert m.shape == s.shape == reals.shape and m.dtype == s.dtype == np.int64
     assert list(zip(m.reshape(-1).tolist(), s.reshape(-1).tolist(), strict=True)) == want
+
+
+def test_rounding_divide_by_pot_is_gemmlowps_on_every_sign_and_shift() -> None:
+    """``RoundingDivideByPOT`` as gemmlowp writes it in C — ``(x >> e) + (remainder >
+    threshold)``, threshold one higher below zero — element by element in Python integers, on
+    int32 values of both signs, ties included, shifts 0 to 31 (scalar, per element and per channel)."""
+    import numpy as np
+
+    from etforge.runtime.arithmetic import tflite_int as ti
+
+    def c(x: int, e: int) -> int:
+        mask = (1 << e) - 1
+        return (x >> e) + int((x & mask) > (mask >> 1) + int(x < 0))
+
+    g = np.random.default_rng(0)
+    ties = [s * ((2 * k + 1) << e) >> 1 for e in range(1, 12) for k in range(3) for s in (1, -1)]
+    x = np.concatenate([g.integers(-(2**31), 2**31, 2000), np.arange(-300, 300), ties, [-(2**31), 2**31 - 1]])
+    for e in range(32):
+        got = ti.rounding_divide_by_pot(x, e)
+        assert got.tolist() == [c(int(v), e) for v in x], e
+    shifts = g.integers(0, 32, x.size)  # per element, zero among them
+    got = ti.rounding_divide_by_pot(x, shifts)
+    assert got.tolist() == [c(int(v), int(e)) for v, e in zip(x, shifts, strict=True)]
+    for e in (np.maximum(shifts, 1), shifts % 21, shifts % 21 + 3):  # no zero shift; spans <= 30
+        got = ti.rounding_divide_by_pot(x, e)
+        assert got.tolist() == [c(int(v), int(k)) for v, k in zip(x, e, strict=True)]
+    channels = g.integers(0, 16, (1, 7, 1))  # per channel, broadcast
+    cube = g.integers(-(2**31), 2**31, (3, 7, 5))
+    got = ti.rounding_divide_by_pot(cube, channels)
+    want = [
+        [[c(int(cube[i, j, k]), int(channels[0, j, 0])) for k in range(5)] for j in range(7)]
+        for i in range(3)
+    ]
+    assert got.tolist() == want

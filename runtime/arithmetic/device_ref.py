@@ -505,7 +505,7 @@ def _sum_bound(codes: np.ndarray, weights: np.ndarray, out_axis: int) -> int:
     sums = per_channel.sum(axis=-1)
     if out_axis:
         sums = sums.sum(axis=tuple(range(out_axis)))
-    return int(np.abs(codes).max()) * int(sums.max())
+    return max(int(codes.max()), -int(codes.min())) * int(sums.max())  # max |code|, no |codes| array
 
 
 def _pair(v: Any) -> tuple[int, int]:

@@ -88,14 +88,18 @@ def judged(
         if t.device_exact:
             if rule is None or not torch.equal(ours, rule.reshape(ours.shape)):
                 return None  # a value off its reference: the full check names it
-            ref = rule.reshape(ours.shape)
-        else:
-            if rule is not None or vs_torch["torch_max_steps"] > FORCE_MAX_STEPS:
-                return None
-            ref = torch_value
+            out.append(  # ``_measure`` of equal values: none off
+                OpParity(
+                    t.partition, t.node, 0, 0, ours.numel(), device_exact=True, reason=t.reason, qnode=t.qnode,
+                    **vs_torch,
+                )
+            )  # fmt: skip
+            continue
+        if rule is not None or vs_torch["torch_max_steps"] > FORCE_MAX_STEPS:
+            return None
         out.append(
             _measure(
-                t.partition, t.node, ours, ref, device_exact=t.device_exact, reason=t.reason, qnode=t.qnode,
+                t.partition, t.node, ours, torch_value, device_exact=t.device_exact, reason=t.reason, qnode=t.qnode,
                 **vs_torch,
             )
         )  # fmt: skip

@@ -29,6 +29,7 @@ from etforge.runtime.execution.host import run_program
 from etforge.runtime.execution.pte_interpreter import PteInterpreter
 from etforge.runtime.verification import exact_pass
 from etforge.runtime.verification.accuracy import DEFAULT_MAX_ACCURACY_DROP, Labeled, evaluate
+from etforge.runtime.verification.constant_fold import folded
 from etforge.runtime.verification.constant_nodes import ConstantNodes
 from etforge.runtime.verification.exact_batched import exact_leaves_all
 from etforge.runtime.verification.inputs import seeded_inputs
@@ -39,7 +40,8 @@ from etforge.runtime.verification.outputs import (
     top1_agrees,
 )
 from etforge.runtime.verification.pte_agreement import Agreement, compare_with_edge
-from etforge.runtime.verification.simulate import SIM_MAX_STEPS, output_steps, simulate
+from etforge.runtime.verification.sample_pass import BatchState, chunk_size, simulations
+from etforge.runtime.verification.simulate import SIM_MAX_STEPS, output_steps
 from etforge.runtime.verification.stepwise import (
     DEVICE_KERNELS,
     HostInt8Values,
@@ -169,6 +171,11 @@ class Verification:
     #: those converted again and compared byte for byte (``verify --reconvert``).
     partitions_by_hash: list[str] = field(default_factory=list)
     partitions_reconverted: list[str] = field(default_factory=list)
+    #: Samples the device simulation computed in batched passes (``runtime.verification.sample_pass``),
+    #: the passes, and per node the sample runs that went one at a time (an op not exact on stacked samples).
+    sim_batched_samples: int = 0
+    sim_batched_passes: int = 0
+    sim_per_sample_nodes: dict[str, int] = field(default_factory=dict)
     #: Seconds per step (``runtime.verification.verify_steps``): where verify's time went.
     seconds: dict[str, float] = field(default_factory=dict)
 
@@ -485,6 +492,7 @@ def compare(
     check = OutputCheck(program)
     float_fn = float_ep.module(check_guards=False)
     q_fn = qep.module(check_guards=False) if qep is not None else None
+    q_ref = folded(q_fn) if q_fn is not None else None  # its float32 run: weights dequantized once
     worst, total, count = 0.0, 0.0, 0
     spread, vs_exact, top1_spread, top1_exact = 0.0, 0.0, 0, 0
     top1_q = top1_f = 0
@@ -498,6 +506,7 @@ def compare(
     float_calls: list[list[Any]] = []  # the first samples' delegate calls, for the float check
     # the weights' dequantizes and other nodes that read no input: computed once (each interpreter's own)
     sim_constants = ConstantNodes(q_fn.graph) if q_fn is not None else None
+    sim_state = BatchState()
     inputs = _inputs(report, seed, samples)
     kept_runs: dict[Any, Any] = {}  # each partition's every-tensor reference run (litert_run.keeping)
     start = time.perf_counter()
@@ -507,88 +516,111 @@ def compare(
         exact_all = exact_leaves_all(program, q_fn, inputs, ConstantNodes(q_fn.graph))
     steps.add("samples: torch's references (float, float32, float64)", start)
     fast = 0
-    for index, batch in enumerate(inputs):
-        steps.status(f"sample {index + 1}/{samples}: running the program, each op against its reference, "
-                     "the device simulation")  # fmt: skip
-        # The device's arithmetic (LiteRT reference kernels, the Cortex-M kernels): what the
-        # per-op gates and the simulation judge; the user's kernels for the end-to-end figures.
-        start = time.perf_counter()
-        calls: list[Any] = []
-        values = HostInt8Values(aliases)
-        with litert_run.keeping(DEVICE_KERNELS, kept_runs):  # its every-tensor run feeds litert_values
-            device_outs = run_program(program, batch, DEVICE_KERNELS, calls, values)
-        outs = device_outs if kernels == "reference" or not calls else run_program(program, batch, kernels)
-        if index < FLOAT_CHECK_SAMPLES:  # the float check's partition inputs (``float_partitions``)
-            float_calls.append(list(calls))
-        if edge_outputs is not None:  # the .pte interpreter is compared with them (``verify``)
-            edge_outputs.append(outs)
-        start = steps.add("samples: the program's runs", start) + start
-        sim, judged = None, None
-        if template is not None and q_fn is not None:  # one pass where it proves the per-op gates
-            with litert_run.keeping(DEVICE_KERNELS, kept_runs):
-                npu_values = exact_pass.litert_values(calls)
-            cpu_values = values.values(q_fn)
-            seen: exact_pass.Seen = {}
-            sim = simulate(q_fn, batch, values.kinds(q_fn), {**npu_values, **cpu_values}, seen, sim_constants)
-            judged = exact_pass.judged(template, npu_values, cpu_values, seen)
-            start = steps.add("samples: the device simulation", start) + start
-        if judged is not None:
-            fast += 1
-            ops.extend(p for p in judged if p.partition != "cpu")
-            cpu_ops.extend(p for p in judged if p.partition == "cpu")
-        else:  # teacher-forced, op by op: names any value off (op, index, values)
-            npu_values = {}
-            sample_ops: list[OpParity] = []
-            for lowered, args in calls:
-                sample_ops.extend(op_parity(lowered, args, record=npu_values))  # the device's arithmetic
-            ops.extend(sample_ops)
-            start = steps.add("samples: NPU ops against their references", start) + start
-            if q_fn is not None:
-                sample_ops += (sample_cpu := values.compare(q_fn, batch))
-                cpu_ops.extend(sample_cpu)
-                start = steps.add("samples: CPU ops against their references", start) + start
-                if template is None:
-                    template = sample_ops
+
+    def forced_checks(calls: list[Any], values: HostInt8Values, batch: Any, record: dict[str, Any]) -> None:
+        """Teacher-forced, op by op: names any value off (op, index, values)."""
+        nonlocal template, start
+        sample_ops: list[OpParity] = []
+        for lowered, args in calls:
+            sample_ops.extend(op_parity(lowered, args, record=record))  # the device's arithmetic
+        ops.extend(sample_ops)
+        start = steps.add("samples: NPU ops against their references", start) + start
         if q_fn is not None:
-            if sim is None:
-                sim = simulate(
-                    q_fn,
-                    batch,
-                    values.kinds(q_fn),
-                    {**npu_values, **values.values(q_fn)},
-                    constants=sim_constants,
-                )
-            sim_worst = max(sim_worst, _simulation_steps(program, sim.raw, device_outs, scales))
-            sim_not_exact.update(sim.not_exact)
-            sim_unforced.update(sim.unforced)
+            sample_ops += (sample_cpu := values.compare(q_fn, batch))
+            cpu_ops.extend(sample_cpu)
+            start = steps.add("samples: CPU ops against their references", start) + start
+            if template is None:
+                template = sample_ops
+
+    chunk = chunk_size(q_fn) if q_fn is not None else 1
+    for first in range(0, samples, chunk):
+        runs: list[tuple[Any, ...]] = []
+        for index in range(first, min(first + chunk, samples)):
+            batch = inputs[index]
+            steps.status(f"sample {index + 1}/{samples}: running the program, each op against its reference, "
+                         "the device simulation")  # fmt: skip
+            # The device's arithmetic (LiteRT reference kernels, the Cortex-M kernels): what the
+            # per-op gates and the simulation judge; the user's kernels for the end-to-end figures.
+            start = time.perf_counter()
+            calls: list[Any] = []
+            values = HostInt8Values(aliases)
+            with litert_run.keeping(DEVICE_KERNELS, kept_runs):  # its every-tensor run feeds litert_values
+                device_outs = run_program(program, batch, DEVICE_KERNELS, calls, values)
+            outs = (
+                device_outs if kernels == "reference" or not calls else run_program(program, batch, kernels)
+            )
+            if index < FLOAT_CHECK_SAMPLES:  # the float check's partition inputs (``float_partitions``)
+                float_calls.append(list(calls))
+            if edge_outputs is not None:  # the .pte interpreter is compared with them (``verify``)
+                edge_outputs.append(outs)
+            start = steps.add("samples: the program's runs", start) + start
+            npu_values: dict[str, torch.Tensor] = {}
+            forced = template is None  # the first sample: teacher-forced, the others' template
+            if forced:
+                forced_checks(calls, values, batch, npu_values)
+            else:  # read now: the next sample's run replaces the kept one
+                with litert_run.keeping(DEVICE_KERNELS, kept_runs):
+                    npu_values = exact_pass.litert_values(calls)
+                start = steps.add("samples: the device simulation", start) + start
+            runs.append((index, batch, calls, values, device_outs, outs, npu_values, forced))
+        sims: list[Any] = [(None, {})] * len(runs)
+        if q_fn is not None:  # the chunk's device simulation: one pass (``runtime.verification.sample_pass``)
+            start = time.perf_counter()
+            sims = simulations(
+                q_fn,
+                [r[1] for r in runs],
+                [r[3].kinds(q_fn) for r in runs],
+                [{**r[6], **r[3].values(q_fn)} for r in runs],
+                sim_constants,
+                sim_state,
+            )
             start = steps.add("samples: the device simulation", start) + start
-        with torch.no_grad():  # every output leaf, in the program's order (``runtime.verification.outputs``)
-            flat_f = flatten(program, float_fn(*batch))
-            flat_q = flatten(program, q_fn(*batch)) if q_fn is not None else flat_f
-        flat_exact = exact_all[index] if exact_all is not None else flat_q
-        steps.add("samples: torch's references (float, float32, float64)", start)
-        check.add(outs, flat_exact)
-        if check.primary is None:  # no float output: the leaves' own checks are all there is
-            continue
-        p = check.primary
-        ours, ref_f, ref_q, exact = outs[p].float(), flat_f[p], flat_q[p], flat_exact[p]
-        scale = scales[p]
-        max_abs_f = max(max_abs_f, float((ours - ref_f).abs().max()))
-        if scale:
-            off = (ours - ref_q).abs() / scale
-            worst = max(worst, float(off.max()))
-            total += float(off.sum())
-            count += off.numel()
-            spread = max(spread, float((ref_q - exact).abs().max()) / scale)
-            vs_exact = max(vs_exact, float((ours - exact).abs().max()) / scale)
-        top1_spread += int(top1_agrees(ref_q, exact))
-        top1_exact += int(top1_agrees(ours, exact))
-        top1_q += int(top1_agrees(ours, ref_q))
-        top1_f += int(top1_agrees(ours, ref_f))
-        # A sample's interpreters (LiteRT with every tensor preserved, the fx interpreters
-        # around them) sit in reference cycles; the CLI's collector runs young collections
-        # rarely (process_memory), and 32 samples of vgg11_bn's then held 22 GB.
-        gc.collect(1)
+        for (index, batch, calls, values, device_outs, outs, npu_values, forced), (sim, seen) in zip(
+            runs, sims, strict=True
+        ):
+            start = time.perf_counter()
+            if not forced and q_fn is not None:  # one pass where it proves the per-op gates
+                judged = exact_pass.judged(template, npu_values, values.values(q_fn), seen)
+                if judged is not None:
+                    fast += 1
+                    ops.extend(p for p in judged if p.partition != "cpu")
+                    cpu_ops.extend(p for p in judged if p.partition == "cpu")
+                    start = steps.add("samples: the device simulation", start) + start
+                else:
+                    forced_checks(calls, values, batch, {})
+            if sim is not None:
+                sim_worst = max(sim_worst, _simulation_steps(program, sim.raw, device_outs, scales))
+                sim_not_exact.update(sim.not_exact)
+                sim_unforced.update(sim.unforced)
+                start = steps.add("samples: the device simulation", start) + start
+            # every output leaf, in the program's order (``runtime.verification.outputs``)
+            with torch.no_grad():
+                flat_f = flatten(program, float_fn(*batch))
+                flat_q = flatten(program, q_ref(*batch)) if q_ref is not None else flat_f
+            flat_exact = exact_all[index] if exact_all is not None else flat_q
+            steps.add("samples: torch's references (float, float32, float64)", start)
+            check.add(outs, flat_exact)
+            if check.primary is None:  # no float output: the leaves' own checks are all there is
+                continue
+            p = check.primary
+            ours, ref_f, ref_q, exact = outs[p].float(), flat_f[p], flat_q[p], flat_exact[p]
+            scale = scales[p]
+            max_abs_f = max(max_abs_f, float((ours - ref_f).abs().max()))
+            if scale:
+                off = (ours - ref_q).abs() / scale
+                worst = max(worst, float(off.max()))
+                total += float(off.sum())
+                count += off.numel()
+                spread = max(spread, float((ref_q - exact).abs().max()) / scale)
+                vs_exact = max(vs_exact, float((ours - exact).abs().max()) / scale)
+            top1_spread += int(top1_agrees(ref_q, exact))
+            top1_exact += int(top1_agrees(ours, exact))
+            top1_q += int(top1_agrees(ours, ref_q))
+            top1_f += int(top1_agrees(ours, ref_f))
+            # A sample's interpreters (LiteRT with every tensor preserved, the fx interpreters
+            # around them) sit in reference cycles; the CLI's collector runs young collections
+            # rarely (process_memory), and 32 samples of vgg11_bn's then held 22 GB.
+            gc.collect(1)
     on_npu = all(n["placement"] == "npu" for n in report["nodes"]) and bool(report["nodes"])
     scale = leaf_scales(program)[check.primary] if check.primary is not None else None
     result = Verification(
@@ -602,6 +634,10 @@ def compare(
     )
     result.outputs = [leaf.as_dict() for leaf in check.leaves]
     result.samples_from_simulation = fast
+    result.sim_batched_samples, result.sim_batched_passes = sim_state.samples, sim_state.passes
+    result.sim_per_sample_nodes = dict(sim_state.per_sample)
+    if sim_state.note:
+        result.notes.append(sim_state.note)
     if q_fn is not None and check.primary is not None:
         result.reference_spread_top1, result.top1_vs_exact = top1_spread, top1_exact
     if scale and q_fn is not None:
