@@ -125,10 +125,7 @@ class _DeferredInit(types.ModuleType):
         if name.startswith("__") and name != "__all__":
             raise AttributeError(name)
         _run_init(self)
-        try:
-            return self.__dict__[name]
-        except KeyError:
-            raise AttributeError(f"module {self.__name__!r} has no attribute {name!r}") from None
+        return getattr(self, name)  # now a plain module: its own ``__getattr__`` (PEP 562) too
 
 
 def _run_init(module: _DeferredInit) -> None:
