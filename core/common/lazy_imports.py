@@ -14,9 +14,11 @@ does nothing.
 backend when a compile needs a few of its modules: ExecuTorch's Cortex-M quantizer and passes
 read four helpers from the Arm backend's pass and quantizer packages and one base class from
 XNNPACK's, and each package's ``__init__`` imports its every pass, quantizer and partitioner
-(0.3-0.5 s of a cortex-m33 compile). The package stands in with its ``__init__`` not run: its
-submodules import as usual, a name the ``__init__`` imports from a module is read from that
-module, and any other name runs the ``__init__`` in full, once.
+(importing the Cortex-M quantizer and passes: 0.45 s of CPU, 0.11 s deferred). The package
+stands in with its ``__init__`` not run: its submodules import as usual, a name the
+``__init__`` imports from a module is read from that module, and any other name runs the
+``__init__`` in full, once. No module of these packages registers an op or a backend the
+compile looks up; XNNPACK's ``BackendDetails`` appears once its ``__init__`` runs.
 """
 
 from __future__ import annotations
