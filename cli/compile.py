@@ -422,6 +422,9 @@ def _front_end(job: _Job, recording: contextlib.AbstractContextManager[Any]) -> 
     with _progress("import"):
         import torch  # noqa: F401  (its import time is this stage)
 
+        from etforge.core.common.registration_source import record_sources_cheaply
+
+        record_sources_cheaply()  # before the imports that register ~300 fake kernels
         from etforge.core.front.export import front_end
         from etforge.core.front.load import load_calibration, load_model
     with recording:
@@ -478,9 +481,10 @@ def _compile_and_write(job: _Job, loaded: Any, calibration: Any, front: Any) -> 
     from etforge.core.build import output
 
     with _progress("import executorch"):
-        from etforge.core.common.lazy_imports import defer_inductor_post_grad
+        from etforge.core.common.lazy_imports import defer_inductor_post_grad, defer_package_inits
 
         defer_inductor_post_grad()
+        defer_package_inits()
         from etforge.core.build.report import build_report
         from etforge.core.build.session import CompileSession
         from etforge.core.serialize.program_writer import ProgramWriter

@@ -119,6 +119,9 @@ def nchw_program_note(program: ExportedProgram, target: TargetSpec) -> list[str]
 def export(
     module: torch.nn.Module, example: tuple[torch.Tensor, ...], what: str = "the model"
 ) -> ExportedProgram:
+    """``torch.export`` in eval mode (the device runs inference); each submodule's own mode is
+    given back afterwards, so compiling never changes the caller's model."""
+    modes = [(m, m.training) for m in module.modules()]
     try:
         return torch.export.export(module.eval(), example, strict=False)
     except Exception as exc:
@@ -126,6 +129,25 @@ def export(
         raise EtforgeError(
             f"torch.export rejected {what}: {type(exc).__name__}: " + "\n  ".join(lines)
         ) from None
+    finally:
+        for m, training in modes:
+            m.training = training
+
+
+def training_mode_note(module: torch.nn.Module, what: str = "the model") -> list[str]:
+    """The note that a module given in training mode was compiled in eval mode (say which
+    submodules, when only some were training: a forgotten ``.eval()`` on a part)."""
+    training: list[str] = []
+    for name, m in module.named_modules():  # parents first: name only the outermost training part
+        if m.training and not any(name.startswith(f"{t}.") for t in training):
+            training.append(name)
+    if not training:
+        return []
+    part = "" if module.training else f" ({', '.join(training[:3])}{' …' if len(training) > 3 else ''})"
+    return [
+        f"{what} was in training mode{part}: compiled in eval mode, as the device runs it (batch norm "
+        "with its running statistics, dropout off); call model.eval() before compiling to make that explicit"
+    ]
 
 
 def front_end(
@@ -171,6 +193,7 @@ def front_end(
                 f"{what} could not be copied ({type(exc).__name__}: {exc}); its parameters were "
                 "converted in place (channels-last / float32)"
             )
+    notes += training_mode_note(module, what)
     module, example, calib, cast = as_float32(module, example, calib)
     notes += [cast] if cast else []
     module, example, calib = adapt_layout(module, example, calib, target, options, reg)
