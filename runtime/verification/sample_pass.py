@@ -85,17 +85,25 @@ def simulations(
 
 
 def _same(a: Any, b: Any) -> bool:
-    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        return (
-            isinstance(a, torch.Tensor)
-            and isinstance(b, torch.Tensor)
-            and a.dtype == b.dtype
-            and a.shape == b.shape
-            and torch.equal(a, b)
-        )
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
-    return a is None and b is None or type(a) is type(b) and a == b
+    """Equal structure (pytree: tuples, lists, dicts by key) and equal leaves: tensors of one
+    dtype and shape, bit for bit; anything else by ``==``."""
+    leaves, spec = torch.utils._pytree.tree_flatten(a)
+    other_leaves, other_spec = torch.utils._pytree.tree_flatten(b)
+    if spec != other_spec:
+        return False
+    for x, y in zip(leaves, other_leaves, strict=True):
+        if isinstance(x, torch.Tensor) or isinstance(y, torch.Tensor):
+            if not (
+                isinstance(x, torch.Tensor)
+                and isinstance(y, torch.Tensor)
+                and x.dtype == y.dtype
+                and x.shape == y.shape
+                and torch.equal(x, y)
+            ):
+                return False
+        elif not (x is None and y is None or type(x) is type(y) and bool(x == y)):
+            return False
+    return True
 
 
 def difference(one: Simulation, one_seen: Seen, other: Simulation, other_seen: Seen) -> str:

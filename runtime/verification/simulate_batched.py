@@ -454,7 +454,7 @@ def simulate_batched(
             else:
                 went_per_sample(q)
                 results = [
-                    self.one(q, kind, host_op, self.sample_value(i), slice_of(out, i), i)
+                    self.one(q, kind, host_op, self.traced_value(i), slice_of(out, i), i)
                     for i in range(count)
                 ]
             dep.add(q)
