@@ -20,8 +20,8 @@ if (_THIRD_PARTY / "executorch").is_dir():
 if (_THIRD_PARTY / "tflite-micro").is_dir():
     os.environ.setdefault("ETFORGE_TFLM_SRC", str(_THIRD_PARTY / "tflite-micro"))
     os.environ.setdefault("ETFORGE_TFLM_DEPS", str(_THIRD_PARTY / "tflm-deps"))
-# CI runs two workers (-n 2) on two cores: one numeric thread each, here and in every CLI
-# subprocess, so no OpenMP pool spin-waits for the core the other worker holds (issue 47).
+# CI runs three workers (-n 3) on two cores: one numeric thread each, here and in every CLI
+# subprocess, so no OpenMP pool spin-waits for a core another worker holds (issue 47).
 # A test of the thread count's effect sets it itself (test_determinism).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -38,7 +38,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginManager) -> None:
-    """Accept pyproject's ``-n 2 --dist loadfile`` when pytest-xdist is off (``-p no:xdist``)."""
+    """Accept pyproject's ``-n 3 --dist loadfile`` when pytest-xdist is off (``-p no:xdist``)."""
     if pluginmanager.hasplugin("xdist"):
         return
     group = parser.getgroup("xdist", "pytest-xdist is not loaded: -n and --dist are ignored")
