@@ -1,4 +1,4 @@
-"""The order test files start in: the longest first, so two workers finish together.
+"""The order test files start in: the longest first, so the workers finish together.
 
 pytest-xdist's ``--dist loadfile`` hands out whole files in collection order (with
 ``--no-loadscope-reorder``; its default orders them by test count, which put files of a few
