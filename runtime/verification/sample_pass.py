@@ -111,9 +111,7 @@ def difference(one: Simulation, one_seen: Seen, other: Simulation, other_seen: S
     without a rule and those left to torch, every recorded value."""
     if not _same(one.outputs, other.outputs):
         return "an output"
-    leaves, spec = torch.utils._pytree.tree_flatten(one.raw)
-    other_leaves, other_spec = torch.utils._pytree.tree_flatten(other.raw)
-    if spec != other_spec or not _same(leaves, other_leaves):
+    if not _same(one.raw, other.raw):  # structure and leaves (``_same`` flattens both)
         return "the returned structure"
     if one.not_exact != other.not_exact or one.unforced != other.unforced:
         return "the values without a device-exact rule"
