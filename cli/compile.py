@@ -488,8 +488,9 @@ def _compile_and_write(job: _Job, loaded: Any, calibration: Any, front: Any) -> 
         from etforge.core.build.report import build_report
         from etforge.core.build.session import CompileSession
         from etforge.core.serialize.program_writer import ProgramWriter
-    # float.pt2 / quantized.pt2 are written by a child process while this one lowers.
-    with ProgramWriter(job.staging, (output.FLOAT_PROGRAM, output.QUANTIZED_PROGRAM)) as writer:
+    # float.pt2 / quantized.pt2 / lowered_edge.exir are written by child processes while this one works.
+    names = (output.FLOAT_PROGRAM, output.QUANTIZED_PROGRAM)
+    with ProgramWriter(job.staging, names, lowered=output.LOWERED_PROGRAM) as writer:
         session = CompileSession(
             job.target,
             reg=job.reg,
@@ -498,6 +499,7 @@ def _compile_and_write(job: _Job, loaded: Any, calibration: Any, front: Any) -> 
             memory_budget=job.memory_budget,
             progress=_progress,
             on_programs=writer.start,
+            on_lowered=writer.start_lowered,
         )  # strict or not: the recording _compile_into opened decides
         result = session.run(
             loaded.module,

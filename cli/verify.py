@@ -125,6 +125,14 @@ def _finite(value: float | None, param: Any, low: float, high: float | None = No
     help="Convert the NPU partitions again from quantized.pt2 and require partitions/*.tflite byte for "
     "byte (default: those files, checked against report.json's sha256, are taken as converted).",
 )
+@click.option(
+    "--rebuild",
+    "lower_again",
+    is_flag=True,
+    help="Lower quantized.pt2 again (as before the compile saved its lowered program) and require "
+    "lowered_edge.exir to be that program (default: the saved program, checked against report.json's "
+    "sha256, runs). --reconvert implies it.",
+)
 @firmware_source_options
 @click.pass_obj
 def verify(
@@ -149,6 +157,7 @@ def verify(
     cmsis_nn_src: str | None = None,
     cpu_partitions: bool = False,
     reconvert: bool = False,
+    lower_again: bool = False,
 ) -> None:
     """Run OUT's program on the host (NPU partitions in LiteRT) and compare with torch.
 
@@ -159,8 +168,8 @@ def verify(
     if runtime != "host":
         if script_model is not None:
             raise click.UsageError("--runtime qemu-m33 verifies an OUT directory, not a script's .pte")
-        if reconvert:
-            raise click.UsageError("--reconvert goes with the host verification (--runtime host)")
+        if reconvert or lower_again:
+            raise click.UsageError("--reconvert and --rebuild go with the host verification (--runtime host)")
         verify_on_device(
             Path(out_dir), runtime, samples, seed, executorch_src, cmsis_nn_src, as_json, cpu_partitions
         )
@@ -172,6 +181,7 @@ def verify(
     checks = {
         "samples": samples, "seed": seed, "max_steps": max_steps, "min_top1": min_top1,
         "kernels": kernels, "data": data, "max_accuracy_drop": max_accuracy_drop, "reconvert": reconvert,
+        "lower_again": lower_again,
     }  # fmt: skip
     if script is None:
         _compiled_output(Path(out_dir))  # a wrong path fails here, before torch loads

@@ -37,11 +37,15 @@ PTE = "model.pte"
 REPORT = "report.json"
 FLOAT_PROGRAM = "float.pt2"
 QUANTIZED_PROGRAM = "quantized.pt2"
+#: The lowered Edge program model.pte was emitted from, for ``verify`` (``core.serialize.lowered_program``).
+LOWERED_PROGRAM = "lowered_edge.exir"
 ETRECORD = "model.etrecord"
 PARTITIONS = "partitions"
 CODEGEN = "codegen"
 #: What a compile writes into OUT; anything else there means OUT is not ours to replace.
-OWNED = frozenset({PTE, REPORT, FLOAT_PROGRAM, QUANTIZED_PROGRAM, ETRECORD, PARTITIONS, CODEGEN})
+OWNED = frozenset(
+    {PTE, REPORT, FLOAT_PROGRAM, QUANTIZED_PROGRAM, LOWERED_PROGRAM, ETRECORD, PARTITIONS, CODEGEN}
+)
 #: report.json key: relative path -> sha256 of each side file (``model.pte`` is ``pte_sha256``).
 FILES_KEY = "files_sha256"
 
@@ -265,7 +269,8 @@ def replacing(out: Path) -> Iterator[Path]:
 def write_outputs(out: Path, result: CompileResult, report: dict[str, Any], programs: bool = True) -> None:
     """Partitions, programs, report and ``model.pte`` into ``out`` (a fresh staging directory).
 
-    ``programs=False``: a :class:`~etforge.core.serialize.program_writer.ProgramWriter` wrote them."""
+    ``programs=False``: a :class:`~etforge.core.serialize.program_writer.ProgramWriter` wrote them
+    (and the lowered program)."""
 
     parts = out / PARTITIONS
     parts.mkdir(parents=True, exist_ok=True)
@@ -281,6 +286,10 @@ def write_outputs(out: Path, result: CompileResult, report: dict[str, Any], prog
             from etforge.core.serialize.program_writer import save_program
 
             save_program(program, out / name)
+    if programs:
+        from etforge.core.serialize.lowered_program import save_lowered
+
+        save_lowered(result.host_program, out / LOWERED_PROGRAM)
     record_hashes(out, report)  # the hash chain verify checks: report.json -> each side file
     (out / REPORT).write_text(json.dumps(report, indent=2, sort_keys=False) + "\n")
     (out / PTE).write_bytes(result.pte)
@@ -288,7 +297,7 @@ def write_outputs(out: Path, result: CompileResult, report: dict[str, Any], prog
 
 def side_files(out: Path) -> list[str]:
     """The side files a compile wrote into ``out`` (relative paths, sorted)."""
-    names = [n for n in (FLOAT_PROGRAM, QUANTIZED_PROGRAM) if (out / n).is_file()]
+    names = [n for n in (FLOAT_PROGRAM, QUANTIZED_PROGRAM, LOWERED_PROGRAM) if (out / n).is_file()]
     parts = out / PARTITIONS
     if parts.is_dir():
         names += [f"{PARTITIONS}/{p.name}" for p in sorted(parts.iterdir()) if p.is_file()]

@@ -117,8 +117,9 @@ class CompileSession:
     ``memory_budget`` (bytes, ``--memory-budget``): the planned arena, beside each NPU
     partition's working memory, must fit it. ``strict``: any fallback is an error
     (:class:`core.common.fallbacks.StrictFallback`). ``on_programs`` gets the float and
-    quantized programs as soon as they are final (again on a rebuild), so they can be
-    written while the rest compiles.
+    quantized programs as soon as they are final (again on a rebuild), ``on_lowered`` the
+    lowered Edge program once the last round built it, so they can be written while the rest
+    compiles.
     """
 
     def __init__(
@@ -133,6 +134,7 @@ class CompileSession:
         memory_budget: int | None = None,
         progress: Progress | None = None,
         on_programs: OnPrograms | None = None,
+        on_lowered: Callable[[ExportedProgram], None] | None = None,
     ) -> None:
         self.registry = reg or registry()
         self.target = self.registry.target(target) if isinstance(target, str) else target
@@ -141,6 +143,7 @@ class CompileSession:
         self.memory_budget = memory_budget
         self.progress = progress or _no_progress
         self.on_programs = on_programs
+        self.on_lowered = on_lowered
         self.times: dict[str, float] = {}
         self._round = 1  # the quantize + lower round (another after a decomposition)
         self._rounds: list[dict[str, Any]] = []  # each round's lowering, when there are several
@@ -274,6 +277,8 @@ class CompileSession:
             if not missing:
                 if len(self._rounds) > 1:  # the report's lowering names every round it took
                     built.lowering["rounds"] = list(self._rounds)
+                if self.on_lowered is not None:  # final: the program model.pte is emitted from
+                    self.on_lowered(built.edge.exported_program())
                 return float_ep, built
             table = kernel_check.next_decomposition(
                 missing, float_ep, decomposed, libraries, self.target.name

@@ -1,10 +1,12 @@
-"""``float.pt2`` and ``quantized.pt2`` written by forked children while the parent compiles.
+"""``float.pt2``, ``quantized.pt2`` and the lowered program written by forked children while
+the parent compiles.
 
 ``torch.export.save`` spends seconds serializing (and deep-copying) a model's graph, and each
 program is final long before the compile ends: the float program once the graph rewrites are
 done, the quantized one when quantization is. A ``fork`` per file writes each on the second
 core as soon as it is final (the float program while the parent quantizes, the quantized one
-while it lowers), and the parent waits for them before the output is swapped in. Where
+while it lowers, the lowered Edge program, ``core.serialize.lowered_program``, while it
+serializes the ``.pte``), and the parent waits for them before the output is swapped in. Where
 ``fork`` is missing (not POSIX) the parent writes them itself, at the end. A failed or killed
 child fails the compile naming the files; a rebuild (the kernel check decomposes and
 compiles again) cancels the children of programs that changed and starts new ones.
@@ -15,6 +17,7 @@ from __future__ import annotations
 import os
 import signal
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
@@ -50,57 +53,73 @@ def _one_line(exc: BaseException) -> str:
 class ProgramWriter:
     """Writes the programs of the latest :meth:`start` into ``out``; :meth:`finish` joins."""
 
-    def __init__(self, out: Path, names: tuple[str, str]) -> None:
+    def __init__(self, out: Path, names: tuple[str, str], lowered: str | None = None) -> None:
         self.out = Path(out)
         self.names = names
+        #: The lowered program's file name (:meth:`start_lowered`); None: not written here.
+        self.lowered = lowered
         #: file name -> (child pid, the program it writes)
         self._jobs: dict[str, tuple[int, ExportedProgram]] = {}
-        self._pending: dict[str, ExportedProgram] = {}
+        #: file name -> (program, its writer), written by :meth:`finish` where fork is missing
+        self._pending: dict[str, tuple[ExportedProgram, Callable[[ExportedProgram, Path], None]]] = {}
 
     def start(self, float_program: ExportedProgram | None, quantized: ExportedProgram | None) -> None:
         """Write these programs (``None``: no such file); a program already being written goes on."""
         for name, program in zip(self.names, (float_program, quantized), strict=True):
-            job = self._jobs.get(name)
-            current = job[1] if job is not None else self._pending.get(name)
-            if program is not None and current is program:
-                continue
-            self._cancel(name)
-            if program is None:
-                continue
-            if not hasattr(os, "fork"):
-                self._pending[name] = program
-                continue
-            pid = os.fork()
-            if pid == 0:  # the child: write, report, leave without running the parent's cleanup
-                code = 0
-                try:
-                    import torch
+            self._start(name, program, save_program)
 
-                    torch.set_num_threads(1)  # the parent's thread pool does not survive a fork
-                    save_program(program, self.out / name)
-                except BaseException as exc:
-                    code = 1
-                    try:  # one line (the partial file goes first: on a full disk it frees the room)
-                        (self.out / name).unlink(missing_ok=True)
-                        (self.out / f"{_ERROR}-{name}").write_text(_one_line(exc))
-                    except OSError:
-                        pass
-                finally:
-                    os._exit(code)
-            self._jobs[name] = (pid, program)
+    def start_lowered(self, program: ExportedProgram) -> None:
+        """Write the lowered Edge program (``core.serialize.lowered_program``) as ``lowered``."""
+        from etforge.core.serialize.lowered_program import save_lowered
+
+        if self.lowered is None:
+            raise ValueError("this writer was given no file name for the lowered program")
+        self._start(self.lowered, program, save_lowered)
+
+    def _start(
+        self, name: str, program: ExportedProgram | None, save: Callable[[ExportedProgram, Path], None]
+    ) -> None:
+        job = self._jobs.get(name)
+        current = job[1] if job is not None else self._pending.get(name, (None,))[0]
+        if program is not None and current is program:
+            return
+        self._cancel(name)
+        if program is None:
+            return
+        if not hasattr(os, "fork"):
+            self._pending[name] = (program, save)
+            return
+        pid = os.fork()
+        if pid == 0:  # the child: write, report, leave without running the parent's cleanup
+            code = 0
+            try:
+                import torch
+
+                torch.set_num_threads(1)  # the parent's thread pool does not survive a fork
+                save(program, self.out / name)
+            except BaseException as exc:
+                code = 1
+                try:  # one line (the partial file goes first: on a full disk it frees the room)
+                    (self.out / name).unlink(missing_ok=True)
+                    (self.out / f"{_ERROR}-{name}").write_text(_one_line(exc))
+                except OSError:
+                    pass
+            finally:
+                os._exit(code)
+        self._jobs[name] = (pid, program)
 
     def finish(self) -> None:
         """Wait for the children (or write now); a failure is an error naming the files."""
 
-        for name, program in list(self._pending.items()):
+        for name, (program, save) in list(self._pending.items()):
             try:
-                save_program(program, self.out / name)
+                save(program, self.out / name)
             except OSError as exc:
                 raise EtforgeError(f"could not write {self.out / name}: {_one_line(exc)}") from None
         self._pending.clear()
         failed: list[str] = []
         detail = ""
-        for name in self.names:
+        for name in self._all_names():
             job = self._jobs.pop(name, None)
             if job is None:
                 continue
@@ -133,8 +152,11 @@ class ProgramWriter:
         for path in (self.out / name, self.out / f"{_ERROR}-{name}"):
             path.unlink(missing_ok=True)
 
+    def _all_names(self) -> tuple[str, ...]:
+        return (*self.names, self.lowered) if self.lowered is not None else self.names
+
     def cancel(self) -> None:
-        for name in self.names:
+        for name in self._all_names():
             self._cancel(name)
 
     def __enter__(self) -> ProgramWriter:

@@ -171,6 +171,10 @@ class Verification:
     #: those converted again and compared byte for byte (``verify --reconvert``).
     partitions_by_hash: list[str] = field(default_factory=list)
     partitions_reconverted: list[str] = field(default_factory=list)
+    #: Which lowered program ran (``runtime.verification.saved_program``): ``saved`` (the compile's
+    #: ``lowered_edge.exir``, hash-checked) or ``lowered again`` (from ``quantized.pt2``: ``--rebuild``,
+    #: ``--reconvert``, or an output without the file; with the file, it must be the same program).
+    lowered_source: str | None = None
     #: Samples the device simulation computed in batched passes (``runtime.verification.sample_pass``),
     #: the passes, and per node the sample runs that went one at a time (an op not exact on stacked samples).
     sim_batched_samples: int = 0
@@ -239,6 +243,46 @@ def _per_op(found: list[OpParity]) -> tuple[list[dict[str, Any]], list[dict[str,
     return list(ops.values()), list(skipped.values())
 
 
+def _programs(out: Path, report: dict[str, Any]) -> tuple[ExportedProgram, ExportedProgram | None]:
+    """(float program, quantized program) of a compile's outputs."""
+    float_ep = load_program(out / output.FLOAT_PROGRAM)
+    qep = load_program(out / output.QUANTIZED_PROGRAM) if report["quantized"] else None
+    return float_ep, qep
+
+
+def _stand_ins(parts: list[Any]) -> dict[bytes, Any]:
+    """Each device payload (NPU microcode) -> the LiteRT partition it was compiled from, which
+    is what the host can run."""
+    return {
+        p.processed: payload.Blob(
+            payload.FORMAT_LITERT_HOST,
+            p.name,
+            True,
+            p.converted.tflite,
+            {
+                "input_dim_orders": [list(d) for d in p.converted.input_dim_orders],
+                "output_dim_orders": [list(d) for d in p.converted.output_dim_orders],
+            },
+        )
+        for p in parts
+        if not p.host_only
+    }
+
+
+def load_saved(
+    out: Path, report: dict[str, Any], parts_out: list[Any] | None = None
+) -> tuple[ExportedProgram, ExportedProgram, ExportedProgram | None, dict[bytes, Any]]:
+    """As :func:`rebuild`, the lowered program the compile saved (``lowered_edge.exir``,
+    ``runtime.verification.saved_program``) instead of lowering ``quantized.pt2`` again."""
+    from etforge.runtime.verification import saved_program
+
+    float_ep, qep = _programs(out, report)
+    program, parts = saved_program.load(out, report)
+    if parts_out is not None:
+        parts_out.extend(parts)
+    return program, float_ep, qep, _stand_ins(parts)
+
+
 def rebuild(
     out: Path,
     report: dict[str, Any],
@@ -248,8 +292,8 @@ def rebuild(
     given_out: list[str] | None = None,
 ) -> tuple[ExportedProgram, ExportedProgram, ExportedProgram | None, dict[bytes, Any]]:
     """(lowered host program, float program, quantized program, host stand-ins) from a
-    compile's outputs; the stand-ins map each device payload (NPU microcode) to the LiteRT
-    partition it was compiled from, which is what the host can run.
+    compile's outputs, lowering ``quantized.pt2`` again; the stand-ins map each device payload
+    (NPU microcode) to the LiteRT partition it was compiled from, which is what the host can run.
 
     The NPU partitions are the compile's hash-checked ``partitions/*.tflite``, not converted
     again (``runtime.verification.saved_partitions``; ``given_out`` gets their names), unless
@@ -258,9 +302,8 @@ def rebuild(
     from etforge.core.lower.npu_backend import given_conversions
     from etforge.runtime.verification.saved_partitions import conversions
 
-    float_ep = load_program(out / output.FLOAT_PROGRAM)
+    float_ep, qep = _programs(out, report)
     qpath = out / output.QUANTIZED_PROGRAM
-    qep = load_program(qpath) if report["quantized"] else None
     target = reg.target(report["target"])
     options = {k: tuple(v) if isinstance(v, list) else v for k, v in report["options"].items()}
     # The path the compile took (report.json): a classic compile (``lowering="classic"``, a
@@ -279,21 +322,7 @@ def rebuild(
             raise EtforgeError(
                 f"{saved}: does not match the program rebuilt from {qpath.name}; recompile {out}"
             )
-    stand_ins = {
-        p.processed: payload.Blob(
-            payload.FORMAT_LITERT_HOST,
-            p.name,
-            True,
-            p.converted.tflite,
-            {
-                "input_dim_orders": [list(d) for d in p.converted.input_dim_orders],
-                "output_dim_orders": [list(d) for d in p.converted.output_dim_orders],
-            },
-        )
-        for p in parts
-        if not p.host_only
-    }
-    return edge.exported_program(), float_ep, qep, stand_ins
+    return edge.exported_program(), float_ep, qep, _stand_ins(parts)
 
 
 def verify(
@@ -308,8 +337,11 @@ def verify(
     steps: Steps | None = None,
     report_fields: bool = True,
     reconvert: bool = False,
+    lower_again: bool = False,
 ) -> Verification:
-    """Verify the compile in ``out``; ``reconvert``: convert the NPU partitions again and
+    """Verify the compile in ``out``; ``lower_again``: lower ``quantized.pt2`` again and require
+    the compile's saved lowered program to be that program (default: the saved one, hash-checked,
+    runs: ``runtime.verification.saved_program``); ``reconvert`` (implies ``lower_again``): convert the NPU partitions again and
     require the compile's ``partitions/*.tflite`` byte for byte (default: those hash-checked
     files are taken as converted, ``runtime.verification.saved_partitions``); ``data``: labeled samples (``runtime.verification.accuracy``) to
     measure the accuracy drop on; ``steps``: progress callbacks (``runtime.verification.verify_steps``);
@@ -322,7 +354,7 @@ def verify(
     with one_thread():  # batch-1 ops: a spinning OpenMP pool only takes cores from others
         result = _verify(
             out, samples, seed, max_steps, min_top1, kernels, data, max_accuracy_drop, steps, report_fields,
-            reconvert,
+            reconvert, lower_again,
         )  # fmt: skip
     result.seconds = dict(steps.seconds)
     return result
@@ -340,6 +372,7 @@ def _verify(
     steps: Steps,
     report_fields: bool = True,
     reconvert: bool = False,
+    lower_again: bool = False,
 ) -> Verification:
     from etforge.core.front.load import check_program_file
     from etforge.core.serialize.pte_check import check_pte
@@ -376,13 +409,46 @@ def _verify(
     parts: list[Any] = []
     given: list[str] = []
     source = output.QUANTIZED_PROGRAM if report["quantized"] else output.FLOAT_PROGRAM
-    with steps.step("rebuild", f"rebuilding the lowered program from {source}") as done:
-        program, float_ep, qep, stand_ins = rebuild(out, report, registry(), parts, reconvert, given)
-        done["line"] = f"rebuilt the lowered program from {source}: {len(parts)} NPU partition(s), " + (
-            f"{len(given)} of them the hash-checked partitions/*.tflite as converted (not converted again)"
-            if given
-            else "each converted again and equal to its partitions/*.tflite"
-        )
+    from etforge.runtime.verification import saved_program
+
+    saved = saved_program.available(out, report)
+    use_saved = saved and not (lower_again or reconvert)
+    lowered_notes: list[str] = []
+    lowered_failures: list[str] = []
+    if use_saved:
+        with steps.step(
+            "rebuild", f"loading the lowered program the compile saved ({output.LOWERED_PROGRAM})"
+        ) as done:
+            program, float_ep, qep, stand_ins = load_saved(out, report, parts)
+            given = [p.name for p in parts]
+            done["line"] = (
+                f"loaded the lowered program the compile saved ({output.LOWERED_PROGRAM}, hash-checked; not "
+                f"lowered again from {source}): {len(parts)} NPU partition(s), each its partitions/*.tflite"
+            )
+    else:
+        with steps.step("rebuild", f"rebuilding the lowered program from {source}") as done:
+            program, float_ep, qep, stand_ins = rebuild(out, report, registry(), parts, reconvert, given)
+            done["line"] = f"rebuilt the lowered program from {source}: {len(parts)} NPU partition(s), " + (
+                f"{len(given)} of them the hash-checked partitions/*.tflite as converted (not converted again)"
+                if given
+                else "each converted again and equal to its partitions/*.tflite"
+            )
+            if saved:  # --rebuild / --reconvert: the saved program must be the one lowered here
+                kept, _ = saved_program.load(out, report)
+                why = saved_program.same_program(kept, program)
+                if why is not None:
+                    lowered_failures.append(
+                        f"{out / output.LOWERED_PROGRAM}: not the program lowered again from {source}: {why}; "
+                        f"recompile {out}"
+                    )
+                done["line"] += f"; {output.LOWERED_PROGRAM} " + (
+                    "the same program" if why is None else "DIFFERS"
+                )
+            else:
+                lowered_notes.append(
+                    f"{out} has no {output.LOWERED_PROGRAM} in its hash chain (compiled by an older etforge): "
+                    f"lowered {source} again; recompile to verify without lowering again"
+                )
     with steps.step("payloads", "comparing the delegate payloads with the rebuilt ones") as done:
         byte_notes: list[str] = []
         byte_failures = artifact.compare_payloads(
@@ -393,7 +459,9 @@ def _verify(
             for f in artifact.stray_partition_files(out, [p.name for p in parts])
         ]
         done["line"] = f"payload bytes: {len(parts)} delegate payload(s) " + (
-            "equal to the rebuilt ones; no stray partition files" if not byte_failures else "DIFFER (below)"
+            f"equal to the {'saved' if use_saved else 'rebuilt'} ones; no stray partition files"
+            if not byte_failures
+            else "DIFFER (below)"
         )
     device = [bytes(d.data) for d in interp.program.backend_delegate_data]
     if byte_failures and any(not raw.startswith(payload.MAGIC) and raw not in stand_ins for raw in device):
@@ -427,12 +495,20 @@ def _verify(
             f"NPU partitions {names} are device microcode, which runs on the NPU only: verified "
             "the LiteRT partitions the NPU compiler compiled them from, in their place"
         )
-    result.notes.extend(hash_notes + byte_notes)
+    result.notes.extend(hash_notes + byte_notes + lowered_notes)
+    result.lowered_source = saved_program.SAVED if use_saved else saved_program.LOWERED_AGAIN
     result.partitions_by_hash = [f"{output.PARTITIONS}/{name}.tflite" for name in given]
     result.partitions_reconverted = [
         f"{output.PARTITIONS}/{p.name}.tflite" for p in parts if p.name not in given
     ]
-    if given:
+    if use_saved:
+        result.notes.append(
+            f"{output.LOWERED_PROGRAM}: the lowered program the compile saved, taken on {output.REPORT}'s sha256, "
+            f"not lowered again from {source} (verify --rebuild lowers again and requires the same program); "
+            "what it computes is judged by the .pte = Edge, NPU-op, CPU-op and whole-output gates, its "
+            f"payloads by the payload-bytes gate (against {output.PTE} and partitions/*.tflite)"
+        )
+    elif given:
         result.notes.append(
             f"{', '.join(result.partitions_by_hash)}: taken as converted on {output.REPORT}'s sha256, not "
             f"converted again from {source} (verify --reconvert converts and compares byte for byte); what "
@@ -444,7 +520,7 @@ def _verify(
 
     given = GateInput(out, report, program, interp, batches, edge_outputs)
     run_gates(given, result, steps, registry())  # the plugins' gates (etforge_verify_gates)
-    result.failures[:0] = byte_failures
+    result.failures[:0] = lowered_failures + byte_failures
     if not agreement.ok:
         result.failures.insert(
             0,

@@ -1,0 +1,155 @@
+"""The lowered Edge program (what ``model.pte`` was emitted from) saved beside it for ``verify``.
+
+``verify`` runs the lowered program on the host; lowering ``quantized.pt2`` again costs it
+1-3 s (partitioning, ``to_edge``'s decompositions, the CPU backend's passes). The compile
+already has that program, so it saves it (``lowered_edge.exir``: ExecuTorch's own serializer,
+``executorch.exir.serde``, which keeps ``executorch_call_delegate`` and each delegate's
+``LoweredBackendModule``) and ``report.json`` records its sha256 like every side file; verify
+loads it instead of lowering (``verify --rebuild`` lowers again and requires the same program).
+
+Not a program a user runs: ``torch.export.load`` does not read it (the ``.exir`` suffix says so).
+Two things ExecuTorch's serializer does not give: byte-identical files (``zipfile`` stamps the
+time) and etforge's own node annotations (the partitioner's converter choice, constant and
+code-moving marks, the quantized program's node a node came from), which verify's checks read.
+So the archive is written with fixed timestamps, and the annotations travel in it as JSON.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.export import ExportedProgram
+
+from etforge.core.common.errors import EtforgeError
+
+#: The archive's members as ``executorch.exir.serde.serialize.save`` names them, plus ours.
+_PROGRAM, _STATE, _CONSTANTS, _EXAMPLES, _VERSION = (
+    "serialized_exported_program.json",
+    "serialized_state_dict.pt",
+    "serialized_constants.pt",
+    "serialized_example_inputs.pt",
+    "version",
+)
+_ANNOTATIONS = "etforge_annotations.json"
+#: Node meta the serializer drops and verify reads; copied as JSON (tuples come back as tuples).
+_KEPT = ("etforge_converter", "etforge_constant", "etforge_moved_codes", "delegation_tag", "debug_handle")
+#: ``from_node``: only its last source (name, target) is kept — the node of the program before.
+_SOURCE = "from_node"
+_EPOCH = (1980, 1, 1, 0, 0, 0)
+
+
+def _graphs(gm: torch.fx.GraphModule, prefix: str = "") -> Iterator[tuple[str, torch.fx.GraphModule]]:
+    """The program's graph and each delegate's original Edge program, by a path of attribute names."""
+    yield prefix, gm
+    for node in gm.graph.nodes:
+        if node.op == "get_attr":
+            original = getattr(getattr(gm, str(node.target), None), "original_module", None)
+            if original is not None:
+                yield from _graphs(original.graph_module, f"{prefix}{node.target}/")
+
+
+def _jsonable(value: Any) -> bool:
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return True
+    return isinstance(value, (tuple, list)) and all(_jsonable(v) for v in value)
+
+
+def _tuples(value: Any) -> Any:
+    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
+
+
+def annotations(ep: ExportedProgram) -> dict[str, dict[str, dict[str, Any]]]:
+    """graph path -> node name -> the kept meta of that node (JSON values)."""
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for path, gm in _graphs(ep.graph_module):
+        nodes: dict[str, dict[str, Any]] = {}
+        for node in gm.graph.nodes:
+            kept = {k: node.meta[k] for k in _KEPT if k in node.meta and _jsonable(node.meta[k])}
+            sources = node.meta.get(_SOURCE)
+            if sources:
+                kept[_SOURCE] = [sources[-1].name, sources[-1].target]
+            if kept:
+                nodes[node.name] = kept
+        out[path] = nodes
+    return out
+
+
+def _annotate(ep: ExportedProgram, saved: dict[str, dict[str, dict[str, Any]]]) -> None:
+    from torch.fx.traceback import NodeSource
+
+    for path, gm in _graphs(ep.graph_module):
+        nodes = saved.get(path, {})
+        for node in gm.graph.nodes:
+            for key, value in nodes.get(node.name, {}).items():
+                if key == _SOURCE:
+                    source = NodeSource(None)
+                    source.node_info = NodeSource.NodeInfo(str(value[0]), str(value[1]), -1)
+                    node.meta[_SOURCE] = [source]
+                else:
+                    node.meta[key] = _tuples(value)
+
+
+def to_bytes(ep: ExportedProgram) -> bytes:
+    """The archive: the same program gives the same bytes (fixed timestamps, fixed order)."""
+    from executorch.exir.serde.serialize import SCHEMA_VERSION, serialize
+
+    artifact = serialize(ep)
+    members = [
+        (_PROGRAM, artifact.exported_program),
+        (_STATE, artifact.state_dict),
+        (_CONSTANTS, artifact.constants),
+        (_EXAMPLES, artifact.example_inputs),
+        (_VERSION, ".".join(map(str, SCHEMA_VERSION)).encode()),
+        (_ANNOTATIONS, json.dumps(annotations(ep), sort_keys=True).encode()),
+    ]
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as archive:
+        for name, data in members:
+            info = zipfile.ZipInfo(name, date_time=_EPOCH)
+            info.external_attr = 0o644 << 16
+            archive.writestr(info, bytes(data))
+    return buf.getvalue()
+
+
+def save_lowered(ep: ExportedProgram, path: Path) -> None:
+    """Write ``ep`` to ``path`` (Python's ``open``: a full disk is an OSError naming the file)."""
+    data = to_bytes(ep)
+    with open(path, "wb") as f:
+        f.write(data)
+
+
+def load_lowered(path: Path) -> ExportedProgram:
+    """The program :func:`save_lowered` wrote, with its annotations; unpickling restricted to
+    tensors (as ``core.front.load.load_program``). The CPU library's operators must be
+    registered with torch first (an unknown operator would load as a stand-in that cannot run).
+    A file that is not such an archive is named in one line."""
+    from executorch.exir.serde.export_serialize import SerializedArtifact
+    from executorch.exir.serde.serialize import SCHEMA_VERSION, deserialize
+
+    from etforge.core.front.load import _Refused, _tensors_only, check_archive
+
+    path = Path(path)
+    check_archive(path)
+    try:
+        with zipfile.ZipFile(path) as archive:
+            read = {name: archive.read(name) for name in (_PROGRAM, _STATE, _CONSTANTS, _EXAMPLES, _VERSION)}
+            saved = json.loads(archive.read(_ANNOTATIONS))
+    except (zipfile.BadZipFile, KeyError, OSError, ValueError) as exc:
+        raise EtforgeError(f"{path}: not a lowered program etforge saved ({exc}); recompile") from None
+    if read[_VERSION].decode(errors="replace").split(".")[0] != str(SCHEMA_VERSION[0]):
+        raise EtforgeError(f"{path}: saved with another ExecuTorch serializer version; recompile")
+    try:
+        with _tensors_only():
+            ep = deserialize(
+                SerializedArtifact(read[_PROGRAM], read[_STATE], read[_CONSTANTS], read[_EXAMPLES])
+            )
+    except _Refused as exc:
+        raise EtforgeError(f"{path}: refused: holds pickled data other than tensors ({exc})") from None
+    _annotate(ep, saved)
+    return ep
