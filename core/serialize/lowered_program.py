@@ -41,7 +41,32 @@ _ANNOTATIONS = "etforge_annotations.json"
 _KEPT = ("etforge_converter", "etforge_constant", "etforge_moved_codes", "delegation_tag", "debug_handle")
 #: ``from_node``: only its last source (name, target) is kept — the node of the program before.
 _SOURCE = "from_node"
+#: How a call passed its arguments (positional count, keyword names): the serializer passes
+#: an operator's non-tensor arguments by keyword, and verify's checks read ``node.args``.
+_FORM = "etforge_call_form"
 _EPOCH = (1980, 1, 1, 0, 0, 0)
+
+
+def _schema(node: torch.fx.Node) -> Any:
+    return getattr(node.target, "_schema", None)
+
+
+def _reform(node: torch.fx.Node, positional: int, keywords: list[str]) -> None:
+    """``node``'s arguments passed as the compile passed them (values unchanged)."""
+    schema = _schema(node)
+    names = [a.name for a in schema.arguments]
+    values = {**dict(zip(names, node.args, strict=False)), **node.kwargs}
+    default = {a.name: a.default_value for a in schema.arguments if a.has_default_value()}
+
+    def value(name: str) -> Any:
+        if name in values:
+            return values[name]
+        if name in default:  # left out as its default
+            return default[name]
+        raise EtforgeError(f"node {node.name}: argument {name} missing from the saved program")
+
+    node.args = tuple(value(n) for n in names[:positional])
+    node.kwargs = {k: value(k) for k in keywords}
 
 
 def _graphs(gm: torch.fx.GraphModule, prefix: str = "") -> Iterator[tuple[str, torch.fx.GraphModule]]:
@@ -74,6 +99,10 @@ def annotations(ep: ExportedProgram) -> dict[str, dict[str, dict[str, Any]]]:
             sources = node.meta.get(_SOURCE)
             if sources:
                 kept[_SOURCE] = [sources[-1].name, sources[-1].target]
+            if node.op == "call_function" and _schema(node) is not None:
+                kept[_FORM] = [len(node.args), list(node.kwargs)]
+            elif node.op == "output" and node.args and isinstance(node.args[0], list):
+                kept[_FORM] = "list"  # the serializer gives a tuple
             if kept:
                 nodes[node.name] = kept
         out[path] = nodes
@@ -87,7 +116,11 @@ def _annotate(ep: ExportedProgram, saved: dict[str, dict[str, dict[str, Any]]]) 
         nodes = saved.get(path, {})
         for node in gm.graph.nodes:
             for key, value in nodes.get(node.name, {}).items():
-                if key == _SOURCE:
+                if key == _FORM and value == "list":
+                    node.args = (list(node.args[0]), *node.args[1:])
+                elif key == _FORM:
+                    _reform(node, int(value[0]), [str(k) for k in value[1]])
+                elif key == _SOURCE:
                     source = NodeSource(None)
                     source.node_info = NodeSource.NodeInfo(str(value[0]), str(value[1]), -1)
                     node.meta[_SOURCE] = [source]
