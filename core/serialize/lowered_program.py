@@ -39,7 +39,8 @@ _PROGRAM, _STATE, _CONSTANTS, _EXAMPLES, _VERSION = (
 _ANNOTATIONS = "etforge_annotations.json"
 #: Node meta the serializer drops and verify reads; copied as JSON (tuples come back as tuples).
 _KEPT = ("etforge_converter", "etforge_constant", "etforge_moved_codes", "delegation_tag", "debug_handle")
-#: ``from_node``: only its last source (name, target) is kept — the node of the program before.
+#: ``from_node``: only its last source's name is kept — the node of the program before (the
+#: serializer would write the whole chain with ``id()``s of graphs: other bytes on every run).
 _SOURCE = "from_node"
 #: How a call passed its arguments (positional count, keyword names): the serializer passes
 #: an operator's non-tensor arguments by keyword, and verify's checks read ``node.args``.
@@ -98,7 +99,7 @@ def annotations(ep: ExportedProgram) -> dict[str, dict[str, dict[str, Any]]]:
             kept = {k: node.meta[k] for k in _KEPT if k in node.meta and _jsonable(node.meta[k])}
             sources = node.meta.get(_SOURCE)
             if sources:
-                kept[_SOURCE] = [sources[-1].name, sources[-1].target]
+                kept[_SOURCE] = sources[-1].name
             if node.op == "call_function" and _schema(node) is not None:
                 kept[_FORM] = [len(node.args), list(node.kwargs)]
             elif node.op == "output" and node.args and isinstance(node.args[0], list):
@@ -122,7 +123,7 @@ def _annotate(ep: ExportedProgram, saved: dict[str, dict[str, dict[str, Any]]]) 
                     _reform(node, int(value[0]), [str(k) for k in value[1]])
                 elif key == _SOURCE:
                     source = NodeSource(None)
-                    source.node_info = NodeSource.NodeInfo(str(value[0]), str(value[1]), -1)
+                    source.node_info = NodeSource.NodeInfo(str(value), "", -1)
                     node.meta[_SOURCE] = [source]
                 else:
                     node.meta[key] = _tuples(value)
@@ -132,14 +133,25 @@ def to_bytes(ep: ExportedProgram) -> bytes:
     """The archive: the same program gives the same bytes (fixed timestamps, fixed order)."""
     from executorch.exir.serde.serialize import SCHEMA_VERSION, serialize
 
-    artifact = serialize(ep)
+    kept = annotations(ep)
+    sources = [
+        (n, n.meta.pop(_SOURCE))
+        for _, gm in _graphs(ep.graph_module)
+        for n in gm.graph.nodes
+        if _SOURCE in n.meta
+    ]
+    try:
+        artifact = serialize(ep)
+    finally:
+        for node, source in sources:
+            node.meta[_SOURCE] = source
     members = [
         (_PROGRAM, artifact.exported_program),
         (_STATE, artifact.state_dict),
         (_CONSTANTS, artifact.constants),
         (_EXAMPLES, artifact.example_inputs),
         (_VERSION, ".".join(map(str, SCHEMA_VERSION)).encode()),
-        (_ANNOTATIONS, json.dumps(annotations(ep), sort_keys=True).encode()),
+        (_ANNOTATIONS, json.dumps(kept, sort_keys=True).encode()),
     ]
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as archive:
