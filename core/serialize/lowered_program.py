@@ -52,8 +52,8 @@ def _schema(node: torch.fx.Node) -> Any:
     return getattr(node.target, "_schema", None)
 
 
-def _reform(node: torch.fx.Node, positional: int, keywords: list[str]) -> None:
-    """``node``'s arguments passed as the compile passed them (values unchanged)."""
+def _reform(node: torch.fx.Node, positional: int, keywords: list[str]) -> bool:
+    """``node``'s arguments passed as the compile passed them (values unchanged); whether they changed."""
     schema = _schema(node)
     names = [a.name for a in schema.arguments]
     values = {**dict(zip(names, node.args, strict=False)), **node.kwargs}
@@ -66,8 +66,11 @@ def _reform(node: torch.fx.Node, positional: int, keywords: list[str]) -> None:
             return default[name]
         raise EtforgeError(f"node {node.name}: argument {name} missing from the saved program")
 
-    node.args = tuple(value(n) for n in names[:positional])
-    node.kwargs = {k: value(k) for k in keywords}
+    args, kwargs = tuple(value(n) for n in names[:positional]), {k: value(k) for k in keywords}
+    if args == node.args and kwargs == node.kwargs:
+        return False
+    node.args, node.kwargs = args, kwargs
+    return True
 
 
 def _graphs(gm: torch.fx.GraphModule, prefix: str = "") -> Iterator[tuple[str, torch.fx.GraphModule]]:
@@ -90,9 +93,9 @@ def _tuples(value: Any) -> Any:
     return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
 
 
-def annotations(ep: ExportedProgram) -> dict[str, dict[str, dict[str, Any]]]:
-    """graph path -> node name -> the kept meta of that node (JSON values)."""
-    out: dict[str, dict[str, dict[str, Any]]] = {}
+def annotations(ep: ExportedProgram) -> dict[str, dict[str, Any]]:
+    """graph path -> {"order": node names in graph order, "nodes": node name -> its kept meta}."""
+    out: dict[str, dict[str, Any]] = {}
     for path, gm in _graphs(ep.graph_module):
         nodes: dict[str, dict[str, Any]] = {}
         for node in gm.graph.nodes:
@@ -106,27 +109,56 @@ def annotations(ep: ExportedProgram) -> dict[str, dict[str, dict[str, Any]]]:
                 kept[_FORM] = "list"  # the serializer gives a tuple
             if kept:
                 nodes[node.name] = kept
-        out[path] = nodes
+        out[path] = {"order": [n.name for n in gm.graph.nodes], "nodes": nodes}
     return out
 
 
-def _annotate(ep: ExportedProgram, saved: dict[str, dict[str, dict[str, Any]]]) -> None:
+def _reorder(gm: torch.fx.GraphModule, order: list[str], path: Path) -> bool:
+    """The graph's nodes as the compile had them: the deserializer adds a ``getitem`` for each
+    unused output of a multi-output op, right after it; those (unused, not in ``order``) go,
+    and the rest take ``order``'s places."""
+    known = set(order)
+    changed = False
+    for node in reversed(list(gm.graph.nodes)):
+        if node.name not in known and not node.users and node.op == "call_function":
+            gm.graph.erase_node(node)
+            changed = True
+    by_name = {n.name: n for n in gm.graph.nodes}
+    if set(by_name) != known:
+        raise EtforgeError(f"{path}: its graph does not hold the nodes it lists; recompile")
+    prev = None
+    for name in order:
+        node = by_name[name]
+        if prev is not None and prev.next is not node:
+            prev.append(node)
+            changed = True
+        prev = node
+    return changed
+
+
+def _annotate(ep: ExportedProgram, saved: dict[str, dict[str, Any]], path: Path) -> None:
     from torch.fx.traceback import NodeSource
 
-    for path, gm in _graphs(ep.graph_module):
-        nodes = saved.get(path, {})
+    for where, gm in _graphs(ep.graph_module):
+        if where not in saved:
+            raise EtforgeError(f"{path}: no annotations for graph {where or '(top)'}; recompile")
+        changed = _reorder(gm, saved[where]["order"], path)
+        nodes = saved[where]["nodes"]
         for node in gm.graph.nodes:
             for key, value in nodes.get(node.name, {}).items():
                 if key == _FORM and value == "list":
                     node.args = (list(node.args[0]), *node.args[1:])
+                    changed = True
                 elif key == _FORM:
-                    _reform(node, int(value[0]), [str(k) for k in value[1]])
+                    changed = _reform(node, int(value[0]), [str(k) for k in value[1]]) or changed
                 elif key == _SOURCE:
                     source = NodeSource(None)
                     source.node_info = NodeSource.NodeInfo(str(value), "", -1)
                     node.meta[_SOURCE] = [source]
                 else:
                     node.meta[key] = _tuples(value)
+        if changed:  # the module's code as the graph now reads
+            gm.recompile()
 
 
 def to_bytes(ep: ExportedProgram) -> bytes:
@@ -196,5 +228,5 @@ def load_lowered(path: Path) -> ExportedProgram:
             )
     except _Refused as exc:
         raise EtforgeError(f"{path}: refused: holds pickled data other than tensors ({exc})") from None
-    _annotate(ep, saved)
+    _annotate(ep, saved, path)
     return ep
