@@ -168,8 +168,9 @@ def verify(
     if runtime != "host":
         if script_model is not None:
             raise click.UsageError("--runtime qemu-m33 verifies an OUT directory, not a script's .pte")
-        if reconvert or lower_again:
-            raise click.UsageError("--reconvert and --rebuild go with the host verification (--runtime host)")
+        for flag, given in (("--reconvert", reconvert), ("--rebuild", lower_again)):
+            if given:
+                raise click.UsageError(f"{flag} goes with the host verification (--runtime host)")
         verify_on_device(
             Path(out_dir), runtime, samples, seed, executorch_src, cmsis_nn_src, as_json, cpu_partitions
         )

@@ -32,5 +32,5 @@ def test_one_thread_and_the_default_give_the_same_bytes(tmp_path: Path) -> None:
     _compile(tmp_path / "default", None)  # every core (two or more here: the test needs them)
     # (quantized.pt2 is not compared: torch.export.save writes a random serialization id and
     # object ids into it on every run, threads or not.)
-    for name in ("model.pte", "partitions/etforge_0.tflite"):
+    for name in ("model.pte", "partitions/etforge_0.tflite", "lowered_edge.exir"):
         assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "default" / name).read_bytes(), name

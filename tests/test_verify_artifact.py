@@ -38,10 +38,16 @@ def _verify(out: Path):  # type: ignore[no-untyped-def]
     return verify(out, samples=2)
 
 
+def _verify_rebuilt(out: Path):  # type: ignore[no-untyped-def]
+    from etforge.runtime.verification.verify import verify
+
+    return verify(out, samples=2, lower_again=True)
+
+
 def test_report_records_each_side_file_and_a_clean_output_verifies(compiled: dict[str, Path]) -> None:
     out = compiled["imxrt700"]
     files = json.loads((out / "report.json").read_text())["files_sha256"]
-    assert set(files) == {"float.pt2", "quantized.pt2", "partitions/etforge_0.tflite"}
+    assert set(files) == {"float.pt2", "quantized.pt2", "lowered_edge.exir", "partitions/etforge_0.tflite"}
     for name, digest in files.items():
         assert hashlib.sha256((out / name).read_bytes()).hexdigest() == digest
     v = _verify(out)
@@ -67,7 +73,12 @@ def test_a_flipped_weight_bit_in_the_npu_payload_fails(compiled: dict[str, Path]
     v = _verify(out)
     assert not v.ok
     failure = v.failures[0]
-    assert "delegate payload 0 (partition etforge_0) differs from the rebuilt partition at byte" in failure
+    assert "delegate payload 0 (partition etforge_0) differs from the saved partition at byte" in failure
+    again = _verify_rebuilt(out)  # lowered again from quantized.pt2: the same gate
+    assert (
+        "delegate payload 0 (partition etforge_0) differs from the rebuilt partition at byte"
+        in again.failures[0]
+    )
 
 
 def test_a_stray_partition_file_fails(compiled: dict[str, Path], tmp_path: Path) -> None:

@@ -193,8 +193,9 @@ def test_a_partition_changed_with_its_payload_and_every_hash_fails_by_default_an
 ) -> None:
     """The NPU weights changed alike in partitions/etforge_0.tflite and in model.pte's payload,
     report.json's hashes forged to match: the payload-bytes gate sees equal bytes and the hash
-    chain holds, so by default the NPU-op gate (each op against its device-exact reference
-    from quantized.pt2's Edge op) names the op; --reconvert fails at the rebuild."""
+    chain holds: the saved lowered program's payload names the file; changed there too, the NPU-op
+    gate (each op against its device-exact reference from quantized.pt2's Edge op) names the op;
+    --reconvert fails at the rebuild."""
     import shutil
 
     from ai_edge_litert import schema_py_generated as schema
@@ -215,8 +216,22 @@ def test_a_partition_changed_with_its_payload_and_every_hash_fails_by_default_an
     (out / "model.pte").write_bytes(pte.replace(tflite, changed))
     part.write_bytes(changed)
     _rehash(out)
+    # the saved lowered program (lowered_edge.exir) still holds the compiled partition: named
+    with pytest.raises(EtforgeError, match=r"etforge_0\.tflite: does not match partition etforge_0's model"):
+        verify(out, samples=2)
+    # changed alike in lowered_edge.exir too, its hash forged as well: the NPU-op gate names the op
+    from etforge.core.serialize.lowered_program import load_lowered, to_bytes
+    from etforge.runtime.verification.saved_program import delegates
+
+    ep = load_lowered(out / "lowered_edge.exir")
+    (lowered,) = delegates(ep)
+    raw = bytes(lowered.processed_bytes)
+    assert raw.count(tflite) == 1
+    lowered._processed_bytes = raw.replace(tflite, changed)
+    (out / "lowered_edge.exir").write_bytes(to_bytes(ep))
+    _rehash(out)
     v = verify(out, samples=2)
-    assert not v.ok
+    assert not v.ok and v.lowered_source == "saved"
     assert [f for f in v.failures if f.startswith("NPU op etforge_0:") and "device-exact reference" in f], (
         v.failures
     )

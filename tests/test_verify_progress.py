@@ -37,7 +37,7 @@ def test_verify_reports_each_step_then_the_verdict_gates_and_figures(tmp_path: P
     proc = run_cli("verify", str(out), "--samples", "2", "--min-top1", "0")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()
-    steps = ["hash chain:", "rebuilt the lowered program", "payload bytes:", "ran 2 samples", "float check:",
+    steps = ["hash chain:", "loaded the lowered program the compile saved", "payload bytes:", "ran 2 samples", "float check:",
              "model.pte (host interpreter, planned offsets)"]  # fmt: skip
     at = [next(i for i, ln in enumerate(lines) if ln.strip().startswith(s)) for s in steps]
     assert at == sorted(at), lines

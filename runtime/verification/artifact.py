@@ -1,15 +1,16 @@
 """Every byte of a compile's output is the compiled one.
 
-``verify`` rebuilds the lowered program from ``quantized.pt2`` (its NPU partitions the
-hash-checked ``partitions/*.tflite``, or converted again with ``--reconvert``:
-``runtime.verification.saved_partitions``) and runs that; this module checks that what it ran
-is what the output holds:
+``verify`` runs the lowered program the compile saved (``lowered_edge.exir``,
+``runtime.verification.saved_program``) or rebuilds it from ``quantized.pt2`` (its NPU
+partitions the hash-checked ``partitions/*.tflite``, or converted again with ``--reconvert``:
+``runtime.verification.saved_partitions``); this module checks that what it ran is what the
+output holds:
 
 * a hash chain: ``report.json`` records the sha256 of ``model.pte`` and of each side file
-  (``float.pt2``, ``quantized.pt2``, ``partitions/*``) — a file from another compile, or
+  (``float.pt2``, ``quantized.pt2``, ``lowered_edge.exir``, ``partitions/*``) — a file from another compile, or
   changed after it, is named;
-* every delegate payload inside ``model.pte`` equals, byte for byte, the payload the rebuild
-  produced for its partition (a flipped weight bit inside the NPU payload is found even when
+* every delegate payload inside ``model.pte`` equals, byte for byte, the payload of its
+  partition in the program verify runs (a flipped weight bit inside the NPU payload is found even when
   ``report.json``'s hash of ``model.pte`` was updated to match: the partition file's own hash
   still holds it to the compiled bytes);
 * ``partitions/`` holds only files of this program's partitions.
@@ -72,17 +73,24 @@ def stray_partition_files(out: Path, partition_names: Sequence[str]) -> list[str
 
 
 def compare_payloads(
-    pte_path: Path, program: Any, rebuilt: dict[str, bytes], notes: list[str] | None = None
+    pte_path: Path,
+    program: Any,
+    rebuilt: dict[str, bytes],
+    notes: list[str] | None = None,
+    saved: bool = False,
 ) -> list[str]:
     """Each delegate payload in ``model.pte`` (``program``: its deserialized form) against the
-    rebuilt one of its partition. ``rebuilt``: partition name -> processed bytes. Returns
-    failures, one line each; a comparison that cannot be made here goes to ``notes``.
+    rebuilt one of its partition (``saved``: the one in the compile's saved lowered program).
+    ``rebuilt``: partition name -> processed bytes. Returns failures, one line each; a
+    comparison that cannot be made here goes to ``notes``.
 
     A host-only payload (etforge's framing) names its partition. A device payload (the NPU
     compiler's own format, e.g. NeutronBackend's) names none: it is paired, in partition
     order, with a rebuilt partition left unmatched."""
     from etforge.core.litert import payload
 
+    kind = "saved" if saved else "rebuilt"
+    source = output.LOWERED_PROGRAM if saved else f"rebuilt from {output.QUANTIZED_PROGRAM}"
     found = [bytes(d.data) for d in program.backend_delegate_data]
     wanted = dict(rebuilt)
     rest = []
@@ -97,9 +105,7 @@ def compare_payloads(
         device = not raw.startswith(payload.MAGIC)
         name = _partition_of(raw, wanted, device)
         if name is None:
-            failures.append(
-                f"{pte_path}: delegate payload {i} is not the payload of any partition rebuilt from {output.QUANTIZED_PROGRAM}"
-            )
+            failures.append(f"{pte_path}: delegate payload {i} is not the payload of any partition {source}")
             continue
         ref = wanted.pop(name)
         if device and ref.startswith(payload.MAGIC):
@@ -113,7 +119,7 @@ def compare_payloads(
             (k for k, (a, b) in enumerate(zip(raw, ref, strict=False)) if a != b), min(len(raw), len(ref))
         )
         failures.append(
-            f"{pte_path}: delegate payload {i} (partition {name}) differs from the rebuilt partition at byte "
+            f"{pte_path}: delegate payload {i} (partition {name}) differs from the {kind} partition at byte "
             f"{at:,} of {len(ref):,}: the program's NPU bytes are not the compiled ones; recompile"
         )
     for name in sorted(wanted):

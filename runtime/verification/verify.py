@@ -449,10 +449,10 @@ def _verify(
                     f"{out} has no {output.LOWERED_PROGRAM} in its hash chain (compiled by an older etforge): "
                     f"lowered {source} again; recompile to verify without lowering again"
                 )
-    with steps.step("payloads", "comparing the delegate payloads with the rebuilt ones") as done:
+    with steps.step("payloads", "comparing the delegate payloads with the ones run here") as done:
         byte_notes: list[str] = []
         byte_failures = artifact.compare_payloads(
-            pte_path, interp.program, {p.name: p.processed for p in parts}, byte_notes
+            pte_path, interp.program, {p.name: p.processed for p in parts}, byte_notes, use_saved
         )
         byte_failures += [
             f"{f}: not a partition of the program in {pte_path.name}; remove it or recompile"
@@ -508,7 +508,7 @@ def _verify(
             "what it computes is judged by the .pte = Edge, NPU-op, CPU-op and whole-output gates, its "
             f"payloads by the payload-bytes gate (against {output.PTE} and partitions/*.tflite)"
         )
-    elif given:
+    if given:
         result.notes.append(
             f"{', '.join(result.partitions_by_hash)}: taken as converted on {output.REPORT}'s sha256, not "
             f"converted again from {source} (verify --reconvert converts and compares byte for byte); what "
