@@ -69,3 +69,25 @@ def test_the_float_program_starts_before_quantization_and_is_not_restarted(tmp_p
     for name, ep in zip(NAMES, (a, b), strict=True):
         x = torch.randn(2, 4)
         assert torch.equal(torch.export.load(str(tmp_path / name)).module()(x), ep.module()(x))
+
+
+def test_the_lowered_program_is_written_by_a_child_and_loads_back(tmp_path: Path) -> None:
+    """The lowered Edge program (lowered_edge.exir): the child's bytes are the in-process ones,
+    and the program loads back computing the same (a failed write is named like the others)."""
+    from executorch.exir import to_edge
+
+    from etforge.core.serialize.lowered_program import load_lowered, to_bytes
+
+    edge = to_edge(_program(3)).exported_program()
+    with ProgramWriter(tmp_path, NAMES, lowered="lowered_edge.exir") as writer:
+        writer.start_lowered(edge)
+        assert len(writer._jobs) == 1
+        writer.finish()
+    assert (tmp_path / "lowered_edge.exir").read_bytes() == to_bytes(edge)
+    loaded = load_lowered(tmp_path / "lowered_edge.exir")
+    x = torch.randn(2, 4)
+    assert _ops(loaded) == _ops(edge) and torch.equal(loaded.module()(x), edge.module()(x))
+    writer = ProgramWriter(tmp_path / "gone", NAMES, lowered="lowered_edge.exir")
+    writer.start_lowered(edge)
+    with pytest.raises(EtforgeError, match=r"could not write lowered_edge\.exir into .*gone"):
+        writer.finish()
