@@ -153,3 +153,31 @@ def test_the_saved_program_is_the_same_bytes_from_two_compiles_and_from_the_cach
     for out in (tmp_path / "a", tmp_path / "b"):
         assert (out / LOWERED).read_bytes() == (m33 / LOWERED).read_bytes(), out
         assert _verify(out).lowered_source == "saved"
+
+
+@pytest.mark.parametrize("damage", ["not an archive", "a program that does not parse"])
+def test_a_damaged_saved_program_with_its_hash_forged_is_named_in_one_line(
+    damage: str, m33: Path, tmp_path: Path
+) -> None:
+    import io
+    import zipfile
+
+    from etforge.core.common.errors import EtforgeError
+
+    out = _copy(m33, tmp_path)
+    if damage == "not an archive":
+        (out / LOWERED).write_bytes(b"not a zip archive")
+        expected = r"lowered_edge\.exir: not a lowered program etforge saved"
+    else:
+        buf = io.BytesIO()
+        with zipfile.ZipFile(out / LOWERED) as src, zipfile.ZipFile(buf, "w") as dst:
+            for info in src.infolist():
+                data = src.read(info.filename)
+                if info.filename == "serialized_exported_program.json":
+                    data = data.replace(b'"target": "', b'"target": "no_such_op::', 1)
+                dst.writestr(info, data)
+        (out / LOWERED).write_bytes(buf.getvalue())
+        expected = r"lowered_edge\.exir: .*; recompile"
+    _rehash(out, LOWERED)
+    with pytest.raises(EtforgeError, match=expected):
+        _verify(out)
