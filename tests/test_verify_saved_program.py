@@ -64,10 +64,10 @@ def _rehash(out: Path, name: str) -> None:
     ("model", "target"),
     [
         (MIXED, "cortex-m33"),  # concat, mul, sigmoid, depthwise, avgpool, residual, softmax on CMSIS-NN
-        (MIXED, "imxrt700cm"),  # the same on the NPU
-        ("zoo:cifarnet", "imxrt700cm"),  # conv, maxpool, linear; softmax
-        ("zoo:resnet8", "cortex-m33"),  # residual adds, global average pool
-        ("zoo:ds_cnn", "cortex-m33"),  # depthwise-separable blocks, a non-square kernel
+        pytest.param(MIXED, "imxrt700cm", marks=pytest.mark.slow),  # the same on the NPU
+        pytest.param("zoo:cifarnet", "imxrt700cm", marks=pytest.mark.slow),  # conv, maxpool, linear; softmax
+        pytest.param("zoo:resnet8", "cortex-m33", marks=pytest.mark.slow),  # residual adds, global avg pool
+        pytest.param("zoo:ds_cnn", "cortex-m33", marks=pytest.mark.slow),  # depthwise-separable, 10x4 kernel
     ],
 )
 def test_the_saved_program_gives_the_verification_lowering_again_gives(
@@ -139,6 +139,7 @@ def test_an_output_without_the_saved_program_is_lowered_again_and_says_so(m33: P
     assert any(f"has no {LOWERED} in its hash chain" in n for n in v.notes), v.notes
 
 
+@pytest.mark.slow
 def test_the_saved_program_is_the_same_bytes_from_two_compiles_and_from_the_cache(
     m33: Path, tmp_path: Path
 ) -> None:
