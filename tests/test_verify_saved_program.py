@@ -20,6 +20,7 @@ from support import REPO, run_cli
 
 MIXED = f"{REPO / 'tests' / 'models' / 'saved_program_models.py'}:mixed"
 LOWERED = "lowered_edge.exir"
+TWO_PARTITIONS = "mixed, its concat kept off the NPU"
 
 
 def _compile(out: Path, model: str, target: str, *extra: str) -> Path:
@@ -68,12 +69,20 @@ def _rehash(out: Path, name: str) -> None:
         pytest.param("zoo:cifarnet", "imxrt700cm", marks=pytest.mark.slow),  # conv, maxpool, linear; softmax
         pytest.param("zoo:resnet8", "cortex-m33", marks=pytest.mark.slow),  # residual adds, global avg pool
         pytest.param("zoo:ds_cnn", "cortex-m33", marks=pytest.mark.slow),  # depthwise-separable, 10x4 kernel
+        pytest.param(TWO_PARTITIONS, "imxrt700cm", marks=pytest.mark.slow),  # concat on the CPU between two
     ],
 )
 def test_the_saved_program_gives_the_verification_lowering_again_gives(
     model: str, target: str, m33: Path, tmp_path: Path
 ) -> None:
-    out = m33 if (model, target) == (MIXED, "cortex-m33") else _compile(tmp_path / "o", model, target)
+    if (model, target) == (MIXED, "cortex-m33"):
+        out = m33
+    elif model == TWO_PARTITIONS:
+        option = "operators_not_to_delegate=aten.cat.default"
+        out = _compile(tmp_path / "o", MIXED, target, "--option", option)
+        assert len(json.loads((out / "report.json").read_text())["partitions"]) == 2
+    else:
+        out = _compile(tmp_path / "o", model, target)
     saved, again = _verify(out), _verify(out, lower_again=True)
     assert saved.lowered_source == "saved" and again.lowered_source == "lowered again"
     assert saved.ok and again.ok, saved.failures + again.failures  # --rebuild: the same program
