@@ -191,3 +191,41 @@ def test_a_damaged_saved_program_with_its_hash_forged_is_named_in_one_line(
     _rehash(out, LOWERED)
     with pytest.raises(EtforgeError, match=expected):
         _verify(out)
+
+
+class _Planted:
+    """Pickles to a call that creates ``marker`` when unpickled (what a planted file would run)."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        import os
+
+        return (os.system, (f"touch {self.marker}",))
+
+
+@pytest.mark.parametrize("member", ["serialized_example_inputs.pt", "serialized_constants.pt"])
+def test_the_saved_program_is_loaded_tensors_only(member: str, m33: Path, tmp_path: Path) -> None:
+    """A pickle planted in lowered_edge.exir (its hash forged) is refused, naming the file; it never runs."""
+    import io
+    import zipfile
+
+    import torch
+
+    from etforge.core.common.errors import EtforgeError
+
+    out = _copy(m33, tmp_path)
+    marker = tmp_path / "EXECUTED"
+    evil = io.BytesIO()
+    torch.save(_Planted(marker), evil)
+    buf = io.BytesIO()
+    with zipfile.ZipFile(out / LOWERED) as src, zipfile.ZipFile(buf, "w") as dst:
+        for info in src.infolist():
+            dst.writestr(info, evil.getvalue() if info.filename == member else src.read(info.filename))
+    (out / LOWERED).write_bytes(buf.getvalue())
+    _rehash(out, LOWERED)
+    with pytest.raises(EtforgeError, match=r"lowered_edge\.exir: refused") as err:
+        _verify(out)
+    assert not marker.exists(), "a planted pickle ran"
+    assert "\n" not in str(err.value)

@@ -252,7 +252,7 @@ def load_lowered(path: Path) -> ExportedProgram:
     from executorch.exir.serde.export_serialize import SerializedArtifact
     from executorch.exir.serde.serialize import SCHEMA_VERSION, deserialize
 
-    from etforge.core.front.load import _Refused, _tensors_only, check_archive
+    from etforge.core.front.load import _Refused, _tensors_only, _unpickle_detail, check_archive
 
     path = Path(path)
     check_archive(path)
@@ -272,7 +272,10 @@ def load_lowered(path: Path) -> ExportedProgram:
                 SerializedArtifact(read[_PROGRAM], read[_STATE], read[_CONSTANTS], read[_EXAMPLES])
             )
     except _Refused as exc:
-        raise EtforgeError(f"{path}: refused: holds pickled data other than tensors ({exc})") from None
+        raise EtforgeError(
+            f"{path}: refused: holds pickled data other than tensors ({_unpickle_detail(str(exc))}); "
+            "etforge never unpickles code from files"
+        ) from None
     except Exception as exc:  # a damaged program: named, not a traceback from inside the serializer
         raise EtforgeError(f"{path}: cannot be read ({type(exc).__name__}: {exc}); recompile") from None
     try:
