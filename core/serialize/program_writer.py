@@ -98,7 +98,9 @@ class ProgramWriter:
                 torch.set_num_threads(1)  # the parent's thread pool does not survive a fork
                 save(program, self.out / name)
             except BaseException as exc:
-                code = 1
+                # an OSError's errno is the exit status: the reason survives a disk too full
+                # to take the error file below
+                code = exc.errno if isinstance(exc, OSError) and exc.errno and 1 < exc.errno < 126 else 1
                 try:  # one line (the partial file goes first: on a full disk it frees the room)
                     (self.out / name).unlink(missing_ok=True)
                     (self.out / f"{_ERROR}-{name}").write_text(_one_line(exc))
@@ -134,7 +136,12 @@ class ProgramWriter:
                 err.unlink()
             except OSError:
                 pass
-            status_line = f"the writer process ended with status {os.waitstatus_to_exitcode(status)}"
+            code = os.waitstatus_to_exitcode(status)
+            status_line = (
+                f"{os.strerror(code)} ({self.out / name})"
+                if 1 < code < 126
+                else f"the writer process ended with status {code}"
+            )
             detail = detail or (written.splitlines() or [status_line])[-1]
         if failed:
             raise EtforgeError(f"could not write {' and '.join(failed)} into {self.out}: {detail}")
