@@ -28,6 +28,8 @@ import torch
 from torch.export import ExportedProgram
 
 from etforge.core.common.errors import EtforgeError
+from etforge.core.graph.utils import CONSTANT_KEY, MOVED_CODES_KEY
+from etforge.core.litert.context import DECIDED_KEY
 
 #: The archive's members as ``executorch.exir.serde.serialize.save`` names them, plus ours.
 _PROGRAM, _STATE, _CONSTANTS, _EXAMPLES, _VERSION = (
@@ -41,7 +43,7 @@ _ANNOTATIONS = "etforge_annotations.json"
 #: The annotations' layout; a file of another layout is refused (recompile), never half-read.
 FORMAT = 1
 #: Node meta the serializer drops and verify reads; copied as JSON (tuples come back as tuples).
-_KEPT = ("etforge_converter", "etforge_constant", "etforge_moved_codes", "delegation_tag", "debug_handle")
+_KEPT = (DECIDED_KEY, CONSTANT_KEY, MOVED_CODES_KEY, "delegation_tag", "debug_handle")
 #: ``from_node``: only its last source's name is kept — the node of the program before (the
 #: serializer would write the whole chain with ``id()``s of graphs: other bytes on every run).
 _SOURCE = "from_node"
