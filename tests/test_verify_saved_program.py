@@ -229,3 +229,23 @@ def test_the_saved_program_is_loaded_tensors_only(member: str, m33: Path, tmp_pa
         _verify(out)
     assert not marker.exists(), "a planted pickle ran"
     assert "\n" not in str(err.value)
+
+
+def test_the_cli_says_which_program_ran(m33: Path, tmp_path: Path) -> None:
+    """The step line and --json's lowered_source; --rebuild beside the device runtime is refused."""
+    shown = run_cli("verify", str(m33), "--samples", "2", "--min-top1", "0")
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    assert "loaded the lowered program the compile saved (lowered_edge.exir" in shown.stdout
+    for flags, source in (
+        ((), "saved"),
+        (("--rebuild",), "lowered again"),
+        (("--reconvert",), "lowered again"),
+    ):
+        proc = run_cli("verify", str(m33), "--samples", "2", "--min-top1", "0", "--json", *flags)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert json.loads(proc.stdout[proc.stdout.index("{") :])["lowered_source"] == source, flags
+    refused = run_cli("verify", str(tmp_path), "--runtime", "qemu-m33", "--rebuild")
+    assert (
+        refused.returncode == 2
+        and "--rebuild goes with the host verification" in refused.stdout + refused.stderr
+    )
