@@ -19,6 +19,7 @@ import torch
 
 from etforge.core.graph.utils import op_name
 from etforge.runtime.verification.constant_nodes import ConstantNodes
+from etforge.runtime.verification.exact_sums import integer_sum
 
 
 def _quantize(
@@ -51,11 +52,15 @@ class Float64(torch.fx.Interpreter):
     def __init__(self, module: torch.fx.GraphModule, constants: ConstantNodes | None = None) -> None:
         super().__init__(module)
         self.constants = constants
+        self.codes: dict[torch.fx.Node, Any] = {}  # weight codes, without ``constants``
 
     def run_node(self, n: torch.fx.Node) -> Any:
         if self.constants is not None and n in self.constants.values:
             return self.constants.values[n]
-        out = super().run_node(n)
+        cache = self.constants.derived if self.constants is not None else self.codes
+        out = integer_sum(n, self, cache)  # a conv / linear of int8 values: integer sums
+        if out is None:
+            out = super().run_node(n)
         if isinstance(out, torch.Tensor) and out.is_floating_point():
             out = out.double()
         if self.constants is not None:

@@ -1,0 +1,124 @@
+"""A convolution or linear layer of dequantized int8 values, summed as integers.
+
+The float64 reference (``runtime.verification.reference``) evaluates a quantized program's
+``conv2d(dequantize(x), dequantize(w), b)`` with torch's float64 kernels: the sum of the
+float64 products ``(qx - zx) * sx * (qw - zw) * sw``, each product and partial sum rounded,
+on a slow path (torch's float64 depthwise runs one small matrix product per channel). The
+same value is ``sx * sw * sum((qx - zx) * (qw - zw)) + b``: the sum is an integer, and
+float32 holds every integer below 2**24 exactly, so where every partial sum stays below it
+(bounded by the largest input code times each output channel's sum of |weight codes|), torch's
+float32 kernel computes the integer sum exactly, in any order; one float64 multiply and one
+add then give the value to float64 rounding (~1e-16, as torch's float64 sum does). Where the
+bound does not hold, the node is evaluated by torch in float64 as before.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.fx import Node
+
+from etforge.core.graph.utils import op_name
+
+#: float32 represents every integer of magnitude below this exactly.
+F32_EXACT = 2**24
+
+_DQ_TENSOR = "quantized_decomposed.dequantize_per_tensor.default"
+_DQ_CHANNEL = "quantized_decomposed.dequantize_per_channel.default"
+
+
+def _is_batched(t: torch.Tensor) -> bool:
+    return bool(torch._C._functorch.is_batchedtensor(t))
+
+
+def _value(node: Node, interp: torch.fx.Interpreter) -> Any:
+    """A node's value in the run: from its environment, or a parameter read again (the
+    interpreter drops a value after its last reader)."""
+    if node in interp.env:
+        return interp.env[node]
+    return interp.fetch_attr(str(node.target)) if node.op == "get_attr" else None
+
+
+def _weight(
+    w_node: Node, interp: torch.fx.Interpreter, cache: dict[Node, Any] | None
+) -> tuple[Any, Any, float] | None:
+    """(weight codes in float32, scale per output channel or scalar, largest per-channel sum of
+    |codes|) of a constant weight, or None."""
+    if cache is not None and w_node in cache:
+        return cache[w_node]
+    w = interp.env.get(w_node)
+    if not isinstance(w, torch.Tensor) or _is_batched(w) or w.dtype != torch.float64 or w.dim() < 2:
+        return None
+    name = op_name(w_node.target)
+    if name == _DQ_TENSOR:
+        scale = w_node.args[1]
+        if not isinstance(scale, (int, float)):
+            return None
+        codes = torch.round(w / scale)
+    elif name == _DQ_CHANNEL:
+        if len(w_node.args) < 4 or w_node.args[3] != 0 or not isinstance(w_node.args[1], Node):
+            return None  # only scales along the output channel
+        scale = _value(w_node.args[1], interp)
+        if not isinstance(scale, torch.Tensor) or _is_batched(scale) or scale.numel() != w.shape[0]:
+            return None
+        scale = scale.double()
+        codes = torch.round(w / scale.reshape(-1, *[1] * (w.dim() - 1)))
+    else:
+        return None
+    bound = float(codes.abs().reshape(w.shape[0], -1).sum(1).max()) if codes.numel() else 0.0
+    found = (codes.float(), scale, bound)
+    if cache is not None:
+        cache[w_node] = found
+    return found
+
+
+def integer_sum(
+    n: Node, interp: torch.fx.Interpreter, cache: dict[Node, Any] | None = None
+) -> torch.Tensor | None:
+    """``n`` (an aten conv2d or linear of a per-tensor dequantized input and a dequantized
+    constant weight) computed from integer sums, or None where that is not provably exact.
+    ``interp``: the float64 run, holding its inputs; ``cache``: weight codes kept across calls."""
+    if n.op != "call_function" or n.kwargs:
+        return None
+    conv = n.target is torch.ops.aten.conv2d.default
+    if not conv and n.target is not torch.ops.aten.linear.default:
+        return None
+    args = list(n.args)
+    if len(args) < 2 or not all(isinstance(a, Node) for a in args[:2]):
+        return None
+    x_node, w_node = args[0], args[1]
+    bias_node = args[2] if len(args) > 2 else None
+    if conv and (len(args) > 4 and isinstance(args[4], str)):
+        return None  # padding="same"/"valid": torch's own op
+    if op_name(x_node.target) != _DQ_TENSOR or len(x_node.args) < 5:
+        return None
+    sx, zx, qmin, qmax = x_node.args[1:5]
+    if not all(isinstance(v, (int, float)) for v in (sx, zx, qmin, qmax)):
+        return None
+    x = interp.env.get(x_node)
+    bias = interp.env.get(bias_node) if isinstance(bias_node, Node) else bias_node
+    if not isinstance(x, torch.Tensor) or x.dtype != torch.float64:
+        return None
+    if bias is not None and (not isinstance(bias, torch.Tensor) or bias.dtype != torch.float64):
+        return None
+    weight = _weight(w_node, interp, cache)
+    if weight is None:
+        return None
+    codes_w, sw, per_channel = weight
+    if max(qmax - zx, zx - qmin) * per_channel >= F32_EXACT:
+        return None  # a partial sum could round in float32: torch's float64 op
+    codes_x = torch.round(x / sx).float()
+    with torch.no_grad():
+        if conv:
+            acc = torch.ops.aten.conv2d.default(codes_x, codes_w, None, *args[3:])
+        else:
+            acc = torch.nn.functional.linear(codes_x, codes_w)
+    scale = sx * sw
+    shape = (-1, *[1] * (acc.dim() - 2)) if conv else (-1,)
+    if isinstance(scale, torch.Tensor):
+        scale = scale.reshape(shape)
+    out = acc.double().mul_(scale)
+    if bias is not None:
+        out.add_(bias.reshape(shape) if conv else bias)
+    return out
