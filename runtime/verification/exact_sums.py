@@ -28,6 +28,9 @@ _DQ_TENSOR = "quantized_decomposed.dequantize_per_tensor.default"
 _DQ_CHANNEL = "quantized_decomposed.dequantize_per_channel.default"
 
 
+_SUMS = (torch.ops.aten.conv2d.default, torch.ops.aten.linear.default)
+
+
 def _is_batched(t: torch.Tensor) -> bool:
     return bool(torch._C._functorch.is_batchedtensor(t))
 
@@ -73,6 +76,21 @@ def _weight(
     return found
 
 
+def keep_codes(graph: torch.fx.Graph, last_uses: dict[Node, list[Node]]) -> None:
+    """Keep each dequantized input's codes until the conv / linear reading it has run (an
+    interpreter's ``user_to_last_uses``, edited): its integer sum starts from them."""
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    for dq in graph.nodes:
+        q = dq.args[0] if dq.op == "call_function" and dq.args else None
+        if op_name(dq.target) != _DQ_TENSOR or not isinstance(q, Node) or q not in last_uses.get(dq, []):
+            continue
+        if not any(u.target in _SUMS for u in dq.users):
+            continue
+        last = max(dq.users, key=order.__getitem__)
+        last_uses[dq].remove(q)
+        last_uses.setdefault(last, []).append(q)
+
+
 def integer_sum(
     n: Node, interp: torch.fx.Interpreter, cache: dict[Node, Any] | None = None
 ) -> torch.Tensor | None:
@@ -108,7 +126,11 @@ def integer_sum(
     codes_w, sw, per_channel = weight
     if max(qmax - zx, zx - qmin) * per_channel >= F32_EXACT:
         return None  # a partial sum could round in float32: torch's float64 op
-    codes_x = torch.round(x / sx).float()
+    held = interp.env.get(x_node.args[0]) if isinstance(x_node.args[0], Node) else None
+    if isinstance(held, torch.Tensor) and not held.is_floating_point():  # the codes dequantized
+        codes_x = held.float().sub_(zx) if zx else held.float()
+    else:
+        codes_x = torch.round(x / sx).float()  # (q - zx) * sx back to q - zx: |error| << 0.5
     with torch.no_grad():
         if conv:
             acc = torch.ops.aten.conv2d.default(codes_x, codes_w, None, *args[3:])

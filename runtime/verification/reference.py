@@ -19,7 +19,7 @@ import torch
 
 from etforge.core.graph.utils import op_name
 from etforge.runtime.verification.constant_nodes import ConstantNodes
-from etforge.runtime.verification.exact_sums import integer_sum
+from etforge.runtime.verification.exact_sums import integer_sum, keep_codes
 
 
 def _quantize(
@@ -53,6 +53,7 @@ class Float64(torch.fx.Interpreter):
         super().__init__(module)
         self.constants = constants
         self.codes: dict[torch.fx.Node, Any] = {}  # weight codes, without ``constants``
+        keep_codes(module.graph, self.user_to_last_uses)
 
     def run_node(self, n: torch.fx.Node) -> Any:
         if self.constants is not None and n in self.constants.values:
