@@ -175,3 +175,45 @@ def test_the_float_check_partition_inputs_have_static_shapes(monkeypatch: pytest
     shapes = [n.meta["val"].shape for n in program.graph.nodes if n.op == "placeholder"]
     assert shapes and all(type(d) is int for s in shapes for d in s)
     assert created == []
+
+
+def test_the_exported_graph_called_as_is_computes_what_the_unlifted_module_does() -> None:
+    """``lifted_call``: a model with a dict of outputs and a BatchNorm (parameters and
+    buffers) gives module()'s structure and values bit for bit; a model that mutates a buffer
+    in place carries it from call to call as the unlifted module does."""
+    from etforge.runtime.verification.lifted import lifted_call
+
+    class Two(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv, self.bn = torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4)
+
+        def forward(self, x: torch.Tensor) -> dict[str, Any]:
+            y = self.bn(self.conv(x))
+            return {"y": y, "pair": (y.mean(), torch.relu(y))}
+
+    class Counter(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("n", torch.zeros(1))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            self.n.add_(1)
+            return x + self.n
+
+    torch.manual_seed(0)
+    x = torch.randn(1, 3, 8, 8)
+    ep = torch.export.export(Two().eval(), (x,))
+    run = lifted_call(ep)
+    assert run is not None
+    with torch.no_grad():
+        ours, theirs = run(x * 2), ep.module()(x * 2)
+    a, spec_a = torch.utils._pytree.tree_flatten(ours)
+    b, spec_b = torch.utils._pytree.tree_flatten(theirs)
+    assert spec_a == spec_b and all(torch.equal(p, q) for p, q in zip(a, b, strict=True))
+    counted = lifted_call(torch.export.export(Counter(), (x,)))
+    unlifted = torch.export.export(Counter(), (x,)).module()
+    assert counted is not None
+    assert [float(counted(x)[0, 0, 0, 0]) for _ in range(3)] == [
+        float(unlifted(x)[0, 0, 0, 0]) for _ in range(3)
+    ]

@@ -33,6 +33,7 @@ from etforge.runtime.verification.constant_fold import folded
 from etforge.runtime.verification.constant_nodes import ConstantNodes
 from etforge.runtime.verification.exact_batched import exact_leaves_all
 from etforge.runtime.verification.inputs import seeded_inputs
+from etforge.runtime.verification.lifted import lifted_call
 from etforge.runtime.verification.outputs import (
     OutputCheck,
     flatten,
@@ -490,7 +491,7 @@ def compare(
     steps = steps or Steps()
     loop_start = time.perf_counter()
     check = OutputCheck(program)
-    float_fn = float_ep.module(check_guards=False)
+    float_fn = lifted_call(float_ep) or float_ep.module(check_guards=False)  # the exported graph itself
     q_fn = qep.module(check_guards=False) if qep is not None else None
     q_ref = folded(q_fn) if q_fn is not None else None  # its float32 run: weights dequantized once
     worst, total, count = 0.0, 0.0, 0
