@@ -4,9 +4,9 @@
 attribute, generates and compiles Python code: MobileNetV2, ~0.1 s a call), only for
 ``verify`` to call the result on each sample. The exported graph module computes the same
 ops on the same tensors when given the parameters, buffers and constants as its leading
-inputs; its outputs are put back in the model's structure. A program that mutates a buffer
-(the unlifted module would carry it from call to call) or takes another kind of input gets
-None: the caller unlifts it as before.
+inputs (the same tensors ``module()`` holds, so a buffer changed in place carries from call to
+call as there); its outputs are put back in the model's structure. A program returning a
+buffer mutation or taking another kind of input gets None: the caller unlifts it as before.
 """
 
 from __future__ import annotations
