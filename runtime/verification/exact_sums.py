@@ -137,7 +137,7 @@ def integer_sum(
         else:
             acc = torch.nn.functional.linear(codes_x, codes_w)
     scale = sx * sw
-    shape = (-1, *[1] * (acc.dim() - 2)) if conv else (-1,)
+    shape = (-1, 1, 1) if conv else (-1,)  # a conv2d's channels: third from the end, batched or not
     if isinstance(scale, torch.Tensor):
         scale = scale.reshape(shape)
     out = acc.double().mul_(scale)
