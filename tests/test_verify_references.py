@@ -84,7 +84,7 @@ def test_a_depthwise_conv_is_its_integer_sum_and_a_long_linear_is_left_to_torch(
     """The conv's value: the integer sum of its codes (computed here in int64) times the two
     scales plus the bias, and torch's float64 value to rounding; a 4096-wide linear's partial
     sums can pass 2**24: no integer rule."""
-    from etforge.runtime.verification.exact_sums import F32_EXACT, integer_sum
+    from etforge.runtime.verification.exact_sums import F32_EXACT, Sums, integer_sum
     from etforge.runtime.verification.reference import Float64
 
     torch.manual_seed(0)
@@ -128,12 +128,14 @@ def test_a_depthwise_conv_is_its_integer_sum_and_a_long_linear_is_left_to_torch(
     class Wide(Float64):
         def run_node(self, n: torch.fx.Node) -> Any:
             if n is linear:
-                seen["int"] = integer_sum(n, self)
+                seen["int"] = integer_sum(n, self, None, sums)
             return super().run_node(n)
 
+    sums = Sums()
     with torch.no_grad():
         Wide(wide).run(torch.randn(4, 4096))
     assert "int" in seen and seen["int"] is None
+    assert sums.left == {linear.name: "a partial sum could reach 2**24"} and not sums.taken
 
 
 def test_the_float_check_partition_inputs_have_static_shapes(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -14,6 +14,7 @@ bound does not hold, the node is evaluated by torch in float64 as before.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -91,41 +92,59 @@ def keep_codes(graph: torch.fx.Graph, last_uses: dict[Node, list[Node]]) -> None
         last_uses.setdefault(last, []).append(q)
 
 
+@dataclass
+class Sums:
+    """Which convs / linears a float64 run summed as integers, and why the others were not."""
+
+    taken: set[str] = field(default_factory=set)
+    left: dict[str, str] = field(default_factory=dict)
+
+
 def integer_sum(
-    n: Node, interp: torch.fx.Interpreter, cache: dict[Node, Any] | None = None
+    n: Node, interp: torch.fx.Interpreter, cache: dict[Node, Any] | None = None, sums: Sums | None = None
 ) -> torch.Tensor | None:
     """``n`` (an aten conv2d or linear of a per-tensor dequantized input and a dequantized
-    constant weight) computed from integer sums, or None where that is not provably exact.
+    constant weight) computed from integer sums, or None where that is not provably exact
+    (then torch's float64 op computes it, as before; ``sums`` records which and why).
     ``interp``: the float64 run, holding its inputs; ``cache``: weight codes kept across calls."""
-    if n.op != "call_function" or n.kwargs:
+    if n.op != "call_function" or n.target not in _SUMS:
         return None
+    out = _integer_sum(n, interp, cache)
+    if isinstance(out, str):
+        if sums is not None:
+            sums.left[n.name] = out
+        return None
+    if sums is not None:
+        sums.taken.add(n.name)
+    return out
+
+
+def _integer_sum(n: Node, interp: torch.fx.Interpreter, cache: dict[Node, Any] | None) -> torch.Tensor | str:
     conv = n.target is torch.ops.aten.conv2d.default
-    if not conv and n.target is not torch.ops.aten.linear.default:
-        return None
     args = list(n.args)
-    if len(args) < 2 or not all(isinstance(a, Node) for a in args[:2]):
-        return None
+    if n.kwargs or len(args) < 2 or not all(isinstance(a, Node) for a in args[:2]):
+        return "keyword or constant arguments"
     x_node, w_node = args[0], args[1]
     bias_node = args[2] if len(args) > 2 else None
     if conv and (len(args) > 4 and isinstance(args[4], str)):
-        return None  # padding="same"/"valid": torch's own op
+        return f"padding {args[4]!r}"
     if op_name(x_node.target) != _DQ_TENSOR or len(x_node.args) < 5:
-        return None
+        return "its input is not a per-tensor dequantize"
     sx, zx, qmin, qmax = x_node.args[1:5]
     if not all(isinstance(v, (int, float)) for v in (sx, zx, qmin, qmax)):
-        return None
+        return "its input's quantization parameters are not constants"
     x = interp.env.get(x_node)
     bias = interp.env.get(bias_node) if isinstance(bias_node, Node) else bias_node
     if not isinstance(x, torch.Tensor) or x.dtype != torch.float64:
-        return None
+        return "its input is not a float64 tensor"
     if bias is not None and (not isinstance(bias, torch.Tensor) or bias.dtype != torch.float64):
-        return None
+        return "its bias is not a float64 tensor"
     weight = _weight(w_node, interp, cache)
     if weight is None:
-        return None
+        return "its weight is not a dequantized constant scaled per output channel"
     codes_w, sw, per_channel = weight
     if max(qmax - zx, zx - qmin) * per_channel >= F32_EXACT:
-        return None  # a partial sum could round in float32: torch's float64 op
+        return "a partial sum could reach 2**24"
     held = interp.env.get(x_node.args[0]) if isinstance(x_node.args[0], Node) else None
     if isinstance(held, torch.Tensor) and not held.is_floating_point():  # the codes dequantized
         codes_x = held.float().sub_(zx) if zx else held.float()

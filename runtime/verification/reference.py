@@ -21,7 +21,7 @@ import torch
 
 from etforge.core.graph.utils import op_name
 from etforge.runtime.verification.constant_nodes import ConstantNodes
-from etforge.runtime.verification.exact_sums import integer_sum, keep_codes
+from etforge.runtime.verification.exact_sums import Sums, integer_sum, keep_codes
 
 
 def _quantize(
@@ -51,9 +51,12 @@ class Float64(torch.fx.Interpreter):
     """Runs a quantized GraphModule with every float in float64 and exact (de)quantization;
     ``constants``: the values of nodes that read no input, kept from an earlier sample."""
 
-    def __init__(self, module: torch.fx.GraphModule, constants: ConstantNodes | None = None) -> None:
+    def __init__(
+        self, module: torch.fx.GraphModule, constants: ConstantNodes | None = None, sums: Sums | None = None
+    ) -> None:
         super().__init__(module)
         self.constants = constants
+        self.sums = sums  # which convs / linears were summed as integers (``exact_sums``)
         self.codes: dict[torch.fx.Node, Any] = {}  # weight codes, without ``constants``
         keep_codes(module.graph, self.user_to_last_uses)
 
@@ -61,7 +64,7 @@ class Float64(torch.fx.Interpreter):
         if self.constants is not None and n in self.constants.values:
             return self.constants.values[n]
         cache = self.constants.derived if self.constants is not None else self.codes
-        out = integer_sum(n, self, cache)  # a conv / linear of int8 values: integer sums
+        out = integer_sum(n, self, cache, self.sums)  # a conv / linear of int8 values: integer sums
         if out is None:
             out = super().run_node(n)
         if isinstance(out, torch.Tensor) and out.is_floating_point():
