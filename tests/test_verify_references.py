@@ -219,3 +219,39 @@ def test_the_exported_graph_called_as_is_computes_what_the_unlifted_module_does(
     assert [float(counted(x)[0, 0, 0, 0]) for _ in range(3)] == [
         float(unlifted(x)[0, 0, 0, 0]) for _ in range(3)
     ]
+
+
+def test_a_weight_computed_from_the_input_is_summed_from_each_runs_own_codes() -> None:
+    """A linear whose weight is a dequantized input (not a constant): its codes are never kept
+    across runs sharing a ``ConstantNodes``; each run's value is torch's float64 one for its
+    own weight (to rounding), the second run's included."""
+    import torch.ao.quantization.fx._decomposed  # noqa: F401 - registers quantized_decomposed
+
+    from etforge.runtime.verification.constant_nodes import ConstantNodes
+    from etforge.runtime.verification.exact_sums import Sums
+    from etforge.runtime.verification.reference import Float64
+
+    q, dq = (
+        torch.ops.quantized_decomposed.quantize_per_tensor.default,
+        torch.ops.quantized_decomposed.dequantize_per_tensor.default,
+    )
+
+    class M(torch.nn.Module):
+        def forward(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+            dx = dq(q(x, 0.05, 3, -128, 127, torch.int8), 0.05, 3, -128, 127, torch.int8)
+            dw = dq(q(w, 0.02, 0, -127, 127, torch.int8), 0.02, 0, -127, 127, torch.int8)
+            return torch.ops.aten.linear.default(dx, dw)
+
+    gm = torch.fx.symbolic_trace(M())
+    constants, sums = ConstantNodes(gm.graph), Sums()
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 16, generator=g)
+    for k in range(2):
+        w = torch.randn(4, 16, generator=g) * (k + 1)
+        with torch.no_grad():
+            ours = Float64(gm, constants, sums).run(x, w)
+            dx = (torch.round(x.double() / 0.05) + 3).clamp(-128, 127).sub(3).mul(0.05)
+            dw = torch.round(w.double() / 0.02).clamp(-127, 127).mul(0.02)
+            expected = torch.nn.functional.linear(dx, dw)
+        assert float((ours - expected).abs().max()) <= 1e-12 * float(expected.abs().max()), k
+    assert len(sums.taken) == 1 and not sums.left  # the integer sum ran, on both runs

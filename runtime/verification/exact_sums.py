@@ -72,7 +72,8 @@ def _weight(
         return None
     bound = float(codes.abs().reshape(w.shape[0], -1).sum(1).max()) if codes.numel() else 0.0
     found = (codes.float(), scale, bound)
-    if cache is not None:
+    constants = getattr(interp, "constants", None)  # shared across runs: only a constant's codes
+    if cache is not None and (constants is None or w_node in constants.nodes):
         cache[w_node] = found
     return found
 
