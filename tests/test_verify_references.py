@@ -1,5 +1,8 @@
 """verify's references at lower cost (issue 47) compute what they computed before.
 
+The float32 reference fuses each quantize / dequantize round trip into the same float32
+operations without the int8 casts (``constant_fold.round_trip``): its outputs bit for bit.
+
 The float64 reference sums a conv / linear of int8 values as integers where that is provably
 exact (``runtime.verification.exact_sums``) and a depthwise convolution it cannot sum so as
 shifted multiply-adds (``reference.depthwise``): each value the same to float64 rounding, and
@@ -71,6 +74,16 @@ def test_exact_leaves_equal_torchs_float64_evaluation(
     assert len(new) == len(old) == len(inputs)
     for a, b in zip(new, old, strict=True):
         assert all(x.dtype == y.dtype and torch.equal(x, y) for x, y in zip(a, b, strict=True))
+    # the float32 reference: quantize / dequantize round trips fused, the same outputs bit for bit
+    from etforge.runtime.verification.constant_fold import folded, round_trip
+
+    q_ref = folded(q_fn)
+    assert any(n.target is round_trip for n in q_ref.graph.nodes)
+    with torch.no_grad():
+        for batch in inputs[:4]:
+            a = torch.utils._pytree.tree_leaves(q_ref(*batch))
+            b = torch.utils._pytree.tree_leaves(q_fn(*batch))
+            assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
 
 
 def _quantized(model: torch.nn.Module, x: torch.Tensor) -> torch.fx.GraphModule:
