@@ -4,8 +4,7 @@ The float32 reference fuses each quantize / dequantize round trip into the same 
 operations without the int8 casts (``constant_fold.round_trip``): its outputs bit for bit.
 
 The float64 reference sums a conv / linear of int8 values as integers where that is provably
-exact (``runtime.verification.exact_sums``) and a depthwise convolution it cannot sum so as
-shifted multiply-adds (``reference.depthwise``): each value the same to float64 rounding, and
+exact (``runtime.verification.exact_sums``): each value the same to float64 rounding, and
 every output leaf verify's gates read (top-1 and steps against the exact value) bit for bit
 the one torch's float64 ops give, on programs with per-channel and depthwise convolutions,
 pooling, softmax / table ops, concat, residual adds, linear layers, NPU and CPU targets.
@@ -69,7 +68,6 @@ def test_exact_leaves_equal_torchs_float64_evaluation(
     convs = [n for n in q_fn.graph.nodes if n.target is torch.ops.aten.conv2d.default]
     assert taken and set(taken) >= {n.name for n in convs[:1]}  # the integer sums ran
     monkeypatch.setattr(reference, "integer_sum", lambda *a: None)  # torch's float64 ops, as before
-    monkeypatch.setattr(reference, "depthwise_args", lambda *a: None)
     old = exact_leaves_all(result.host_program, q_fn, inputs, ConstantNodes(q_fn.graph))
     assert len(new) == len(old) == len(inputs)
     for a, b in zip(new, old, strict=True):

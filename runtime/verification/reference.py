@@ -76,8 +76,6 @@ class Float64(torch.fx.Interpreter):
     def call_function(self, target: Any, args: Any, kwargs: Any) -> Any:
         if target is torch.ops.aten._assert_tensor_metadata.default:
             return None  # it checks a float32 dtype the float64 evaluation does not keep (edgenext)
-        if (dw := depthwise_args(target, args, kwargs)) is not None and (out := depthwise(*dw)) is not None:
-            return out  # torch's float64 depthwise runs one small matrix product per channel
         name = op_name(target).split(".")
         if name[0] != "quantized_decomposed" or len(name) < 2:
             return super().call_function(target, args, kwargs)
@@ -105,71 +103,3 @@ def run_float64(module: torch.fx.GraphModule, inputs: tuple[torch.Tensor, ...]) 
         out = Float64(module).run(*inputs)
     outs = list(out) if isinstance(out, (list, tuple)) else [out]
     return [o.float() if isinstance(o, torch.Tensor) and o.is_floating_point() else o for o in outs]
-
-
-def _pair(v: Any, default: int) -> tuple[int, int]:
-    if v is None:
-        return default, default
-    vs = [int(x) for x in (v if isinstance(v, (list, tuple)) else [v])]
-    return (vs[0], vs[0]) if len(vs) == 1 else (vs[0], vs[1])
-
-
-def depthwise_args(target: Any, args: Any, kwargs: Any) -> tuple[Any, ...] | None:
-    """(x, w, bias, stride, padding, dilation) of a 2-d depthwise convolution (one input channel
-    per group, any multiplier), else None."""
-    if kwargs or target not in (torch.ops.aten.conv2d.default, torch.ops.aten.convolution.default):
-        return None
-    if target is torch.ops.aten.convolution.default:
-        if len(args) != 9 or args[6] or any(int(p) for p in args[7]):  # transposed
-            return None
-        x, w, b, stride, padding, dilation, _, _, groups = args
-    else:
-        x, w, b, stride, padding, dilation, groups = (*args, None, [1], [0], [1], 1)[:7]
-        if len(args) > 7:
-            return None
-    if not (isinstance(x, torch.Tensor) and isinstance(w, torch.Tensor)) or not isinstance(
-        padding, (list, tuple, int)
-    ):
-        return None  # a padding string ("same"): torch's own op
-    if x.dim() != 4 or w.dim() != 4 or w.shape[1] != 1 or x.shape[1] != groups or w.shape[0] % groups:
-        return None
-    if x.dtype != torch.float64 or w.dtype != torch.float64 or (b is not None and b.dtype != torch.float64):
-        return None
-    return x, w, b, _pair(stride, 1), _pair(padding, 0), _pair(dilation, 1)
-
-
-def depthwise(
-    x: torch.Tensor,
-    w: torch.Tensor,
-    b: torch.Tensor | None,
-    stride: tuple[int, int],
-    padding: tuple[int, int],
-    dilation: tuple[int, int],
-) -> torch.Tensor | None:
-    """A depthwise convolution as kh * kw multiply-adds of shifted views (None: an empty output).
-
-    Each output is the same sum of the same float64 products as torch's, in another order (and
-    each op one IEEE rounding, so a value never depends on the batch it is computed in)."""
-    _, c, h, width = x.shape
-    oc, _, kh, kw = w.shape
-    (sh, sw), (ph, pw), (dh, dw) = stride, padding, dilation
-    oh = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
-    ow = (width + 2 * pw - dw * (kw - 1) - 1) // sw + 1
-    if oh <= 0 or ow <= 0:
-        return None
-    if oc != c:  # a channel multiplier: output channel o reads input channel o // (oc / c)
-        x = x.repeat_interleave(oc // c, dim=1)
-    if ph or pw:
-        x = torch.nn.functional.pad(x, (pw, pw, ph, ph))
-    out: torch.Tensor | None = None
-    for i in range(kh):
-        for j in range(kw):
-            patch = x[
-                :, :, i * dh : i * dh + sh * (oh - 1) + 1 : sh, j * dw : j * dw + sw * (ow - 1) + 1 : sw
-            ]
-            term = patch * w[:, 0, i, j].reshape(1, oc, 1, 1)
-            out = term if out is None else out.add_(term)
-    assert out is not None
-    if b is not None:
-        out.add_(b.reshape(1, oc, 1, 1))
-    return out
