@@ -91,10 +91,11 @@ def _quantized(model: torch.nn.Module, x: torch.Tensor) -> torch.fx.GraphModule:
     return compile_model(model.eval(), calib[0], "imxrt700", calibration=calib).quantized_program.module()
 
 
-def test_a_depthwise_conv_is_its_integer_sum_and_a_long_linear_is_left_to_torch() -> None:
+def test_a_depthwise_conv_and_a_long_linear_are_their_integer_sums() -> None:
     """The conv's value: the integer sum of its codes (computed here in int64) times the two
     scales plus the bias, and torch's float64 value to rounding; a 4096-wide linear's partial
-    sums can pass 2**24: no integer rule."""
+    sums can pass 2**24, so it sums its codes in float64 (exact below 2**53): again the int64
+    sum scaled."""
     from etforge.runtime.verification.exact_sums import F32_EXACT, Sums, integer_sum
     from etforge.runtime.verification.reference import Float64
 
@@ -140,13 +141,23 @@ def test_a_depthwise_conv_is_its_integer_sum_and_a_long_linear_is_left_to_torch(
         def run_node(self, n: torch.fx.Node) -> Any:
             if n is linear:
                 seen["int"] = integer_sum(n, self, None, sums)
+                seen["x"], seen["w"], seen["b"] = (self.env[a] for a in n.args[:3])
             return super().run_node(n)
 
     sums = Sums()
     with torch.no_grad():
-        Wide(wide).run(torch.randn(4, 4096))
-    assert "int" in seen and seen["int"] is None
-    assert sums.left == {linear.name: "a partial sum could reach 2**24"} and not sums.taken
+        Wide(wide).run(torch.randn(4, 4096) * 3)
+    assert sums.taken == {linear.name} and not sums.left
+    dq_x, dq_w = linear.args[0], linear.args[1]
+    sx = dq_x.args[1]
+    sw = getattr(wide, str(dq_w.args[1].target)).double()
+    qx = torch.round(seen["x"] / sx).long()
+    qw = getattr(wide, str(dq_w.args[0].target)).long()
+    acc = qx @ qw.T  # exact int64 sums
+    zx, qmin, qmax = dq_x.args[2:5]
+    assert max(qmax - zx, zx - qmin) * int(qw.abs().sum(1).max()) >= F32_EXACT  # float32 not provably exact
+    expected = acc.double() * (sx * sw) + seen["b"]
+    assert float((seen["int"] - expected).abs().max()) <= 1e-15 * float(expected.abs().max()) * 4
 
 
 def test_the_float_check_partition_inputs_have_static_shapes(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -7,9 +7,10 @@ on a slow path (torch's float64 depthwise runs one small matrix product per chan
 same value is ``sx * sw * sum((qx - zx) * (qw - zw)) + b``: the sum is an integer, and
 float32 holds every integer below 2**24 exactly, so where every partial sum stays below it
 (bounded by the largest input code times each output channel's sum of |weight codes|), torch's
-float32 kernel computes the integer sum exactly, in any order; one float64 multiply and one
-add then give the value to float64 rounding (~1e-16, as torch's float64 sum does). Where the
-bound does not hold, the node is evaluated by torch in float64 as before.
+float32 kernel computes the integer sum exactly, in any order; above it (a long linear layer)
+float64's kernel does, below 2**53 (int8 codes never reach it); one float64 multiply and one
+add then give the value to float64 rounding (~1e-16, as torch's float64 sum does). A node
+whose operands are not of this form is evaluated by torch in float64 as before.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ from torch.fx import Node
 
 from etforge.core.graph.utils import op_name
 
-#: float32 represents every integer of magnitude below this exactly.
-F32_EXACT = 2**24
+#: float32 (float64) represents every integer of magnitude below this exactly.
+F32_EXACT, F64_EXACT = 2**24, 2**53
 
 _DQ_TENSOR = "quantized_decomposed.dequantize_per_tensor.default"
 _DQ_CHANNEL = "quantized_decomposed.dequantize_per_channel.default"
@@ -144,13 +145,16 @@ def _integer_sum(n: Node, interp: torch.fx.Interpreter, cache: dict[Node, Any] |
     if weight is None:
         return "its weight is not a dequantized constant scaled per output channel"
     codes_w, sw, per_channel = weight
-    if max(qmax - zx, zx - qmin) * per_channel >= F32_EXACT:
-        return "a partial sum could reach 2**24"
+    bound = max(qmax - zx, zx - qmin) * per_channel
+    if bound >= F64_EXACT:
+        return "a partial sum could reach 2**53"
+    dtype = torch.float32 if bound < F32_EXACT else torch.float64  # exact integer sums either way
     held = interp.env.get(x_node.args[0]) if isinstance(x_node.args[0], Node) else None
     if isinstance(held, torch.Tensor) and not held.is_floating_point():  # the codes dequantized
-        codes_x = held.float().sub_(zx) if zx else held.float()
+        codes_x = held.to(dtype).sub_(zx) if zx else held.to(dtype)
     else:
-        codes_x = torch.round(x / sx).float()  # (q - zx) * sx back to q - zx: |error| << 0.5
+        codes_x = torch.round(x / sx).to(dtype)  # (q - zx) * sx back to q - zx: |error| << 0.5
+    codes_w = codes_w.to(dtype)
     with torch.no_grad():
         if conv:
             acc = torch.ops.aten.conv2d.default(codes_x, codes_w, None, *args[3:])
