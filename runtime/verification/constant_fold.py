@@ -5,7 +5,10 @@ every run dequantizes every weight again (MobileNetV2: 104 per-channel dequantiz
 half the run). The nodes ``ConstantNodes`` finds (pure, every input a constant) compute the
 same tensor on every run; here each such node that a sample-dependent node reads is computed
 once and stored in a copy of the module as a buffer read in its place. The ops run are the
-same on the same tensors, so the values are the same.
+same on the same tensors, so the values are the same. Each quantize read only by dequantizes
+of its parameters becomes one ``round_trip``: the same float32 operations without the int8
+casts, which are exact on the clamped integers (MobileNetV2-96: the float32 run 0.30 -> 0.23 s
+per 32 samples).
 """
 
 from __future__ import annotations
@@ -52,6 +55,55 @@ def folded(module: torch.fx.GraphModule) -> torch.fx.GraphModule:
         with gm.graph.inserting_before(n):
             attr = gm.graph.get_attr(name)
         n.replace_all_uses_with(attr)
+    fuse_round_trips(gm.graph)
     gm.graph.eliminate_dead_code()
     gm.recompile()
     return gm
+
+
+_Q = "quantized_decomposed.quantize_per_tensor.default"
+_DQ = "quantized_decomposed.dequantize_per_tensor.default"
+
+
+def round_trip(
+    x: torch.Tensor, scale: float, zero_point: int, quant_min: int, quant_max: int
+) -> torch.Tensor:
+    """``dequantize_per_tensor(quantize_per_tensor(x, ...), ...)`` in float32: torch's two
+    decomposed ops (``torch.ao.quantization.fx._decomposed``) do ``clamp(round(x * (1 / scale))
+    + zero_point)``, a cast to int8, a cast back and ``(q - zero_point) * scale``; the casts
+    are exact on the clamped integers, so the same float32 operations without them (in place,
+    one Python call instead of two dispatched ones) give the same values."""
+    t = torch.round(x * (1.0 / scale))
+    t.add_(zero_point).clamp_(quant_min, quant_max)
+    return t.sub_(zero_point).mul_(scale)
+
+
+def fuse_round_trips(graph: torch.fx.Graph) -> int:
+    """Each float32 quantize read only by dequantizes of the same parameters: one ``round_trip``
+    (the int8 value itself then appears nowhere); returns how many."""
+    from etforge.core.graph.utils import op_name
+
+    fused = 0
+    for q in list(graph.nodes):
+        if q.op != "call_function" or op_name(q.target) != _Q or len(q.args) != 6 or q.kwargs:
+            continue
+        x, scale, zp, qmin, qmax, dtype = q.args
+        if not isinstance(x, Node) or not all(isinstance(v, (int, float)) for v in (scale, zp, qmin, qmax)):
+            continue
+        info = torch.iinfo(dtype) if isinstance(dtype, torch.dtype) and not dtype.is_floating_point else None
+        val = x.meta.get("val")
+        if info is None or not (info.min <= qmin <= qmax <= info.max) or not q.users:
+            continue
+        if not isinstance(val, torch.Tensor) or val.dtype != torch.float32:
+            continue  # quantize's own checks (a bfloat16 input is cast first): left as it is
+        readers = list(q.users)
+        if any(op_name(u.target) != _DQ or u.args[1:6] != q.args[1:6] or u.kwargs for u in readers):
+            continue
+        with graph.inserting_after(q):
+            node = graph.call_function(round_trip, (x, scale, zp, qmin, qmax))
+        for u in readers:
+            u.replace_all_uses_with(node)
+            graph.erase_node(u)
+        graph.erase_node(q)
+        fused += 1
+    return fused

@@ -32,6 +32,8 @@ class ConstantNodes:
     def __init__(self, graph: Graph) -> None:
         self.nodes: set[Node] = set()
         self.values: dict[Node, Any] = {}
+        #: What a reader derives from a kept value (``exact_sums``: a weight's integer codes).
+        self.derived: dict[Node, Any] = {}
         calls = [n for n in graph.nodes if n.op == "call_function"]
         if any(getattr(getattr(n.target, "_schema", None), "is_mutable", False) for n in calls):
             return  # an in-place op anywhere: keep nothing

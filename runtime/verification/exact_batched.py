@@ -29,20 +29,26 @@ def exact_leaves_all(
     module: torch.fx.GraphModule,
     batches: Sequence[tuple[Any, ...]],
     constants: Any = None,
+    sums: Any = None,
 ) -> list[list[Any]]:
-    """Per sample, ``runtime.verification.outputs.exact_leaves`` of it."""
+    """Per sample, ``runtime.verification.outputs.exact_leaves`` of it; ``sums``: an
+    ``exact_sums.Sums`` told which convs / linears were summed as integers."""
     out: list[list[Any]] = []
     for start in range(0, len(batches), CHUNK):
         chunk = list(batches[start : start + CHUNK])
         try:
-            out.extend(_vmapped(program, module, chunk, constants))
+            out.extend(_vmapped(program, module, chunk, constants, sums))
         except Exception:  # noqa: BLE001 - vmap's limits: the same values one sample at a time
-            out.extend(exact_leaves(program, module, batch, constants) for batch in chunk)
+            out.extend(exact_leaves(program, module, batch, constants, sums) for batch in chunk)
     return out
 
 
 def _vmapped(
-    program: ExportedProgram, module: torch.fx.GraphModule, chunk: list[tuple[Any, ...]], constants: Any
+    program: ExportedProgram,
+    module: torch.fx.GraphModule,
+    chunk: list[tuple[Any, ...]],
+    constants: Any,
+    sums: Any = None,
 ) -> list[list[Any]]:
     from etforge.runtime.verification.reference import Float64
 
@@ -51,7 +57,7 @@ def _vmapped(
     stacked = [torch.stack([batch[i] for batch in chunk]) for i in range(len(chunk[0]))]
 
     def run(*xs: torch.Tensor) -> Any:
-        return Float64(module, constants).run(*xs)
+        return Float64(module, constants, sums).run(*xs)
 
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # an op without a batching rule loops inside vmap: same values

@@ -80,8 +80,8 @@ def stripped(ep: ExportedProgram) -> tuple[ExportedProgram, tuple[Any, ...]]:
         return arg
 
     def retype(node: torch.fx.Node, like: torch.Tensor) -> None:
-        node.meta["val"] = fake_mode.from_tensor(
-            torch.empty_strided(like.shape, like.stride(), dtype=torch.float32)
+        node.meta["val"] = fake_mode.from_tensor(  # static: a symbol per dimension cost ~10 ms each
+            torch.empty_strided(like.shape, like.stride(), dtype=torch.float32), static_shapes=True
         )
 
     for dq in [n for n in graph.nodes if is_dequantize(n)]:

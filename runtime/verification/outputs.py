@@ -65,7 +65,11 @@ def flatten(program: ExportedProgram, value: Any) -> list[Any]:
 
 
 def exact_leaves(
-    program: ExportedProgram, module: torch.fx.GraphModule, inputs: tuple[Any, ...], constants: Any = None
+    program: ExportedProgram,
+    module: torch.fx.GraphModule,
+    inputs: tuple[Any, ...],
+    constants: Any = None,
+    sums: Any = None,
 ) -> list[Any]:
     """The quantized reference's output leaves evaluated in float64 (``runtime.verification.reference``;
     floating-point leaves returned as float32), flattened as the program's; ``constants``: a
@@ -73,7 +77,7 @@ def exact_leaves(
     from etforge.runtime.verification.reference import Float64
 
     with torch.no_grad():
-        value = Float64(module, constants).run(*inputs)
+        value = Float64(module, constants, sums).run(*inputs)
     leaves = flatten(program, value)
     return [v.float() if isinstance(v, torch.Tensor) and v.is_floating_point() else v for v in leaves]
 

@@ -32,7 +32,9 @@ from etforge.runtime.verification.accuracy import DEFAULT_MAX_ACCURACY_DROP, Lab
 from etforge.runtime.verification.constant_fold import folded
 from etforge.runtime.verification.constant_nodes import ConstantNodes
 from etforge.runtime.verification.exact_batched import exact_leaves_all
+from etforge.runtime.verification.exact_sums import Sums
 from etforge.runtime.verification.inputs import seeded_inputs
+from etforge.runtime.verification.lifted import lifted_call
 from etforge.runtime.verification.outputs import (
     OutputCheck,
     flatten,
@@ -115,6 +117,10 @@ class Verification:
     top1_required: int | None = None
     #: Top-1 agreement with the reference's exact (float64) value: what the gate counts.
     top1_vs_exact: int | None = None
+    #: The float64 reference's convs / linears summed as integers (``runtime.verification.exact_sums``),
+    #: and the others (node: why) summed by torch's float64 op, as before.
+    reference_integer_sums: int = 0
+    reference_float64_sums: dict[str, str] = field(default_factory=dict)
     #: Values one step off over every NPU op (``OFF_BY_ONE_MAX_FRACTION`` is per op).
     op_off_by_one: int = 0
     #: Per op (NPU and CPU), summed over the samples: partition ("cpu" for CPU ops), node,
@@ -566,7 +572,7 @@ def compare(
     steps = steps or Steps()
     loop_start = time.perf_counter()
     check = OutputCheck(program)
-    float_fn = float_ep.module(check_guards=False)
+    float_fn = lifted_call(float_ep) or float_ep.module(check_guards=False)  # the exported graph itself
     q_fn = qep.module(check_guards=False) if qep is not None else None
     q_ref = folded(q_fn) if q_fn is not None else None  # its float32 run: weights dequantized once
     worst, total, count = 0.0, 0.0, 0
@@ -587,9 +593,10 @@ def compare(
     kept_runs: dict[Any, Any] = {}  # each partition's every-tensor reference run (litert_run.keeping)
     start = time.perf_counter()
     exact_all = None  # the quantized reference's exact value, a few samples per pass
+    sums = Sums()  # its convs / linears summed as integers, and those left to torch's float64
     if q_fn is not None:
         steps.status(f"the quantized reference in float64 on {samples} samples")
-        exact_all = exact_leaves_all(program, q_fn, inputs, ConstantNodes(q_fn.graph))
+        exact_all = exact_leaves_all(program, q_fn, inputs, ConstantNodes(q_fn.graph), sums)
     steps.add("samples: torch's references (float, float32, float64)", start)
     fast = 0
 
@@ -709,6 +716,14 @@ def compare(
         whole_model_on_npu=on_npu,
     )
     result.outputs = [leaf.as_dict() for leaf in check.leaves]
+    result.reference_integer_sums = len(sums.taken)
+    result.reference_float64_sums = dict(sorted(sums.left.items()))
+    if sums.left:
+        first = next(iter(result.reference_float64_sums.items()))
+        result.notes.append(
+            f"float64 reference: {len(sums.left)} of {len(sums.left) + len(sums.taken)} convs / linears summed "
+            f"by torch's float64 op, not as integers ({first[0]}: {first[1]}; --json lists them)"
+        )
     result.samples_from_simulation = fast
     result.sim_batched_samples, result.sim_batched_passes = sim_state.samples, sim_state.passes
     result.sim_per_sample_nodes = dict(sim_state.per_sample)
