@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import operator
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -34,6 +35,7 @@ from etforge.runtime.arithmetic import tflite_int as ti
 from etforge.runtime.arithmetic.device_ref_nonlinear import RULES as _NONLINEAR_RULES
 from etforge.runtime.arithmetic.operands import NotExact, Out, Q
 from etforge.runtime.arithmetic.operands import arg as _arg
+from etforge.runtime.arithmetic.requantize_fused import requantize_fused
 
 #: Ops that move or select values without arithmetic: with every input on the output's grid
 #: the device copies codes, so the op applied to the codes is exact.
@@ -266,9 +268,16 @@ class Reference:
 
     def _conv(self, node: Node, out: Out) -> np.ndarray:
         """CONV_2D / DEPTHWISE_CONV_2D (ConvPerChannel): int32 sums, bias, per-channel MBQM."""
+        stride, padding, dilation, transposed, output_padding, groups = node.args[3:9]
+        fn = lambda a, b: _conv_nd(a, b, stride, padding, dilation, groups)  # noqa: E731
+        if not transposed:
+            lean = self._lean_conv(
+                node.args[0], node.args[1], node.args[2] if len(node.args) > 2 else None, fn, out
+            )
+            if lean is not None:
+                return lean
         x, w = self.operand(node.args[0]), self.operand(node.args[1])
         bias = self.operand(node.args[2]) if len(node.args) > 2 else None
-        stride, padding, dilation, transposed, output_padding, groups = node.args[3:9]
         if transposed:  # TRANSPOSE_CONV: the same int32 sums scattered, bias, per-channel MBQM
             acc = self._accumulate(
                 x,
@@ -277,19 +286,61 @@ class Reference:
                 1,
             )
             return self._finish(acc, x, w, bias, out, axis=1)
-        acc = self._accumulate(x, w, lambda a, b: _conv_nd(a, b, stride, padding, dilation, groups))
+        acc = self._accumulate(x, w, fn)
         return self._finish(acc, x, w, bias, out, axis=1)
 
     def _conv2d(self, node: Node, out: Out) -> np.ndarray:
         """ATen's conv2d / conv1d (the PT2E program's spelling of a convolution)."""
-        x, w = self.operand(node.args[0]), self.operand(node.args[1])
-        bias = self.operand(_arg(node, 2, "bias"))
         stride, padding = _arg(node, 3, "stride", 1), _arg(node, 4, "padding", 0)
         dilation, groups = _arg(node, 5, "dilation", 1), _arg(node, 6, "groups", 1)
+        fn = lambda a, b: _conv_nd(a, b, stride, padding, dilation, groups)  # noqa: E731
+        if not isinstance(padding, str):
+            lean = self._lean_conv(node.args[0], node.args[1], _arg(node, 2, "bias"), fn, out)
+            if lean is not None:
+                return lean
+        x, w = self.operand(node.args[0]), self.operand(node.args[1])
+        bias = self.operand(_arg(node, 2, "bias"))
         if isinstance(padding, str):
             raise NotExact("string padding")
-        acc = self._accumulate(x, w, lambda a, b: _conv_nd(a, b, stride, padding, dilation, groups))
+        acc = self._accumulate(x, w, fn)
         return self._finish(acc, x, w, bias, out, axis=1)
+
+    def _lean_conv(self, x_node: Any, w_node: Any, bias_arg: Any, fn: Callable[..., Any], out: Out) -> Any:
+        """A convolution's int8 output codes (clipped to the output's range) as ``_accumulate``
+        and ``_finish`` compute them, without their int64 copies of the activations: the int8
+        codes enter the float sums directly, the weights are prepared once per weight tensor
+        (``_prepared``), and the requantization is one fused integer pass
+        (``tflite_int.requantize_fused``). None where an operand is not the plain case (a
+        per-tensor int8 input, symmetric int8 weights) or the headroom does not hold: then the
+        step by step form runs (and raises what it raises)."""
+        if not (isinstance(x_node, Node) and is_dequantize(x_node) and "per_channel" not in node_op(x_node)):
+            return None
+        if not (isinstance(w_node, Node) and is_dequantize(w_node) and isinstance(w_node.args[0], Node)):
+            return None
+        codes, w_codes = self.value(x_node.args[0]), self.value(w_node.args[0])
+        if not (
+            isinstance(codes, torch.Tensor)
+            and codes.dtype == torch.int8
+            and isinstance(w_codes, torch.Tensor)
+            and w_codes.dtype == torch.int8
+            and codes.numel()
+            and w_codes.numel()
+            and codes.dim() >= 2
+        ):
+            return None
+        if np.any(self._num(w_node.args[2]) != 0):
+            return None  # asymmetric weights: ``_accumulate`` says so
+        x_zp = int(self._num(x_node.args[2]))
+        lo, hi = torch.aminmax(codes)
+        bound = max(int(hi) - x_zp, x_zp - int(lo)) * _prepared(w_codes).channel_sum
+        dtype = torch.float32 if bound < _F32_EXACT else torch.float64
+        with torch.no_grad():
+            acc = fn(codes.to(dtype).sub_(x_zp), _prepared(w_codes).weights(dtype))
+        x_scale = float(ti.f32(self._num(x_node.args[1])))
+        w_scale = ti.f32(self._num(w_node.args[1]))
+        bias, real = self._bias_real(acc.shape[1], x_scale, w_scale, self.operand(bias_arg), out)
+        value = requantize_fused(acc, bound, bias, real, out.zero_point, out.qmin, out.qmax, axis=1)
+        return None if value is None else value.numpy()
 
     def _conv_transpose(self, node: Node, out: Out) -> np.ndarray:
         """ATen's conv_transpose1d / conv_transpose2d (the PT2E spelling of TRANSPOSE_CONV)."""
@@ -329,24 +380,35 @@ class Reference:
 
     def _finish(self, acc: np.ndarray, x: Q, w: Q, bias: Any, out: Out, axis: int) -> np.ndarray:
         channels = acc.shape[axis]
-        w_scale = np.broadcast_to(w.scale.reshape(-1), (channels,))
-        acc_scale = float(x.scale) * w_scale  # float32 scales multiplied in double, as Prepare does
         shape = [1] * acc.ndim
         shape[axis] = channels
+        b, real = self._bias_real(channels, float(x.scale), w.scale, bias, out)
+        if b is not None:
+            acc = acc + b.reshape(shape)
+        real = real.reshape(shape)
+        if axis == -1:  # LiteRT's FULLY_CONNECTED: a double multiplier (proved in tests)
+            return out.zero_point + ti.fc_requantize(acc, real)
+        return out.zero_point + ti.requantize(acc, real)
+
+    def _bias_real(
+        self, channels: int, x_scale: float, w_scale: np.ndarray, bias: Any, out: Out
+    ) -> tuple[np.ndarray | None, np.ndarray]:
+        """The bias on the accumulator's scale (int64 per channel, or one value; None without
+        one) and the real multiplier per channel, as the kernels' Prepare computes them."""
+        acc_scale = x_scale * np.broadcast_to(
+            w_scale.reshape(-1), (channels,)
+        )  # float32 scales multiplied in double
+        b = None
         if isinstance(bias, Q):
             got = np.broadcast_to(bias.scale.reshape(-1), (channels,))
             b = bias.codes.reshape(-1).astype(np.int64)
             if not np.allclose(got, acc_scale, rtol=1e-5):  # a bias on other scales is requantized
                 b = np.round(b * got / acc_scale).astype(np.int64)
-            acc = acc + b.reshape(shape)
         elif bias is not None and not (isinstance(bias, float) and bias == 0.0):
             if not isinstance(bias, np.ndarray):
                 raise NotExact("bias is neither quantized nor a constant")
-            acc = acc + np.round(bias.reshape(-1) / acc_scale).astype(np.int64).reshape(shape)
-        real = (acc_scale / out.scale).reshape(shape)
-        if axis == -1:  # LiteRT's FULLY_CONNECTED: a double multiplier (proved in tests)
-            return out.zero_point + ti.fc_requantize(acc, real)
-        return out.zero_point + ti.requantize(acc, real)
+            b = np.round(bias.reshape(-1) / acc_scale).astype(np.int64)
+        return b, acc_scale / out.scale
 
     def _binary(self, node: Node) -> tuple[Q, Q]:
         a, b = self.operand(node.args[0]), self.operand(node.args[1])
@@ -506,6 +568,37 @@ def _sum_bound(codes: np.ndarray, weights: np.ndarray, out_axis: int) -> int:
     if out_axis:
         sums = sums.sum(axis=tuple(range(out_axis)))
     return max(int(codes.max()), -int(codes.min())) * int(sums.max())  # max |code|, no |codes| array
+
+
+class _Weights:
+    """A weight tensor's int8 codes as the convolution rules read them, computed once per
+    tensor: as float32 and float64 tensors, and the largest sum of one output channel's
+    |weights| (``_sum_bound``'s, output channels on axis 0)."""
+
+    def __init__(self, codes: torch.Tensor) -> None:
+        self.ref, self.version = weakref.ref(codes), codes._version
+        wide = codes.detach().to(torch.int64).numpy()
+        self.channel_sum = int(np.abs(wide).reshape(wide.shape[0], -1).sum(axis=-1).max())
+        self.wide, self.cast = wide, {}
+
+    def weights(self, dtype: torch.dtype) -> torch.Tensor:
+        if dtype not in self.cast:
+            self.cast[dtype] = torch.from_numpy(self.wide.astype(torch.empty((), dtype=dtype).numpy().dtype))
+        return self.cast[dtype]
+
+
+#: Prepared weights by tensor (id, held weakly; a tensor changed in place is prepared again).
+_WEIGHTS: dict[int, _Weights] = {}
+
+
+def _prepared(codes: torch.Tensor) -> _Weights:
+    """``codes``' prepared form (``_Weights``), made on first use."""
+    found = _WEIGHTS.get(id(codes))
+    if found is None or found.ref() is not codes or found.version != codes._version:
+        for key in [k for k, v in _WEIGHTS.items() if v.ref() is None]:
+            del _WEIGHTS[key]
+        found = _WEIGHTS[id(codes)] = _Weights(codes)
+    return found
 
 
 def _pair(v: Any) -> tuple[int, int]:
