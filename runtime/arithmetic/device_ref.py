@@ -34,7 +34,7 @@ from etforge.runtime.arithmetic import tflite_int as ti
 from etforge.runtime.arithmetic.device_ref_nonlinear import RULES as _NONLINEAR_RULES
 from etforge.runtime.arithmetic.operands import NotExact, Out, Q, is_dequantize, is_quantize, node_op
 from etforge.runtime.arithmetic.operands import arg as _arg
-from etforge.runtime.arithmetic.requantize_fused import requantize_fused
+from etforge.runtime.arithmetic.requantize_fused import Requantizer
 
 #: Ops that move or select values without arithmetic: with every input on the output's grid
 #: the device copies codes, so the op applied to the codes is exact.
@@ -308,8 +308,8 @@ class Reference:
         """A convolution's int8 output codes (clipped to the output's range) as ``_accumulate``
         and ``_finish`` compute them, without their int64 copies of the activations: the int8
         codes enter the float sums directly, the weights are prepared once per weight tensor
-        (``_prepared``), and the requantization is one fused integer pass
-        (``tflite_int.requantize_fused``). None where an operand is not the plain case (a
+        (``_prepared``), and the requantization is a few whole-tensor passes
+        (``requantize_fused``; its per-channel terms made once per layer). None where an operand is not the plain case (a
         per-tensor int8 input, symmetric int8 weights) or the headroom does not hold: then the
         step by step form runs (and raises what it raises)."""
         if not (isinstance(x_node, Node) and is_dequantize(x_node) and "per_channel" not in node_op(x_node)):
@@ -330,15 +330,37 @@ class Reference:
         if np.any(self._num(w_node.args[2]) != 0):
             return None  # asymmetric weights: ``_accumulate`` says so
         x_zp = int(self._num(x_node.args[2]))
-        lo, hi = torch.aminmax(codes)
-        bound = max(int(hi) - x_zp, x_zp - int(lo)) * _prepared(w_codes).channel_sum
+        weights = _prepared(w_codes)
+        # ``_accumulate``'s choice of float type: any int8 code's bound first (no pass over the
+        # codes); where that is not below 2^24, the codes' own, as ``_sum_bound`` takes it
+        bound = max(127 - x_zp, x_zp + 128) * weights.channel_sum
+        if bound >= _F32_EXACT:
+            lo, hi = torch.aminmax(codes)
+            bound = max(int(hi) - x_zp, x_zp - int(lo)) * weights.channel_sum
         dtype = torch.float32 if bound < _F32_EXACT else torch.float64
         with torch.no_grad():
-            acc = fn(codes.to(dtype).sub_(x_zp), _prepared(w_codes).weights(dtype))
+            acc = fn(codes.to(dtype).sub_(x_zp), weights.weights(dtype))
         x_scale = float(ti.f32(self._num(x_node.args[1])))
         w_scale = ti.f32(self._num(w_node.args[1]))
-        bias, real = self._bias_real(acc.shape[1], x_scale, w_scale, self.operand(bias_arg), out)
-        value = requantize_fused(acc, bound, bias, real, out.zero_point, out.qmin, out.qmax, axis=1)
+        bias = self.operand(bias_arg)
+        key = (
+            x_scale,
+            w_scale.tobytes(),
+            w_scale.shape,
+            _key(bias),
+            acc.shape[1],
+            out.scale,
+            out.zero_point,
+            out.qmin,
+            out.qmax,
+        )
+        requantizer = _REQUANTIZERS.get(key)
+        if requantizer is None:
+            if len(_REQUANTIZERS) >= 4096:
+                _REQUANTIZERS.clear()
+            b, real = self._bias_real(acc.shape[1], x_scale, w_scale, bias, out)
+            requantizer = _REQUANTIZERS[key] = Requantizer(b, real, out.zero_point, out.qmin, out.qmax)
+        value = requantizer(acc, bound, axis=1)
         return None if value is None else value.numpy()
 
     def _conv_transpose(self, node: Node, out: Out) -> np.ndarray:
@@ -584,6 +606,25 @@ class _Weights:
         if dtype not in self.cast:
             self.cast[dtype] = torch.from_numpy(self.wide.astype(torch.empty((), dtype=dtype).numpy().dtype))
         return self.cast[dtype]
+
+
+#: A layer's requantization by its constants' values (``_lean_conv``: the input and weight
+#: scales, the bias, the output grid), so a layer requantizes every batch with terms made once.
+_REQUANTIZERS: dict[tuple[Any, ...], Requantizer] = {}
+
+
+def _key(operand: Any) -> Any:
+    """A hashable key of a bias operand's values (a ``Q``, a float array, a number, None)."""
+    if isinstance(operand, Q):
+        parts = (operand.codes, operand.scale, operand.zero_point)
+        return (
+            "q",
+            operand.axis,
+            *((np.asarray(p).dtype.str, np.shape(p), np.asarray(p).tobytes()) for p in parts),
+        )
+    if isinstance(operand, np.ndarray):
+        return ("array", operand.dtype.str, operand.shape, operand.tobytes())
+    return ("value", type(operand).__name__, repr(operand))
 
 
 #: Prepared weights by tensor (id, held weakly; a tensor changed in place is prepared again).

@@ -42,13 +42,30 @@ def requantize_fused(
 ) -> torch.Tensor | None:
     """``clip(zero_point + tflite_int.requantize(acc + bias, real), qmin, qmax)`` as an int8
     tensor, or None where neither form is exact (module doc). ``acc``: exact integer sums (a
-    float tensor, a temporary: it may be overwritten) with ``|acc| <= bound``; ``bias`` (int64) and ``real``: per channel along
-    ``axis``, or one value; ``qmin >= -128``, ``qmax <= 127``."""
-    terms = _terms(bias, real)
-    if terms is None:
-        return None
-    value = in_float64(acc, terms, zero_point, qmin, qmax, axis)
-    return value if value is not None else in_int64(acc, bound, terms, zero_point, qmin, qmax, axis)
+    float tensor, a temporary: it may be overwritten) with ``|acc| <= bound``; ``bias`` (int64)
+    and ``real``: per channel along ``axis``, or one value; ``qmin >= -128``, ``qmax <= 127``."""
+    return Requantizer(bias, real, zero_point, qmin, qmax)(acc, bound, axis)
+
+
+class Requantizer:
+    """``requantize_fused`` for one layer's constants (bias, multipliers, output grid): its
+    per-channel terms computed once, for every batch the layer requantizes."""
+
+    def __init__(self, bias: Any, real: Any, zero_point: int, qmin: int, qmax: int) -> None:
+        self.terms = _terms(bias, real)
+        self.zero_point, self.qmin, self.qmax = int(zero_point), int(qmin), int(qmax)
+        self.float64 = _float64_terms(self.terms) if self.terms is not None else None
+        self.shaped: dict[tuple[int, int], list[Any]] = {}
+
+    def __call__(self, acc: torch.Tensor, bound: int, axis: int) -> torch.Tensor | None:
+        if self.terms is None:
+            return None
+        if self.float64 is not None:
+            key = (acc.dim(), axis)
+            if key not in self.shaped:
+                self.shaped[key] = [_shaped(v, np.float64, acc.dim(), axis) for v in self.float64]
+            return _apply_float64(acc, self.shaped[key], self.zero_point, self.qmin, self.qmax)
+        return in_int64(acc, bound, self.terms, self.zero_point, self.qmin, self.qmax, axis)
 
 
 def _terms(bias: Any, real: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
@@ -63,7 +80,9 @@ def _terms(bias: Any, real: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray] | 
     return b, m << left, right  # multipliers are in [0, 2^31)
 
 
-def _shaped(values: np.ndarray, dtype: Any, rank: int, axis: int) -> torch.Tensor:
+def _shaped(values: np.ndarray | None, dtype: Any, rank: int, axis: int) -> Any:
+    if values is None:
+        return None
     shape = [1] * rank
     shape[axis] = values.size
     return torch.from_numpy(np.ascontiguousarray(values, dtype)).reshape(shape)
@@ -86,23 +105,37 @@ def in_float64(
     of v (0 at v = 0 gives the code zero_point either way; E = 0: no sign term). Each sum is a
     multiple of 2^-(31+E) below 2^9 in magnitude: 40 + E <= 53 bits, exact. The floor is the
     code."""
+    consts = _float64_terms(terms)
+    if consts is None:
+        return None
+    shaped = [_shaped(v, np.float64, acc.dim(), axis) for v in consts]
+    return _apply_float64(acc, shaped, zero_point, qmin, qmax)
+
+
+def _float64_terms(terms: tuple[np.ndarray, np.ndarray, np.ndarray]) -> list[np.ndarray | None] | None:
+    """``in_float64``'s per-channel constants (bias, bound B, P/D, the sign term's 2^-(1+E);
+    None for a bias or sign term that is zero everywhere), None where it is not exact."""
     b, prods, right = terms
     if int(prods.min()) <= 2**30 or int(right.max()) > _F64_MAX_SHIFT:
         return None
-    rank = acc.dim()
     scale = prods.astype(np.float64) / 2.0 ** (31 + right)  # exact: P times a power of two
     limit = np.ceil(_SATURATED / scale)
     if float((limit * prods).max()) >= 2.0**52:
         return None
+    half_step = np.where(right > 0, 2.0 ** (-1.0 - right), 0.0)
+    return [b.astype(np.float64) if np.any(b) else None, limit, scale, half_step if np.any(right) else None]
+
+
+def _apply_float64(acc: torch.Tensor, shaped: list[Any], zero_point: int, qmin: int, qmax: int) -> Any:
+    bias, limit, scale, half_step = shaped
     v = acc.to(torch.float64)
-    if np.any(b):
-        v.add_(_shaped(b, np.float64, rank, axis))
-    bounds = _shaped(limit, np.float64, rank, axis)
-    torch.clamp(v, -bounds, bounds, out=v)
-    sign = torch.sign(v)
-    v.mul_(_shaped(scale, np.float64, rank, axis)).add_(0.5 + zero_point)
-    if int(right.max()):
-        v.addcmul_(sign, _shaped(np.where(right > 0, 2.0 ** (-1.0 - right), 0.0), np.float64, rank, axis))
+    if bias is not None:
+        v.add_(bias)
+    torch.clamp(v, -limit, limit, out=v)
+    sign = torch.sign(v) if half_step is not None else None
+    v.mul_(scale).add_(0.5 + zero_point)
+    if half_step is not None:
+        v.addcmul_(sign, half_step)
     return v.floor_().clamp_(qmin, qmax).to(torch.int8)
 
 
