@@ -131,8 +131,9 @@ def _apply_float64(acc: torch.Tensor, shaped: list[Any], zero_point: int, qmin: 
     v = acc.to(torch.float64)
     if bias is not None:
         v.add_(bias)
-    torch.clamp(v, -limit, limit, out=v)
-    sign = torch.sign(v) if half_step is not None else None
+    torch.minimum(v, limit, out=v)  # (a clamp to tensor bounds is several times slower)
+    torch.maximum(v, -limit, out=v)
+    sign = torch.clamp(v, -1, 1) if half_step is not None else None  # v is an integer: its sign
     v.mul_(scale).add_(0.5 + zero_point)
     if half_step is not None:
         v.addcmul_(sign, half_step)
