@@ -156,6 +156,9 @@ class Reference:
             if rhi is not None:
                 hi = min(hi, ti.quantize_value(rhi, out.scale, out.zero_point))
         codes = self.compute(src, out)
+        if isinstance(codes, np.ndarray) and codes.dtype == np.int8 and codes.ndim:  # already int8 codes
+            value = torch.from_numpy(codes)
+            return value.clamp_(lo, hi) if (lo, hi) != (-128, 127) else value
         return torch.from_numpy(
             np.asarray(np.clip(codes, lo, hi), dtype=np.int8)
         )  # 0-d: numpy gives a scalar
