@@ -342,7 +342,7 @@ class Reference:
             bound = max(int(hi) - x_zp, x_zp - int(lo)) * weights.channel_sum
         dtype = torch.float32 if bound < _F32_EXACT else torch.float64
         with torch.no_grad():
-            acc = fn(codes.to(dtype).sub_(x_zp), weights.weights(dtype))
+            acc = fn(codes.to(dtype).sub_(x_zp), weights.weights(w_codes, dtype))
         x_scale = float(ti.f32(self._num(x_node.args[1])))
         w_scale = ti.f32(self._num(w_node.args[1]))
         bias = self.operand(bias_arg)
@@ -595,20 +595,41 @@ def _sum_bound(codes: np.ndarray, weights: np.ndarray, out_axis: int) -> int:
 
 
 class _Weights:
-    """A weight tensor's int8 codes as the convolution rules read them, computed once per
-    tensor: as float32 and float64 tensors, and the largest sum of one output channel's
-    |weights| (``_sum_bound``'s, output channels on axis 0)."""
+    """A weight tensor's int8 codes as the convolution rules read them: the largest sum of one
+    output channel's |weights| (``_sum_bound``'s, output channels on axis 0), and the codes as
+    a float tensor of each type asked, kept for tensors up to ``_KEEP_WEIGHTS`` values (larger
+    ones are cast on each call, as before: the copies would outweigh the model)."""
 
     def __init__(self, codes: torch.Tensor) -> None:
         self.ref, self.version = weakref.ref(codes), codes._version
-        wide = codes.detach().to(torch.int64).numpy()
-        self.channel_sum = int(np.abs(wide).reshape(wide.shape[0], -1).sum(axis=-1).max())
-        self.wide, self.cast = wide, {}
+        per_channel = codes.detach().to(torch.int32).abs().reshape(codes.shape[0], -1)
+        self.channel_sum = int(per_channel.sum(dim=-1).max())
+        self.cast: dict[torch.dtype, torch.Tensor] = {}
 
-    def weights(self, dtype: torch.dtype) -> torch.Tensor:
-        if dtype not in self.cast:
-            self.cast[dtype] = torch.from_numpy(self.wide.astype(torch.empty((), dtype=dtype).numpy().dtype))
-        return self.cast[dtype]
+    def weights(self, codes: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        found = self.cast.get(dtype)
+        if found is None:
+            found = codes.detach().to(dtype)  # int8 codes: exact in either float type
+            if codes.numel() <= _KEEP_WEIGHTS:
+                self.cast[dtype] = found
+        return found
+
+
+#: The largest weight tensor (values) whose float copies are kept between calls.
+_KEEP_WEIGHTS = 1 << 22
+
+#: Prepared weights by tensor (id, held weakly; a tensor changed in place is prepared again).
+_WEIGHTS: dict[int, _Weights] = {}
+
+
+def _prepared(codes: torch.Tensor) -> _Weights:
+    """``codes``' prepared form (``_Weights``), made on first use."""
+    found = _WEIGHTS.get(id(codes))
+    if found is None or found.ref() is not codes or found.version != codes._version:
+        for key in [k for k, v in _WEIGHTS.items() if v.ref() is None]:
+            del _WEIGHTS[key]
+        found = _WEIGHTS[id(codes)] = _Weights(codes)
+    return found
 
 
 #: A layer's requantization by its constants' values (``_lean_conv``: the input and weight
@@ -628,20 +649,6 @@ def _key(operand: Any) -> Any:
     if isinstance(operand, np.ndarray):
         return ("array", operand.dtype.str, operand.shape, operand.tobytes())
     return ("value", type(operand).__name__, repr(operand))
-
-
-#: Prepared weights by tensor (id, held weakly; a tensor changed in place is prepared again).
-_WEIGHTS: dict[int, _Weights] = {}
-
-
-def _prepared(codes: torch.Tensor) -> _Weights:
-    """``codes``' prepared form (``_Weights``), made on first use."""
-    found = _WEIGHTS.get(id(codes))
-    if found is None or found.ref() is not codes or found.version != codes._version:
-        for key in [k for k, v in _WEIGHTS.items() if v.ref() is None]:
-            del _WEIGHTS[key]
-        found = _WEIGHTS[id(codes)] = _Weights(codes)
-    return found
 
 
 def _pair(v: Any) -> tuple[int, int]:
