@@ -158,7 +158,7 @@ class Reference:
         codes = self.compute(src, out)
         if isinstance(codes, np.ndarray) and codes.dtype == np.int8 and codes.ndim:  # already int8 codes
             value = torch.from_numpy(codes)
-            return value.clamp_(lo, hi) if (lo, hi) != (-128, 127) else value
+            return torch.clamp(value, lo, hi) if (lo, hi) != (-128, 127) else value
         return torch.from_numpy(
             np.asarray(np.clip(codes, lo, hi), dtype=np.int8)
         )  # 0-d: numpy gives a scalar

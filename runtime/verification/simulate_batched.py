@@ -450,9 +450,10 @@ def simulate_batched(
                     pass
                 else:
                     once[0] += 1
-                    if seen is not None:
-                        for i in range(count):
-                            seen[i][q.name] = (slice_of(ruled, i), slice_of(out, i))
+                    if seen is not None:  # each sample's block of rows (``slice_of``), in one call
+                        rows = out.shape[0] // count
+                        for i, pair in enumerate(zip(ruled.split(rows), out.split(rows), strict=True)):
+                            seen[i][q.name] = pair
                     return ruled
             if q not in dep:  # every sample reads the same values: the rule's value is theirs
                 first = self.one(q, kind, host_op, self.sample_value(0), out, 0)
