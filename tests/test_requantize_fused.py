@@ -136,3 +136,49 @@ def test_the_lean_convolution_rule_gives_the_step_by_step_codes(monkeypatch: pyt
     for q, a, b in zip(quantizes, lean, step_by_step, strict=True):
         assert type(a) is type(b), q.name
         assert a == b if isinstance(a, str) else torch.equal(a, b), q.name
+
+
+@pytest.mark.parametrize("op", ["aten.add.Tensor", "aten.sub.Tensor"])
+def test_the_add_rule_by_table_gives_the_step_by_step_codes(op: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """ADD / SUB with each input rescaled through a table of its 256 codes and the output step
+    fused (``device_ref._rescaled``, ``Requantizer``) equal the step by step rule on random
+    qparams, both inputs' shapes and a broadcast one, a fused ReLU; and the table path ran."""
+    import torch.ao.quantization.fx._decomposed  # noqa: F401 - registers quantized_decomposed
+
+    from etforge.runtime.arithmetic import device_ref
+
+    rng = np.random.default_rng(3)
+    dq = torch.ops.quantized_decomposed.dequantize_per_tensor.default
+    quant = torch.ops.quantized_decomposed.quantize_per_tensor.default
+    target = getattr(torch.ops.aten, op.split(".")[1]).Tensor
+    tables = 0
+    real_rescaled = device_ref._rescaled
+
+    def counted(x: Any, *args: Any) -> Any:
+        nonlocal tables
+        tables += x.codes.size >= device_ref._BY_TABLE
+        return real_rescaled(x, *args)
+
+    for trial in range(60):
+        graph = torch.fx.Graph()
+        a, b = graph.placeholder("a"), graph.placeholder("b")
+        scales = [float(np.float32(10.0 ** rng.uniform(-3, 0))) for _ in range(3)]
+        zps = [int(rng.integers(-128, 128)) for _ in range(3)]
+        da = graph.call_function(dq, (a, scales[0], zps[0], -128, 127, torch.int8))
+        db = graph.call_function(dq, (b, scales[1], zps[1], -128, 127, torch.int8))
+        node = graph.call_function(target, (da, db))
+        if trial % 3 == 0:
+            node = graph.call_function(torch.ops.aten.relu.default, (node,))
+        q = graph.call_function(quant, (node, scales[2], zps[2], -128, 127, torch.int8))
+        shape_b = (2, 8, 16, 16) if trial % 2 else (1, 8, 1, 1)
+        env = {
+            a: torch.from_numpy(rng.integers(-128, 128, size=(2, 8, 16, 16)).astype(np.int8)),
+            b: torch.from_numpy(rng.integers(-128, 128, size=shape_b).astype(np.int8)),
+        }
+        monkeypatch.setattr(device_ref, "_rescaled", counted)
+        by_table = device_ref.Reference(env.__getitem__)(q)
+        monkeypatch.setattr(device_ref, "_BY_TABLE", 1 << 62)
+        step_by_step = device_ref.Reference(env.__getitem__)(q)
+        monkeypatch.undo()
+        assert torch.equal(by_table, step_by_step), trial
+    assert tables >= 60

@@ -461,9 +461,16 @@ class Reference:
         left = 20
         m1, m2 = float(a.scale) / twice_max, float(b.scale) / twice_max
         mo = twice_max / ((1 << left) * out.scale)
-        s1 = ti.requantize((a.codes - a.zero_point) * (1 << left), m1)
-        s2 = ti.requantize((b.codes - b.zero_point) * (1 << left), m2)
-        return out.zero_point + ti.requantize(s1 + sign * s2, mo)
+        (s1, bound1), (s2, bound2) = _rescaled(a, m1, left), _rescaled(b, m2, left)
+        total = s1 + sign * s2
+        if total.ndim and total.size >= _BY_TABLE:  # the output step in a few whole-tensor passes
+            bound = bound1 + bound2
+            value = Requantizer(None, mo, out.zero_point, out.qmin, out.qmax)(
+                torch.from_numpy(total), bound, 0
+            )
+            if value is not None:
+                return value.numpy()
+        return out.zero_point + ti.requantize(total, mo)
 
     def _sub(self, node: Node, out: Out) -> np.ndarray:
         return self._add(node, out, -1)
@@ -613,6 +620,22 @@ class _Weights:
             if codes.numel() <= _KEEP_WEIGHTS:
                 self.cast[dtype] = found
         return found
+
+
+#: From this many values on, ``_add`` rescales each input by a table of the 256 int8 codes.
+_BY_TABLE = 1024
+
+
+def _rescaled(x: Q, multiplier: float, left: int) -> tuple[np.ndarray, int]:
+    """``ADD``'s input step, ``requantize((codes - zero point) << left, multiplier)``, and a
+    bound on its magnitude: an elementwise function of the code, so for int8 codes it is looked
+    up in a table of its 256 values (each computed by the same ``tflite_int.requantize``)."""
+    codes = x.codes
+    if codes.size >= _BY_TABLE and int(codes.min()) >= -128 and int(codes.max()) <= 127:
+        table = ti.requantize((np.arange(-128, 128, dtype=np.int64) - x.zero_point) * (1 << left), multiplier)
+        return table[codes + 128], int(np.abs(table).max())
+    values = ti.requantize((codes - x.zero_point) * (1 << left), multiplier)
+    return values, int(np.abs(values).max()) if values.size else 0
 
 
 #: The largest weight tensor (values) whose float copies are kept between calls.
