@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import operator
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -28,12 +29,12 @@ import torch
 from torch.fx import Node
 
 from etforge.core.contracts.converter import moving_ops
-from etforge.core.graph.utils import is_dequantize, is_quantize, node_op
 from etforge.core.registry.manager import Registry, registry
 from etforge.runtime.arithmetic import tflite_int as ti
 from etforge.runtime.arithmetic.device_ref_nonlinear import RULES as _NONLINEAR_RULES
-from etforge.runtime.arithmetic.operands import NotExact, Out, Q
+from etforge.runtime.arithmetic.operands import NotExact, Out, Q, is_dequantize, is_quantize, node_op
 from etforge.runtime.arithmetic.operands import arg as _arg
+from etforge.runtime.arithmetic.requantize_fused import Requantizer
 
 #: Ops that move or select values without arithmetic: with every input on the output's grid
 #: the device copies codes, so the op applied to the codes is exact.
@@ -155,6 +156,9 @@ class Reference:
             if rhi is not None:
                 hi = min(hi, ti.quantize_value(rhi, out.scale, out.zero_point))
         codes = self.compute(src, out)
+        if isinstance(codes, np.ndarray) and codes.dtype == np.int8 and codes.ndim:  # already int8 codes
+            value = torch.from_numpy(codes)
+            return torch.clamp(value, lo, hi) if (lo, hi) != (-128, 127) else value
         return torch.from_numpy(
             np.asarray(np.clip(codes, lo, hi), dtype=np.int8)
         )  # 0-d: numpy gives a scalar
@@ -266,9 +270,16 @@ class Reference:
 
     def _conv(self, node: Node, out: Out) -> np.ndarray:
         """CONV_2D / DEPTHWISE_CONV_2D (ConvPerChannel): int32 sums, bias, per-channel MBQM."""
+        stride, padding, dilation, transposed, output_padding, groups = node.args[3:9]
+        fn = lambda a, b: _conv_nd(a, b, stride, padding, dilation, groups)  # noqa: E731
+        if not transposed:
+            lean = self._lean_conv(
+                node.args[0], node.args[1], node.args[2] if len(node.args) > 2 else None, fn, out
+            )
+            if lean is not None:
+                return lean
         x, w = self.operand(node.args[0]), self.operand(node.args[1])
         bias = self.operand(node.args[2]) if len(node.args) > 2 else None
-        stride, padding, dilation, transposed, output_padding, groups = node.args[3:9]
         if transposed:  # TRANSPOSE_CONV: the same int32 sums scattered, bias, per-channel MBQM
             acc = self._accumulate(
                 x,
@@ -277,19 +288,83 @@ class Reference:
                 1,
             )
             return self._finish(acc, x, w, bias, out, axis=1)
-        acc = self._accumulate(x, w, lambda a, b: _conv_nd(a, b, stride, padding, dilation, groups))
+        acc = self._accumulate(x, w, fn)
         return self._finish(acc, x, w, bias, out, axis=1)
 
     def _conv2d(self, node: Node, out: Out) -> np.ndarray:
         """ATen's conv2d / conv1d (the PT2E program's spelling of a convolution)."""
-        x, w = self.operand(node.args[0]), self.operand(node.args[1])
-        bias = self.operand(_arg(node, 2, "bias"))
         stride, padding = _arg(node, 3, "stride", 1), _arg(node, 4, "padding", 0)
         dilation, groups = _arg(node, 5, "dilation", 1), _arg(node, 6, "groups", 1)
+        fn = lambda a, b: _conv_nd(a, b, stride, padding, dilation, groups)  # noqa: E731
+        if not isinstance(padding, str):
+            lean = self._lean_conv(node.args[0], node.args[1], _arg(node, 2, "bias"), fn, out)
+            if lean is not None:
+                return lean
+        x, w = self.operand(node.args[0]), self.operand(node.args[1])
+        bias = self.operand(_arg(node, 2, "bias"))
         if isinstance(padding, str):
             raise NotExact("string padding")
-        acc = self._accumulate(x, w, lambda a, b: _conv_nd(a, b, stride, padding, dilation, groups))
+        acc = self._accumulate(x, w, fn)
         return self._finish(acc, x, w, bias, out, axis=1)
+
+    def _lean_conv(self, x_node: Any, w_node: Any, bias_arg: Any, fn: Callable[..., Any], out: Out) -> Any:
+        """A convolution's int8 output codes (clipped to the output's range) as ``_accumulate``
+        and ``_finish`` compute them, without their int64 copies of the activations: the int8
+        codes enter the float sums directly, the weights are prepared once per weight tensor
+        (``_prepared``), and the requantization is a few whole-tensor passes
+        (``requantize_fused``; its per-channel terms made once per layer). None where an operand is not the plain case (a
+        per-tensor int8 input, symmetric int8 weights) or the headroom does not hold: then the
+        step by step form runs (and raises what it raises)."""
+        if not (isinstance(x_node, Node) and is_dequantize(x_node) and "per_channel" not in node_op(x_node)):
+            return None
+        if not (isinstance(w_node, Node) and is_dequantize(w_node) and isinstance(w_node.args[0], Node)):
+            return None
+        codes, w_codes = self.value(x_node.args[0]), self.value(w_node.args[0])
+        if not (
+            isinstance(codes, torch.Tensor)
+            and codes.dtype == torch.int8
+            and isinstance(w_codes, torch.Tensor)
+            and w_codes.dtype == torch.int8
+            and codes.numel()
+            and w_codes.numel()
+            and codes.dim() >= 2
+        ):
+            return None
+        if np.any(self._num(w_node.args[2]) != 0):
+            return None  # asymmetric weights: ``_accumulate`` says so
+        x_zp = int(self._num(x_node.args[2]))
+        weights = _prepared(w_codes)
+        # ``_accumulate``'s choice of float type: any int8 code's bound first (no pass over the
+        # codes); where that is not below 2^24, the codes' own, as ``_sum_bound`` takes it
+        bound = max(127 - x_zp, x_zp + 128) * weights.channel_sum
+        if bound >= _F32_EXACT:
+            lo, hi = torch.aminmax(codes)
+            bound = max(int(hi) - x_zp, x_zp - int(lo)) * weights.channel_sum
+        dtype = torch.float32 if bound < _F32_EXACT else torch.float64
+        with torch.no_grad():
+            acc = fn(codes.to(dtype).sub_(x_zp), weights.weights(w_codes, dtype))
+        x_scale = float(ti.f32(self._num(x_node.args[1])))
+        w_scale = ti.f32(self._num(w_node.args[1]))
+        bias = self.operand(bias_arg)
+        key = (
+            x_scale,
+            w_scale.tobytes(),
+            w_scale.shape,
+            _key(bias),
+            acc.shape[1],
+            out.scale,
+            out.zero_point,
+            out.qmin,
+            out.qmax,
+        )
+        requantizer = _REQUANTIZERS.get(key)
+        if requantizer is None:
+            if len(_REQUANTIZERS) >= 4096:
+                _REQUANTIZERS.clear()
+            b, real = self._bias_real(acc.shape[1], x_scale, w_scale, bias, out)
+            requantizer = _REQUANTIZERS[key] = Requantizer(b, real, out.zero_point, out.qmin, out.qmax)
+        value = requantizer(acc, bound, axis=1)
+        return None if value is None else value.numpy()
 
     def _conv_transpose(self, node: Node, out: Out) -> np.ndarray:
         """ATen's conv_transpose1d / conv_transpose2d (the PT2E spelling of TRANSPOSE_CONV)."""
@@ -329,24 +404,35 @@ class Reference:
 
     def _finish(self, acc: np.ndarray, x: Q, w: Q, bias: Any, out: Out, axis: int) -> np.ndarray:
         channels = acc.shape[axis]
-        w_scale = np.broadcast_to(w.scale.reshape(-1), (channels,))
-        acc_scale = float(x.scale) * w_scale  # float32 scales multiplied in double, as Prepare does
         shape = [1] * acc.ndim
         shape[axis] = channels
+        b, real = self._bias_real(channels, float(x.scale), w.scale, bias, out)
+        if b is not None:
+            acc = acc + b.reshape(shape)
+        real = real.reshape(shape)
+        if axis == -1:  # LiteRT's FULLY_CONNECTED: a double multiplier (proved in tests)
+            return out.zero_point + ti.fc_requantize(acc, real)
+        return out.zero_point + ti.requantize(acc, real)
+
+    def _bias_real(
+        self, channels: int, x_scale: float, w_scale: np.ndarray, bias: Any, out: Out
+    ) -> tuple[np.ndarray | None, np.ndarray]:
+        """The bias on the accumulator's scale (int64 per channel, or one value; None without
+        one) and the real multiplier per channel, as the kernels' Prepare computes them."""
+        acc_scale = x_scale * np.broadcast_to(
+            w_scale.reshape(-1), (channels,)
+        )  # float32 scales multiplied in double
+        b = None
         if isinstance(bias, Q):
             got = np.broadcast_to(bias.scale.reshape(-1), (channels,))
             b = bias.codes.reshape(-1).astype(np.int64)
             if not np.allclose(got, acc_scale, rtol=1e-5):  # a bias on other scales is requantized
                 b = np.round(b * got / acc_scale).astype(np.int64)
-            acc = acc + b.reshape(shape)
         elif bias is not None and not (isinstance(bias, float) and bias == 0.0):
             if not isinstance(bias, np.ndarray):
                 raise NotExact("bias is neither quantized nor a constant")
-            acc = acc + np.round(bias.reshape(-1) / acc_scale).astype(np.int64).reshape(shape)
-        real = (acc_scale / out.scale).reshape(shape)
-        if axis == -1:  # LiteRT's FULLY_CONNECTED: a double multiplier (proved in tests)
-            return out.zero_point + ti.fc_requantize(acc, real)
-        return out.zero_point + ti.requantize(acc, real)
+            b = np.round(bias.reshape(-1) / acc_scale).astype(np.int64)
+        return b, acc_scale / out.scale
 
     def _binary(self, node: Node) -> tuple[Q, Q]:
         a, b = self.operand(node.args[0]), self.operand(node.args[1])
@@ -375,9 +461,16 @@ class Reference:
         left = 20
         m1, m2 = float(a.scale) / twice_max, float(b.scale) / twice_max
         mo = twice_max / ((1 << left) * out.scale)
-        s1 = ti.requantize((a.codes - a.zero_point) * (1 << left), m1)
-        s2 = ti.requantize((b.codes - b.zero_point) * (1 << left), m2)
-        return out.zero_point + ti.requantize(s1 + sign * s2, mo)
+        (s1, bound1), (s2, bound2) = _rescaled(a, m1, left), _rescaled(b, m2, left)
+        total = s1 + sign * s2
+        if total.ndim and total.size >= _BY_TABLE:  # the output step in a few whole-tensor passes
+            bound = bound1 + bound2
+            value = Requantizer(None, mo, out.zero_point, out.qmin, out.qmax)(
+                torch.from_numpy(total), bound, 0
+            )
+            if value is not None:
+                return value.numpy()
+        return out.zero_point + ti.requantize(total, mo)
 
     def _sub(self, node: Node, out: Out) -> np.ndarray:
         return self._add(node, out, -1)
@@ -506,6 +599,79 @@ def _sum_bound(codes: np.ndarray, weights: np.ndarray, out_axis: int) -> int:
     if out_axis:
         sums = sums.sum(axis=tuple(range(out_axis)))
     return max(int(codes.max()), -int(codes.min())) * int(sums.max())  # max |code|, no |codes| array
+
+
+class _Weights:
+    """A weight tensor's int8 codes as the convolution rules read them: the largest sum of one
+    output channel's |weights| (``_sum_bound``'s, output channels on axis 0), and the codes as
+    a float tensor of each type asked, kept for tensors up to ``_KEEP_WEIGHTS`` values (larger
+    ones are cast on each call, as before: the copies would outweigh the model)."""
+
+    def __init__(self, codes: torch.Tensor) -> None:
+        self.ref, self.version = weakref.ref(codes), codes._version
+        per_channel = codes.detach().to(torch.int32).abs().reshape(codes.shape[0], -1)
+        self.channel_sum = int(per_channel.sum(dim=-1).max())
+        self.cast: dict[torch.dtype, torch.Tensor] = {}
+
+    def weights(self, codes: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        found = self.cast.get(dtype)
+        if found is None:
+            found = codes.detach().to(dtype)  # int8 codes: exact in either float type
+            if codes.numel() <= _KEEP_WEIGHTS:
+                self.cast[dtype] = found
+        return found
+
+
+#: From this many values on, ``_add`` rescales each input by a table of the 256 int8 codes.
+_BY_TABLE = 1024
+
+
+def _rescaled(x: Q, multiplier: float, left: int) -> tuple[np.ndarray, int]:
+    """``ADD``'s input step, ``requantize((codes - zero point) << left, multiplier)``, and a
+    bound on its magnitude: an elementwise function of the code, so for int8 codes it is looked
+    up in a table of its 256 values (each computed by the same ``tflite_int.requantize``)."""
+    codes = x.codes
+    if codes.size >= _BY_TABLE and int(codes.min()) >= -128 and int(codes.max()) <= 127:
+        table = ti.requantize((np.arange(-128, 128, dtype=np.int64) - x.zero_point) * (1 << left), multiplier)
+        return table[codes + 128], int(np.abs(table).max())
+    values = ti.requantize((codes - x.zero_point) * (1 << left), multiplier)
+    return values, int(np.abs(values).max()) if values.size else 0
+
+
+#: The largest weight tensor (values) whose float copies are kept between calls.
+_KEEP_WEIGHTS = 1 << 22
+
+#: Prepared weights by tensor (id, held weakly; a tensor changed in place is prepared again).
+_WEIGHTS: dict[int, _Weights] = {}
+
+
+def _prepared(codes: torch.Tensor) -> _Weights:
+    """``codes``' prepared form (``_Weights``), made on first use."""
+    found = _WEIGHTS.get(id(codes))
+    if found is None or found.ref() is not codes or found.version != codes._version:
+        for key in [k for k, v in _WEIGHTS.items() if v.ref() is None]:
+            del _WEIGHTS[key]
+        found = _WEIGHTS[id(codes)] = _Weights(codes)
+    return found
+
+
+#: A layer's requantization by its constants' values (``_lean_conv``: the input and weight
+#: scales, the bias, the output grid), so a layer requantizes every batch with terms made once.
+_REQUANTIZERS: dict[tuple[Any, ...], Requantizer] = {}
+
+
+def _key(operand: Any) -> Any:
+    """A hashable key of a bias operand's values (a ``Q``, a float array, a number, None)."""
+    if isinstance(operand, Q):
+        parts = (operand.codes, operand.scale, operand.zero_point)
+        return (
+            "q",
+            operand.axis,
+            *((np.asarray(p).dtype.str, np.shape(p), np.asarray(p).tobytes()) for p in parts),
+        )
+    if isinstance(operand, np.ndarray):
+        return ("array", operand.dtype.str, operand.shape, operand.tobytes())
+    return ("value", type(operand).__name__, repr(operand))
 
 
 def _pair(v: Any) -> tuple[int, int]:

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch.fx import Node
 
-from etforge.core.graph.utils import is_dequantize, is_quantize, node_op
+from etforge.runtime.arithmetic.operands import is_dequantize, is_quantize, node_op
 from etforge.runtime.verification.constant_nodes import ConstantNodes
 from etforge.runtime.verification.simulate import (
     FORCE_MAX_STEPS,
@@ -312,6 +312,23 @@ def simulate_batched(
     per_sample: dict[str, int] = {}
     dep: set[Node] = set()
     once = [0]
+    # per node, within this pass: whether its torch op / the ops a rule reads map each sample's
+    # rows to its own (``_exact_stacked``, ``_axis0_free``: asked again by every rule reading
+    # the node; a node's answer is settled once its inputs ran, as ``dep`` only grows by them)
+    exact_memo: dict[Node, bool] = {}
+    free_memo: dict[Node, bool] = {}
+
+    def exact_stacked(n: Node) -> bool:
+        found = exact_memo.get(n)
+        if found is None:
+            found = exact_memo[n] = _exact_stacked(n, dep)
+        return found
+
+    def axis0_free(n: Node) -> bool:
+        found = free_memo.get(n)
+        if found is None:
+            found = free_memo[n] = _axis0_free(n, dep)
+        return found
 
     def slice_of(v: Any, i: int) -> Any:
         if isinstance(v, PerSample):
@@ -371,9 +388,7 @@ def simulate_batched(
                 src = self.env[n.args[0]]
                 if not isinstance(src, PerSample):
                     return src[n.args[1]]
-            elif _exact_stacked(n, dep) and not any(
-                isinstance(self.env[a], PerSample) for a in n.all_input_nodes
-            ):
+            elif exact_stacked(n) and not any(isinstance(self.env[a], PerSample) for a in n.all_input_nodes):
                 value = self.stacked_run(n)
                 if value is not None:
                     once[0] += 1
@@ -435,9 +450,10 @@ def simulate_batched(
                     pass
                 else:
                     once[0] += 1
-                    if seen is not None:
-                        for i in range(count):
-                            seen[i][q.name] = (slice_of(ruled, i), slice_of(out, i))
+                    if seen is not None:  # each sample's block of rows (``slice_of``), in one call
+                        rows = out.shape[0] // count
+                        for i, pair in enumerate(zip(ruled.split(rows), out.split(rows), strict=True)):
+                            seen[i][q.name] = pair
                     return ruled
             if q not in dep:  # every sample reads the same values: the rule's value is theirs
                 first = self.one(q, kind, host_op, self.sample_value(0), out, 0)
@@ -473,8 +489,8 @@ def simulate_batched(
                 op = node_op(a)
                 if (
                     op in _RESHAPES
-                    or not _axis0_free(a, dep)
-                    or (op not in _STRUCTURAL and op not in _DIM_ARG and not _exact_stacked(a, dep))
+                    or not axis0_free(a)
+                    or (op not in _STRUCTURAL and op not in _DIM_ARG and not exact_stacked(a))
                 ):
                     return False
             return True
