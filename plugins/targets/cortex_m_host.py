@@ -950,6 +950,38 @@ KERNELS: dict[str, Callable[..., torch.Tensor]] = {
     ]
 }
 
+_WEIGHTS = {
+    "weight": "bytes",
+    "bias": "bytes",
+    "requantize_multipliers": "bytes",
+    "requantize_shifts": "bytes",
+}
+#: How the kernels above read the arguments they do not read whole (``HostArithmetic.reads``):
+#: weights, bias and requantization parameters through ``raw`` (memory order and sizes, not
+#: strides), the scratch buffers (and the quantizers' ``dtype``, the output's own) not at all.
+READS: dict[str, dict[str, str]] = {
+    **{
+        f"cortex_m::{op}{nhwc}": {**_WEIGHTS, "scratch": "unread"}
+        for op in ("quantized_conv2d", "quantized_depthwise_conv2d")
+        for nhwc in ("", "_nhwc")
+    },
+    **{
+        f"cortex_m::quantized_transpose_conv2d{nhwc}": {
+            **_WEIGHTS,
+            "scratch": "unread",
+            "output_scratch": "unread",
+        }
+        for nhwc in ("", "_nhwc")
+    },
+    "cortex_m::quantized_linear": {"weights": "bytes", "bias": "bytes", "kernel_sum": "bytes"},
+    "cortex_m::quantized_batch_matmul": {"scratch": "unread"},
+    "cortex_m::quantized_avg_pool2d": {"scratch": "unread"},
+    "cortex_m::quantized_avg_pool2d_nhwc": {"scratch": "unread"},
+    # the output tensor's own dtype is what they write
+    "cortex_m::quantize_per_tensor": {"dtype": "unread"},
+    "cortex_m::dequantize_per_tensor": {"dtype": "unread"},
+}
+
 
 # -- references: a quantized program's op in CMSIS-NN's arithmetic ---------------------------
 
