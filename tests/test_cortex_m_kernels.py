@@ -226,6 +226,76 @@ def test_conv2d(lib: ctypes.CDLL, rng: np.random.Generator) -> None:
         np.testing.assert_array_equal(_bytes(out), ref.reshape(-1), err_msg=str(g))
 
 
+@pytest.mark.parametrize(
+    "channels_in, x_max, w_max, in_off, shifts, path",
+    [
+        # every shift a right shift, sums below 2^22: float64 then int32 (small e: rounding ties)
+        (8, 128, 4, 128, (-4, -1), "float"),
+        (8, 8, 2, 0, (0, 0), "float"),  # no shift (e = 0): the doubling high multiply alone
+        (600, 8, 2, 0, (-6, -4), "int64"),  # a bound past 2^22 (one extreme pair): in-place int64
+        (8, 8, 2, 0, (-2, 1), "generic"),  # a left shift: requantize's general case
+    ],
+)
+def test_conv2d_requantize_paths(
+    lib: ctypes.CDLL,
+    rng: np.random.Generator,
+    channels_in: int,
+    x_max: int,
+    w_max: int,
+    in_off: int,
+    shifts: tuple[int, int],
+    path: str,
+) -> None:
+    """Each of the conv kernels' requantization paths, on values that land inside int8 (not
+    clamped away), against CMSIS-NN's bytes; and the path was taken."""
+    taken: list[str] = []
+    fast, in_place = K._finish_exact_float, K._requantize_in_place
+
+    def spy_fast(*args: object) -> object:
+        out = fast(*args)  # type: ignore[arg-type]
+        taken.append("float" if out is not None else "not float")
+        return out
+
+    def spy_in_place(*args: object) -> object:
+        out = in_place(*args)  # type: ignore[arg-type]
+        taken.append("int64" if out is not None else "generic")
+        return out
+
+    K._finish_exact_float, K._requantize_in_place = spy_fast, spy_in_place  # type: ignore[assignment]
+    unclamped = 0
+    try:
+        for trial in range(8):
+            h = w = int(rng.integers(3, 7))
+            o = int(rng.integers(2, 6))
+            x = rng.integers(-x_max, x_max, size=(1, h, w, channels_in)).astype(np.int8)
+            wt = rng.integers(-w_max, w_max, size=(o, 3, 3, channels_in)).astype(np.int8)
+            if path == "int64":  # the largest |x + offset| and |w|: the bound past 2^22
+                x[0, 0, 0, 0], wt[:, 1, 1, 0] = -128, -128
+            bias = rng.integers(-500, 500, size=o).astype(np.int32)
+            mult, shift = _requant_params(rng, o, *shifts)
+            if shifts[1] > 0:
+                shift[0] = 1  # at least one left shift
+            out_off = int(rng.integers(-20, 20))
+            ref = np.zeros((1, h, w, o), np.int8)
+            status = lib.shim_conv(
+                _p8(x), 1, h, w, channels_in, _p8(wt), o, 3, 3, channels_in, _p32(bias), h, w,
+                1, 1, 1, 1, 1, 1, in_off, out_off, _p32(mult), _p32(shift), -128, 127, _p8(ref),
+            )  # fmt: skip
+            assert status == 0
+            out = _out_cl(1, o, h, w)
+            K.quantized_conv2d(
+                _nchw_cl(x), torch.from_numpy(wt), torch.from_numpy(bias), [1, 1], [1, 1], [1, 1],
+                in_off, out_off, torch.from_numpy(mult), torch.from_numpy(shift), -128, 127,
+                torch.empty(0), out,
+            )  # fmt: skip
+            np.testing.assert_array_equal(_bytes(out), ref.reshape(-1), err_msg=f"trial {trial}")
+            unclamped += int(((ref > -128) & (ref < 127)).sum())
+    finally:
+        K._finish_exact_float, K._requantize_in_place = fast, in_place  # type: ignore[assignment]
+    assert path in taken, taken
+    assert unclamped > 100  # the rounding itself was compared, not only saturation
+
+
 def test_depthwise_conv2d(lib: ctypes.CDLL, rng: np.random.Generator) -> None:
     for trial in range(TRIALS):
         g = _conv_case(rng, True)

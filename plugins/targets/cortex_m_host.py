@@ -196,7 +196,10 @@ def _clamp_i8(x: torch.Tensor, lo: int = -128, hi: int = 127) -> torch.Tensor:
 
 def _absmax(t: torch.Tensor) -> int:
     """max |t| without overflow (``abs`` of int8 -128 stays -128)."""
-    return max(abs(int(t.min())), abs(int(t.max()))) if t.numel() else 0
+    if not t.numel():
+        return 0
+    lo, hi = torch.aminmax(t)
+    return max(abs(int(lo)), abs(int(hi)))
 
 
 def _exact_float(bound: float) -> torch.dtype:
@@ -212,10 +215,11 @@ def _int_conv(
     groups: int,
     transposed: bool = False,
     output_padding: Sequence[int] = (0, 0),
+    as_float: bool = False,
 ) -> tuple[torch.Tensor, int]:
     """Integer NCHW convolution (int64 result, and a bound on its magnitude) through float:
     float32 when every partial sum is provably below 2**24 (exact), float64 otherwise (exact
-    below 2**53)."""
+    below 2**53). ``as_float``: the float result (integral values) as computed."""
     k = (w.shape[0] // groups if transposed else w.shape[1]) * w.shape[2] * w.shape[3]
     bound = _absmax(x) * _absmax(w) * k
     dt = _exact_float(bound)
@@ -232,7 +236,7 @@ def _int_conv(
         )
     else:
         y = F.conv2d(x.to(dt), w.to(dt), None, tuple(stride), tuple(padding), tuple(dilation), groups)
-    return y.to(torch.int64), bound  # integral already: the conversion is exact
+    return (y if as_float else y.to(torch.int64)), bound  # integral already: the conversion is exact
 
 
 def _int_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -242,13 +246,89 @@ def _int_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def _finish(
-    acc: torch.Tensor, mult: Any, shift: Any, out_offset: int, lo: int, hi: int, bound: int | None = None
+    acc: torch.Tensor,
+    mult: Any,
+    shift: Any,
+    out_offset: int,
+    lo: int,
+    hi: int,
+    bound: int | None = None,
+    owned: bool = False,
 ) -> torch.Tensor:
     """Requantize, add the output offset, clamp: the tail of every CMSIS-NN int8 MAC kernel
-    (``acc`` wraps to int32 first, as the C accumulator does)."""
+    (``acc`` wraps to int32 first, as the C accumulator does). ``owned``: ``acc`` is an int64
+    tensor of the caller's own that may be overwritten (the common case then runs in place)."""
     if bound is None or bound > _I32_MAX:
-        acc, bound = wrap32(acc), None
+        acc, bound, owned = wrap32(acc), None, True
+    if owned and acc.dtype == torch.int64:
+        done = _requantize_in_place(acc, mult, shift, bound)
+        if done is not None:
+            return done.add_(out_offset).clamp_(lo, hi).to(torch.int8)
     return _clamp_i8(requantize(acc, mult, shift, bound) + out_offset, lo, hi)
+
+
+def _finish_exact_float(
+    y: torch.Tensor,
+    bias: torch.Tensor | None,
+    multiplier: torch.Tensor,
+    shift: torch.Tensor,
+    out_offset: int,
+    lo: int,
+    hi: int,
+    bound: int,
+) -> torch.Tensor | None:
+    """``_finish`` of ``y + bias`` (``y``: a float convolution result holding integers, the
+    caller's own; ``|y + bias| <= bound``) in fewer, narrower passes, the same integers; None
+    outside the case where every step below is exact (then the integer path runs).
+
+    ``requantize``'s common case — no left shift, ``r = (acc * m + 2^30) >> 31``, then
+    ``(r + half + (r < 0 and e > 0 ? -1 : 0)) >> e`` — with the first step in float64 (every
+    intermediate an integer below 2^53, scaled by 2^-31: exact; ``floor`` is the arithmetic
+    shift) and the rest in int32 (``|r| + half + |out_offset|`` below 2^31: no overflow).
+    """
+    m_max = int(multiplier.max()) if multiplier.numel() else 0
+    e = -shift
+    if not (
+        bound <= _I32_MAX
+        and bool((shift <= 0).all())
+        and int(multiplier.min()) >= 0
+        and bound * m_max + (1 << 30) < 2**53
+    ):
+        return None
+    half = (torch.ones_like(e) << e) >> 1
+    r_max = ((bound * m_max + (1 << 30)) >> 31) + 1
+    if r_max + int(half.max()) + abs(out_offset) >= _I32_MAX:
+        return None
+    t = y.to(torch.float64)
+    if bias is not None:
+        t.add_(bias.to(torch.float64))
+    t.mul_(multiplier.to(torch.float64)).add_(float(1 << 30)).mul_(2.0**-31).floor_()
+    r = t.to(torch.int32)
+    negative = r >> 31  # -1 where negative: half away from zero, as divide_by_power_of_two
+    if not bool((e > 0).all()):
+        negative.mul_((e > 0).to(torch.int32))
+    r.add_(negative).add_(half.to(torch.int32)).bitwise_right_shift_(e.to(torch.int32))
+    return r.add_(out_offset).clamp_(lo, hi).to(torch.int8)
+
+
+def _requantize_in_place(
+    acc: torch.Tensor, multiplier: Any, shift: Any, bound: int | None
+) -> torch.Tensor | None:
+    """``requantize``'s common case (no left shift, no int32 overflow) computed in ``acc``'s own
+    memory, the same integers in fewer passes; None (``acc`` untouched) outside that case."""
+    m = torch.as_tensor(multiplier, dtype=torch.int64)
+    s = torch.as_tensor(shift, dtype=torch.int64)
+    if bound is None and acc.numel():
+        bound = max(-int(acc.min()), int(acc.max()))
+    if not (bool((s <= 0).all()) and bool((m >= 0).all()) and (bound or 0) <= _I32_MAX):
+        return None
+    e = -s
+    half = (torch.ones_like(e) << e) >> 1
+    acc.mul_(m).add_(1 << 30).bitwise_right_shift_(31)  # arm_nn_doubling_high_mult_no_sat
+    negative = acc >> 63  # -1 where negative: half away from zero, as divide_by_power_of_two
+    if not bool((e > 0).all()):
+        negative.mul_((e > 0).to(torch.int64))
+    return acc.add_(negative).add_(half).bitwise_right_shift_(e)
 
 
 def _conv(
@@ -270,15 +350,20 @@ def _conv(
     """Shared body of ``arm_convolve_wrapper_s8`` / ``arm_depthwise_conv_wrapper_s8``: returns NHWC int8."""
     xin = x.permute(0, 3, 1, 2).to(torch.int16) + input_offset  # channels-last memory
     w = weight_ohwi.permute(0, 3, 1, 2)
-    acc, bound = _int_conv(xin, w, stride, padding, dilation, groups)
-    if bias is not None:
-        b = raw(bias).to(torch.int64)
-        acc = acc + b.view(1, -1, 1, 1)
+    y, bound = _int_conv(xin, w, stride, padding, dilation, groups, as_float=True)
+    b = raw(bias).to(torch.int64).view(1, -1, 1, 1) if bias is not None else None
+    if b is not None:
         bound += _absmax(b)
-    c = acc.shape[1]
+    c = y.shape[1]
     m = raw(mults).to(torch.int64)[:c].view(1, -1, 1, 1)
     s = raw(shifts).to(torch.int64)[:c].view(1, -1, 1, 1)
-    return _finish(acc, m, s, output_offset, lo, hi, bound).permute(0, 2, 3, 1)
+    res = _finish_exact_float(y, b, m, s, output_offset, lo, hi, bound)
+    if res is None:  # outside the case it covers: the integer path
+        acc = y.to(torch.int64)
+        if b is not None:
+            acc.add_(b)
+        res = _finish(acc, m, s, output_offset, lo, hi, bound, owned=True)
+    return res.permute(0, 2, 3, 1)
 
 
 # -- the operators (out variants, schema argument order) ---------------------------------------

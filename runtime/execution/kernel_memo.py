@@ -15,7 +15,7 @@ The ``.pte`` = Edge gate still sees every byte the ``.pte`` reads and writes thr
 memory plan: a wrong input (an overlapped buffer, a changed constant or argument) is a
 different key and computes.
 
-The key is a BLAKE2b-256 digest of all of that (collisions: about 2^-128); the store holds at
+The key is a SHA-256 digest of all of that (collisions: about 2^-128); the store holds at
 most ``MAX_BYTES`` of outputs (past it, calls compute; counted as misses).
 """
 
@@ -95,50 +95,46 @@ class _Unkeyable(Exception):
     """An argument of a kind the key does not cover: the call computes."""
 
 
-def _feed(h: Any, value: Any) -> None:
-    if isinstance(value, torch.Tensor):
+def _describe(value: Any, read: str, parts: list[str], data: list[memoryview]) -> None:
+    """``value`` as the kernel reads it (``read``: ``HostArithmetic.reads``), as header text
+    in ``parts`` and element bytes in ``data`` (their lengths follow from the header)."""
+    if read == "unread":
+        parts.append("U")
+    elif isinstance(value, torch.Tensor):
         if value.layout != torch.strided or value.is_quantized or value.device.type != "cpu":
             raise _Unkeyable
         dense = _dense(value)
-        h.update(f"T{value.dtype}|{tuple(value.shape)}|{value.stride()}|{dense}|".encode())
-        h.update(_elements(value))
+        if read == "bytes" and dense:  # memory order and sizes: the strides are not read
+            parts.append(f"B{value.dtype}{tuple(value.shape)}")
+        else:
+            parts.append(f"T{value.dtype}{tuple(value.shape)}{value.stride()}{dense}")
+        data.append(_elements(value))
     elif isinstance(value, (list, tuple)):
-        h.update(f"L{len(value)}[".encode())
+        parts.append(f"L{len(value)}")
         for v in value:
-            _feed(h, v)
-        h.update(b"]")
+            _describe(v, "whole", parts, data)
     elif value is None or isinstance(value, (bool, int, float, str)):
-        h.update(f"{type(value).__name__}:{value!r}|".encode())  # repr: exact for a float, -0.0 too
+        parts.append(f"{type(value).__name__}:{value!r}")  # repr: exact for a float, -0.0 too
     elif isinstance(value, (torch.dtype, torch.memory_format, torch.layout)):
-        h.update(f"E{value}|".encode())
+        parts.append(f"E{value}")
     else:
         raise _Unkeyable
-
-
-def _feed_read(h: Any, value: Any, read: str) -> None:
-    """``value`` as the kernel reads it (``HostArithmetic.reads``)."""
-    if read == "unread":
-        h.update(b"U|")
-    elif read == "bytes" and isinstance(value, torch.Tensor) and _dense(value):
-        if value.layout != torch.strided or value.is_quantized or value.device.type != "cpu":
-            raise _Unkeyable
-        h.update(f"B{value.dtype}|{tuple(value.shape)}|".encode())  # memory order: strides unread
-        h.update(_elements(value))
-    else:
-        _feed(h, value)
 
 
 def _key(
     fn: Callable[..., Any], args: Sequence[Any], out: torch.Tensor, reads: Sequence[str]
 ) -> tuple[Any, bytes] | None:
-    h = hashlib.blake2b(digest_size=32)
+    parts: list[str] = [f"A{len(args)}"]
+    data: list[memoryview] = []
     try:
-        h.update(f"A{len(args)}|".encode())
         for i, value in enumerate(args):
-            _feed_read(h, value, reads[i] if i < len(reads) else "whole")
-        h.update(f"O{out.dtype}|{tuple(out.shape)}|{out.stride()}|{_dense(out)}".encode())
+            _describe(value, reads[i] if i < len(reads) else "whole", parts, data)
     except _Unkeyable:
         return None
+    parts.append(f"O{out.dtype}{tuple(out.shape)}{out.stride()}{_dense(out)}")
+    h = hashlib.sha256("\x1f".join(parts).encode())
+    for d in data:
+        h.update(d)
     return fn, h.digest()
 
 
