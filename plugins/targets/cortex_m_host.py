@@ -20,6 +20,7 @@ buffer) with the dims the wrapper derives, so a layout the device would misread 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -267,15 +268,67 @@ def _finish(
     return _clamp_i8(requantize(acc, mult, shift, bound) + out_offset, lo, hi)
 
 
+@dataclass(frozen=True)
+class _Channels:
+    """A MAC kernel's per-channel bias and requantization constants as the paths below use them
+    (derived once per distinct content: a program's convolutions repeat them every sample)."""
+
+    bias: torch.Tensor | None  # int64 [1, C, 1, 1]
+    bias_f64: torch.Tensor | None
+    bias_absmax: int
+    m: torch.Tensor  # int64 [1, C, 1, 1]
+    s: torch.Tensor
+    m_f64: torch.Tensor
+    e32: torch.Tensor  # -s, int32
+    half32: torch.Tensor  # (1 << e) >> 1, int32
+    e_positive32: torch.Tensor | None  # None: every e > 0
+    m_max: int
+    m_min: int
+    right_shifts_only: bool
+    half_max: int
+
+
+_CHANNELS: dict[tuple[Any, ...], _Channels] = {}
+
+
+def _content(t: torch.Tensor | None) -> tuple[Any, ...]:
+    return (None,) if t is None else (t.dtype, tuple(t.shape), raw(t).numpy().tobytes())
+
+
+def _channels(bias: torch.Tensor | None, mults: torch.Tensor, shifts: torch.Tensor, c: int) -> _Channels:
+    """``_Channels`` of these tensors' values (keyed by their bytes: equal content, equal constants)."""
+    key = (c, *_content(bias), *_content(mults), *_content(shifts))
+    found = _CHANNELS.get(key)
+    if found is not None:
+        return found
+    b = raw(bias).to(torch.int64).view(1, -1, 1, 1) if bias is not None else None
+    m = raw(mults).to(torch.int64)[:c].view(1, -1, 1, 1)
+    s = raw(shifts).to(torch.int64)[:c].view(1, -1, 1, 1)
+    e = -s
+    half = (torch.ones_like(e) << e) >> 1
+    found = _Channels(
+        bias=b,
+        bias_f64=b.to(torch.float64) if b is not None else None,
+        bias_absmax=_absmax(b) if b is not None else 0,
+        m=m,
+        s=s,
+        m_f64=m.to(torch.float64),
+        e32=e.to(torch.int32),
+        half32=half.to(torch.int32),
+        e_positive32=None if bool((e > 0).all()) else (e > 0).to(torch.int32),
+        m_max=int(m.max()) if m.numel() else 0,
+        m_min=int(m.min()) if m.numel() else 0,
+        right_shifts_only=bool((s <= 0).all()),
+        half_max=int(half.max()) if half.numel() else 0,
+    )
+    if len(_CHANNELS) >= 4096:  # bounded: a long-running process sees many programs
+        _CHANNELS.clear()
+    _CHANNELS[key] = found
+    return found
+
+
 def _finish_exact_float(
-    y: torch.Tensor,
-    bias: torch.Tensor | None,
-    multiplier: torch.Tensor,
-    shift: torch.Tensor,
-    out_offset: int,
-    lo: int,
-    hi: int,
-    bound: int,
+    y: torch.Tensor, ch: _Channels, out_offset: int, lo: int, hi: int, bound: int
 ) -> torch.Tensor | None:
     """``_finish`` of ``y + bias`` (``y``: a float convolution result holding integers, the
     caller's own; ``|y + bias| <= bound``) in fewer, narrower passes, the same integers; None
@@ -286,28 +339,23 @@ def _finish_exact_float(
     intermediate an integer below 2^53, scaled by 2^-31: exact; ``floor`` is the arithmetic
     shift) and the rest in int32 (``|r| + half + |out_offset|`` below 2^31: no overflow).
     """
-    m_max = int(multiplier.max()) if multiplier.numel() else 0
-    e = -shift
     if not (
         bound <= _I32_MAX
-        and bool((shift <= 0).all())
-        and int(multiplier.min()) >= 0
-        and bound * m_max + (1 << 30) < 2**53
+        and ch.right_shifts_only
+        and ch.m_min >= 0
+        and bound * ch.m_max + (1 << 30) < 2**53
+        and ((bound * ch.m_max + (1 << 30)) >> 31) + 1 + ch.half_max + abs(out_offset) < _I32_MAX
     ):
         return None
-    half = (torch.ones_like(e) << e) >> 1
-    r_max = ((bound * m_max + (1 << 30)) >> 31) + 1
-    if r_max + int(half.max()) + abs(out_offset) >= _I32_MAX:
-        return None
     t = y.to(torch.float64)
-    if bias is not None:
-        t.add_(bias.to(torch.float64))
-    t.mul_(multiplier.to(torch.float64)).add_(float(1 << 30)).mul_(2.0**-31).floor_()
+    if ch.bias_f64 is not None:
+        t.add_(ch.bias_f64)
+    t.mul_(ch.m_f64).add_(float(1 << 30)).mul_(2.0**-31).floor_()
     r = t.to(torch.int32)
     negative = r >> 31  # -1 where negative: half away from zero, as divide_by_power_of_two
-    if not bool((e > 0).all()):
-        negative.mul_((e > 0).to(torch.int32))
-    r.add_(negative).add_(half.to(torch.int32)).bitwise_right_shift_(e.to(torch.int32))
+    if ch.e_positive32 is not None:
+        negative.mul_(ch.e_positive32)
+    r.add_(negative).add_(ch.half32).bitwise_right_shift_(ch.e32)
     return r.add_(out_offset).clamp_(lo, hi).to(torch.int8)
 
 
@@ -351,18 +399,14 @@ def _conv(
     xin = x.permute(0, 3, 1, 2).to(torch.int16) + input_offset  # channels-last memory
     w = weight_ohwi.permute(0, 3, 1, 2)
     y, bound = _int_conv(xin, w, stride, padding, dilation, groups, as_float=True)
-    b = raw(bias).to(torch.int64).view(1, -1, 1, 1) if bias is not None else None
-    if b is not None:
-        bound += _absmax(b)
-    c = y.shape[1]
-    m = raw(mults).to(torch.int64)[:c].view(1, -1, 1, 1)
-    s = raw(shifts).to(torch.int64)[:c].view(1, -1, 1, 1)
-    res = _finish_exact_float(y, b, m, s, output_offset, lo, hi, bound)
+    ch = _channels(bias, mults, shifts, int(y.shape[1]))
+    bound += ch.bias_absmax
+    res = _finish_exact_float(y, ch, output_offset, lo, hi, bound)
     if res is None:  # outside the case it covers: the integer path
         acc = y.to(torch.int64)
-        if b is not None:
-            acc.add_(b)
-        res = _finish(acc, m, s, output_offset, lo, hi, bound, owned=True)
+        if ch.bias is not None:
+            acc.add_(ch.bias)
+        res = _finish(acc, ch.m, ch.s, output_offset, lo, hi, bound, owned=True)
     return res.permute(0, 2, 3, 1)
 
 
@@ -446,10 +490,35 @@ def quantized_add(
     if swapped:
         params.reverse()
     (z1, m1, s1), (z2, m2, s2) = params
-    a = requantize(wrap32((x1.to(torch.int64) - z1) << 20), m1, s1)
-    b = requantize(wrap32((x2.to(torch.int64) - z2) << 20), m2, s2)
-    total = requantize(wrap32(a + b), output_multiplier, output_shift) + output_zero_point
+    a = _requantize_scalar((x1.to(torch.int64) - z1) << 20, m1, s1, (128 + abs(z1)) << 20)
+    b = _requantize_scalar((x2.to(torch.int64) - z2) << 20, m2, s2, (128 + abs(z2)) << 20)
+    if a is None or b is None:  # requantize's general case
+        a = requantize(wrap32((x1.to(torch.int64) - z1) << 20), m1, s1)
+        b = requantize(wrap32((x2.to(torch.int64) - z2) << 20), m2, s2)
+    a.add_(b)
+    total = _requantize_scalar(a, output_multiplier, output_shift, _I32_MAX + 1)
+    if total is None:
+        total = requantize(wrap32(a), output_multiplier, output_shift)
+    total.add_(output_zero_point)
     return write_raw(out, _clamp_i8(total, activation_min, activation_max))
+
+
+def _requantize_scalar(acc: torch.Tensor, multiplier: int, shift: int, bound: int) -> torch.Tensor | None:
+    """``requantize`` with one multiplier and shift, in ``acc``'s own memory (int64, the caller's,
+    ``|acc| <= bound``): its common case (no left shift, no int32 overflow), the same integers in
+    fewer operations; None (``acc`` untouched) otherwise, and when ``acc`` may exceed int32
+    (the general case wraps it first)."""
+    multiplier, shift = int(multiplier), int(shift)
+    if shift > 0 or multiplier < 0:
+        return None
+    if bound > _I32_MAX:  # the sum of two requantized values: measure it
+        if acc.numel() and max(-int(acc.min()), int(acc.max())) > _I32_MAX:
+            return None
+    e = -shift
+    acc.mul_(multiplier).add_(1 << 30).bitwise_right_shift_(31)  # arm_nn_doubling_high_mult_no_sat
+    if e > 0:  # arm_nn_divide_by_power_of_two: half away from zero
+        acc.add_(acc >> 63).add_((1 << e) >> 1).bitwise_right_shift_(e)
+    return acc
 
 
 def quantized_mul(
