@@ -216,11 +216,10 @@ def _int_conv(
     groups: int,
     transposed: bool = False,
     output_padding: Sequence[int] = (0, 0),
-    as_float: bool = False,
 ) -> tuple[torch.Tensor, int]:
     """Integer NCHW convolution (int64 result, and a bound on its magnitude) through float:
     float32 when every partial sum is provably below 2**24 (exact), float64 otherwise (exact
-    below 2**53). ``as_float``: the float result (integral values) as computed."""
+    below 2**53)."""
     k = (w.shape[0] // groups if transposed else w.shape[1]) * w.shape[2] * w.shape[3]
     bound = _absmax(x) * _absmax(w) * k
     dt = _exact_float(bound)
@@ -237,7 +236,7 @@ def _int_conv(
         )
     else:
         y = F.conv2d(x.to(dt), w.to(dt), None, tuple(stride), tuple(padding), tuple(dilation), groups)
-    return (y if as_float else y.to(torch.int64)), bound  # integral already: the conversion is exact
+    return y.to(torch.int64), bound  # integral already: the conversion is exact
 
 
 def _int_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -396,9 +395,17 @@ def _conv(
     hi: int,
 ) -> torch.Tensor:
     """Shared body of ``arm_convolve_wrapper_s8`` / ``arm_depthwise_conv_wrapper_s8``: returns NHWC int8."""
-    xin = x.permute(0, 3, 1, 2).to(torch.int16) + input_offset  # channels-last memory
+    xi = x.permute(0, 3, 1, 2)  # channels-last memory
     w = weight_ohwi.permute(0, 3, 1, 2)
-    y, bound = _int_conv(xin, w, stride, padding, dilation, groups, as_float=True)
+    # _int_conv on x + input_offset, its bound from the int8 extremes (x + offset is monotone)
+    x_abs = 0
+    if xi.numel():
+        x_lo, x_hi = (int(v) for v in torch.aminmax(xi))
+        x_abs = max(abs(x_lo + input_offset), abs(x_hi + input_offset))
+    bound = x_abs * _absmax(w) * int(w.shape[1] * w.shape[2] * w.shape[3])
+    dt = _exact_float(bound)
+    xin = xi.to(dt).add_(input_offset)  # small integers: exact in either float
+    y = F.conv2d(xin, w.to(dt), None, tuple(stride), tuple(padding), tuple(dilation), groups)
     ch = _channels(bias, mults, shifts, int(y.shape[1]))
     bound += ch.bias_absmax
     res = _finish_exact_float(y, ch, output_offset, lo, hi, bound)
