@@ -499,7 +499,7 @@ def compare(
     steps = steps or Steps()
     loop_start = time.perf_counter()
     # the host kernels' calls, for model.pte's run on the same inputs (``kernel_memo``)
-    recording = partial(kernel_memo.recording, memo) if memo is not None else nullcontext
+    recording = partial(kernel_memo.recording, memo) if memo is not None else (lambda run: nullcontext())
     check = OutputCheck(program)
     float_fn = float_ep.module(check_guards=False)
     q_fn = qep.module(check_guards=False) if qep is not None else None
@@ -556,12 +556,12 @@ def compare(
             calls: list[Any] = []
             values = HostInt8Values(aliases)
             with litert_run.keeping(DEVICE_KERNELS, kept_runs):  # its every-tensor run feeds litert_values
-                with recording():
+                with recording(index):
                     device_outs = run_program(program, batch, DEVICE_KERNELS, calls, values)
             if kernels == "reference" or not calls:
                 outs = device_outs
             else:
-                with recording():
+                with recording(index):
                     outs = run_program(program, batch, kernels)
             if index < FLOAT_CHECK_SAMPLES:  # the float check's partition inputs (``float_partitions``)
                 float_calls.append(list(calls))
