@@ -47,7 +47,6 @@ def host_kernel(op: str) -> Callable[..., Any] | None:
     return None if library is None else library.kernels.get(op)
 
 
-@lru_cache(maxsize=512)
 def argument_reads(op: str, names: tuple[str, ...]) -> tuple[str, ...]:
     """How the host kernel of ``op`` (``ns::name``) reads each argument in ``names``:
     ``"whole"``, ``"bytes"`` or ``"unread"`` (``HostArithmetic.reads``)."""

@@ -68,6 +68,8 @@ class _Runner(torch.fx.Interpreter):
         own = pte_ops.own_functional(target)
         if own is not None:  # the same cortex_m kernels as the model.pte interpreter
             rest = [kwargs.get(a.name, a.default_value) for a in target._schema.arguments[len(args) :]]
+            if not kernel_memo.active():
+                return own(*args, *rest, _planned_output(self.node))
             names = tuple(a.name for a in target._schema.arguments)
             reads = argument_reads(target._schema.name, names)
             return kernel_memo.call(own, [*args, *rest], _planned_output(self.node), reads)

@@ -82,6 +82,11 @@ def serving(store: Store, run: int = 0) -> Iterator[Store]:
         _serving = saved
 
 
+def active() -> bool:
+    """Inside ``recording()`` or ``serving()`` (else a call runs as it is, nothing compared)."""
+    return _recording is not None or _serving is not None
+
+
 def _dense(t: torch.Tensor) -> bool:
     """Its elements fill ``numel`` consecutive storage slots (some order, no gap or overlap)."""
     expected = 1
@@ -183,7 +188,7 @@ def call(fn: Callable[..., Any], args: Sequence[Any], out: torch.Tensor, reads: 
     """``fn(*args, out)`` — a pure host kernel writing ``out`` and returning it — recorded or
     served as the active blocks say. ``reads``: how it reads each of ``args`` (``"whole"``,
     ``"bytes"``: elements in memory order and sizes, ``"unread"``; ``HostArithmetic.reads``)."""
-    if (_recording is None and _serving is None) or not isinstance(out, torch.Tensor):
+    if not active() or not isinstance(out, torch.Tensor):
         return fn(*args, out)
     if _serving is not None and _served(fn, args, out):
         return out

@@ -68,7 +68,10 @@ class Kernel:
         """Call with every schema argument in order (out arguments are the planned tensors)."""
         schema_args = self.schema.arguments
         if self.own is not None and _OWN[0]:
-            if schema_args and schema_args[-1].is_out and not any(s.is_out for s in schema_args[:-1]):
+            single_out = (
+                schema_args and schema_args[-1].is_out and not any(s.is_out for s in schema_args[:-1])
+            )
+            if single_out and kernel_memo.active():
                 reads = argument_reads(self.name.split(".")[0], tuple(s.name for s in schema_args[:-1]))
                 return kernel_memo.call(self.own, args[:-1], args[-1], reads)  # out last: one pure kernel
             return self.own(*args)
