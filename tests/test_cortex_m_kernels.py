@@ -255,7 +255,7 @@ def test_conv2d(lib: ctypes.CDLL, rng: np.random.Generator) -> None:
         # every shift a right shift, sums below 2^22: float64 then int32 (small e: rounding ties)
         (8, 128, 4, 128, (-4, -1), "float"),
         (8, 8, 2, 0, (0, 0), "float"),  # no shift (e = 0): the doubling high multiply alone
-        (600, 8, 2, 0, (-6, -4), "int64"),  # a bound past 2^22 (one extreme pair): in-place int64
+        (600, 8, 2, 0, (-6, -4), "float"),  # a bound past 2^22 (one extreme pair): m split in two
         (8, 8, 2, 0, (-2, 1), "generic"),  # a left shift: requantize's general case
     ],
 )
@@ -292,7 +292,7 @@ def test_conv2d_requantize_paths(
             o = int(rng.integers(2, 6))
             x = rng.integers(-x_max, x_max, size=(1, h, w, channels_in)).astype(np.int8)
             wt = rng.integers(-w_max, w_max, size=(o, 3, 3, channels_in)).astype(np.int8)
-            if path == "int64":  # the largest |x + offset| and |w|: the bound past 2^22
+            if channels_in > 8:  # the largest |x + offset| and |w|: the bound past 2^22
                 x[0, 0, 0, 0], wt[:, 1, 1, 0] = -128, -128
             bias = rng.integers(-500, 500, size=o).astype(np.int32)
             mult, shift = _requant_params(rng, o, *shifts)
@@ -317,6 +317,26 @@ def test_conv2d_requantize_paths(
         K._finish_exact_float, K._requantize_in_place = fast, in_place  # type: ignore[assignment]
     assert path in taken, taken
     assert unclamped > 100  # the rounding itself was compared, not only saturation
+
+
+def test_the_in_place_requantization_equals_the_general_one() -> None:
+    """``_finish``'s in-place int64 path (convolutions whose bound passes 2^31, where the float
+    paths do not apply) against ``requantize``'s general path, which the tests above hold to
+    CMSIS-NN: sums past int32 (wrapped first, as the C accumulator), ties, e = 0, left shifts."""
+    g = torch.Generator().manual_seed(5)
+    for trial in range(400):
+        c = int(torch.randint(1, 6, (1,), generator=g))
+        scale = (2**8, 2**20, 2**31 - 1, 2**34)[trial % 4]
+        acc = torch.randint(-scale, scale, (1, c, 3, 4), generator=g, dtype=torch.int64)
+        if trial % 5 == 0:
+            acc = torch.randint(-64, 64, (1, c, 3, 4), generator=g, dtype=torch.int64) << 12  # ties
+        m = torch.randint(2**30, 2**31, (1, c, 1, 1), generator=g, dtype=torch.int64)
+        s = -torch.randint(0, 14, (1, c, 1, 1), generator=g, dtype=torch.int64)
+        if trial % 7 == 0:
+            s[0, 0] = 1
+        bound = max(-int(acc.min()), int(acc.max()))
+        expected = K._clamp_i8(K.requantize(K.wrap32(acc), m, s) + 3, -128, 127)
+        assert torch.equal(K._finish(acc.clone(), m, s, 3, -128, 127, bound, owned=True), expected), trial
 
 
 def test_depthwise_conv2d(lib: ctypes.CDLL, rng: np.random.Generator) -> None:

@@ -278,6 +278,8 @@ class _Channels:
     m: torch.Tensor  # int64 [1, C, 1, 1]
     s: torch.Tensor
     m_f64: torch.Tensor
+    m_high: torch.Tensor  # m >> 16 and m & 0xFFFF, float64: the split multiply
+    m_low: torch.Tensor
     e32: torch.Tensor  # -s, int32
     half32: torch.Tensor  # (1 << e) >> 1, int32
     e_positive32: torch.Tensor | None  # None: every e > 0
@@ -291,7 +293,10 @@ _CHANNELS: dict[tuple[Any, ...], _Channels] = {}
 
 
 def _content(t: torch.Tensor | None) -> tuple[Any, ...]:
-    return (None,) if t is None else (t.dtype, tuple(t.shape), raw(t).numpy().tobytes())
+    if t is None:
+        return (None,)
+    flat = t if t.dim() == 1 and t.stride(0) == 1 else raw(t)  # a 1-D constant: its own memory order
+    return (t.dtype, tuple(t.shape), flat.numpy().tobytes())
 
 
 def _channels(bias: torch.Tensor | None, mults: torch.Tensor, shifts: torch.Tensor, c: int) -> _Channels:
@@ -312,6 +317,8 @@ def _channels(bias: torch.Tensor | None, mults: torch.Tensor, shifts: torch.Tens
         m=m,
         s=s,
         m_f64=m.to(torch.float64),
+        m_high=(m >> 16).to(torch.float64),
+        m_low=(m & 0xFFFF).to(torch.float64),
         e32=e.to(torch.int32),
         half32=half.to(torch.int32),
         e_positive32=None if bool((e > 0).all()) else (e > 0).to(torch.int32),
@@ -335,21 +342,28 @@ def _finish_exact_float(
 
     ``requantize``'s common case — no left shift, ``r = (acc * m + 2^30) >> 31``, then
     ``(r + half + (r < 0 and e > 0 ? -1 : 0)) >> e`` — with the first step in float64 (every
-    intermediate an integer below 2^53, scaled by 2^-31: exact; ``floor`` is the arithmetic
-    shift) and the rest in int32 (``|r| + half + |out_offset|`` below 2^31: no overflow).
+    intermediate an integer below 2^53, scaled by a power of two: exact; ``floor`` is the
+    arithmetic shift) and the rest in int32 (``|r| + half + |out_offset|`` below 2^31: no
+    overflow). Where ``acc * m`` may reach 2^53 the multiplier is split, ``m = h * 2^16 + l``:
+    ``r = floor((acc * h + floor((acc * l + 2^30) / 2^16)) / 2^15)``, each term below 2^48
+    (``floor((n + d) / k) = floor(n / k)`` for integers ``n``, ``k`` and ``0 <= d < 1``).
     """
     if not (
         bound <= _I32_MAX
         and ch.right_shifts_only
         and ch.m_min >= 0
-        and bound * ch.m_max + (1 << 30) < 2**53
         and ((bound * ch.m_max + (1 << 30)) >> 31) + 1 + ch.half_max + abs(out_offset) < _I32_MAX
     ):
         return None
     t = y.to(torch.float64)
     if ch.bias_f64 is not None:
         t.add_(ch.bias_f64)
-    t.mul_(ch.m_f64).add_(float(1 << 30)).mul_(2.0**-31).floor_()
+    if bound * ch.m_max + (1 << 30) < 2**53:
+        t.mul_(ch.m_f64).add_(float(1 << 30)).mul_(2.0**-31).floor_()
+    else:  # |acc| < 2^31: acc * h < 2^46, acc * l + 2^30 < 2^48
+        high = t * ch.m_high
+        t.mul_(ch.m_low).add_(float(1 << 30)).mul_(2.0**-16).floor_()
+        t = high.add_(t).mul_(2.0**-15).floor_()
     r = t.to(torch.int32)
     negative = r >> 31  # -1 where negative: half away from zero, as divide_by_power_of_two
     if ch.e_positive32 is not None:
