@@ -234,3 +234,16 @@ def test_a_changed_instruction_argument_still_fails_the_gate_with_the_memo(compi
     )
     assert not agreement.ok and agreement.agreed == 0
     assert agreement.repeated_calls < agreement.kernel_calls
+
+
+def test_verify_counts_and_tells_the_reused_calls(compiled: Compiled) -> None:
+    """Through ``verify``: the .pte = Edge gate holds, the calls reused are counted, and the ones
+    computed (ds_cnn's one-channel input: another stride on a size-1 dim) are told."""
+    from etforge.runtime.verification.verify import verify
+
+    _, d = compiled["ds_cnn"]
+    v = verify(d, samples=2)
+    assert v.pte is not None and v.pte.ok
+    assert 0 < v.pte.repeated_calls < v.pte.kernel_calls
+    told = [n for n in v.notes if n.startswith("model.pte: ") and "host kernel calls computed" in n]
+    assert len(told) == 1 and f"of {v.pte.kernel_calls} host kernel calls" in told[0], v.notes

@@ -421,6 +421,14 @@ def _verify(
                     else ""
                 )
             )
+            memo.runs.clear()  # the Edge run's tensors it kept
+            if agreement.repeated_calls < agreement.kernel_calls:
+                result.notes.append(
+                    f"model.pte: {agreement.kernel_calls - agreement.repeated_calls} of "
+                    f"{agreement.kernel_calls} host kernel calls computed (no Edge run's call on the "
+                    "same sample byte-identical to them, or past kernel_memo.MAX_BYTES); "
+                    f"{agreement.repeated_calls} took the identical call's result"
+                )
     from etforge.runtime.execution.cpu_libraries import not_proven
 
     ops = {step.name.removesuffix(".out") for step in interp.steps}
