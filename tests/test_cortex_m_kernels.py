@@ -121,6 +121,29 @@ def test_add(lib: ctypes.CDLL, rng: np.random.Generator) -> None:
         np.testing.assert_array_equal(out.numpy(), ref)
 
 
+def test_add_rounds_as_cmsis_nn_where_the_output_keeps_the_low_bits(
+    lib: ctypes.CDLL, rng: np.random.Generator
+) -> None:
+    """Input shifts that bring the values back near int8 and small output shifts: the output
+    requantization's rounding (ties half away from zero) decides most bytes, not saturation."""
+    unclamped = 0
+    for _ in range(TRIALS):
+        n = int(rng.integers(50, 300))
+        a, b = _i8(rng, (n,)), _i8(rng, (n,))
+        (m1, m2), (s1, s2) = _requant_params(rng, 2, -21, -19)
+        ((mo,), (so,)) = _requant_params(rng, 1, -3, 0)
+        zp1, zp2, ozp = (int(x) for x in rng.integers(-20, 20, 3))
+        ref = np.zeros(n, np.int8)
+        args = (zp1, int(m1), int(s1), zp2, int(m2), int(s2), ozp, int(mo), int(so), -128, 127)
+        lib.shim_add(_p8(a), _p8(b), n, *args, _p8(ref))
+        out = torch.empty(n, dtype=torch.int8)
+        z1, mm1, ss1, z2, mm2, ss2, *rest = args
+        K.quantized_add(torch.from_numpy(a), z1, mm1, ss1, torch.from_numpy(b), z2, mm2, ss2, *rest, out)
+        np.testing.assert_array_equal(out.numpy(), ref)
+        unclamped += int(((ref > -128) & (ref < 127)).sum())
+    assert unclamped > 1000
+
+
 def test_mul(lib: ctypes.CDLL, rng: np.random.Generator) -> None:
     for _ in range(TRIALS):
         n = int(rng.integers(1, 300))
@@ -224,6 +247,96 @@ def test_conv2d(lib: ctypes.CDLL, rng: np.random.Generator) -> None:
             out,
         )
         np.testing.assert_array_equal(_bytes(out), ref.reshape(-1), err_msg=str(g))
+
+
+@pytest.mark.parametrize(
+    "channels_in, x_max, w_max, in_off, shifts, path",
+    [
+        # every shift a right shift, sums below 2^22: float64 then int32 (small e: rounding ties)
+        (8, 128, 4, 128, (-4, -1), "float"),
+        (8, 8, 2, 0, (0, 0), "float"),  # no shift (e = 0): the doubling high multiply alone
+        (600, 8, 2, 0, (-6, -4), "float"),  # a bound past 2^22 (one extreme pair): m split in two
+        (8, 8, 2, 0, (-2, 1), "generic"),  # a left shift: requantize's general case
+    ],
+)
+def test_conv2d_requantize_paths(
+    lib: ctypes.CDLL,
+    rng: np.random.Generator,
+    channels_in: int,
+    x_max: int,
+    w_max: int,
+    in_off: int,
+    shifts: tuple[int, int],
+    path: str,
+) -> None:
+    """Each of the conv kernels' requantization paths, on values that land inside int8 (not
+    clamped away), against CMSIS-NN's bytes; and the path was taken."""
+    taken: list[str] = []
+    fast, in_place = K._finish_exact_float, K._requantize_in_place
+
+    def spy_fast(*args: object) -> object:
+        out = fast(*args)  # type: ignore[arg-type]
+        taken.append("float" if out is not None else "not float")
+        return out
+
+    def spy_in_place(*args: object) -> object:
+        out = in_place(*args)  # type: ignore[arg-type]
+        taken.append("int64" if out is not None else "generic")
+        return out
+
+    K._finish_exact_float, K._requantize_in_place = spy_fast, spy_in_place  # type: ignore[assignment]
+    unclamped = 0
+    try:
+        for trial in range(8):
+            h = w = int(rng.integers(3, 7))
+            o = int(rng.integers(2, 6))
+            x = rng.integers(-x_max, x_max, size=(1, h, w, channels_in)).astype(np.int8)
+            wt = rng.integers(-w_max, w_max, size=(o, 3, 3, channels_in)).astype(np.int8)
+            if channels_in > 8:  # the largest |x + offset| and |w|: the bound past 2^22
+                x[0, 0, 0, 0], wt[:, 1, 1, 0] = -128, -128
+            bias = rng.integers(-500, 500, size=o).astype(np.int32)
+            mult, shift = _requant_params(rng, o, *shifts)
+            if shifts[1] > 0:
+                shift[0] = 1  # at least one left shift
+            out_off = int(rng.integers(-20, 20))
+            ref = np.zeros((1, h, w, o), np.int8)
+            status = lib.shim_conv(
+                _p8(x), 1, h, w, channels_in, _p8(wt), o, 3, 3, channels_in, _p32(bias), h, w,
+                1, 1, 1, 1, 1, 1, in_off, out_off, _p32(mult), _p32(shift), -128, 127, _p8(ref),
+            )  # fmt: skip
+            assert status == 0
+            out = _out_cl(1, o, h, w)
+            K.quantized_conv2d(
+                _nchw_cl(x), torch.from_numpy(wt), torch.from_numpy(bias), [1, 1], [1, 1], [1, 1],
+                in_off, out_off, torch.from_numpy(mult), torch.from_numpy(shift), -128, 127,
+                torch.empty(0), out,
+            )  # fmt: skip
+            np.testing.assert_array_equal(_bytes(out), ref.reshape(-1), err_msg=f"trial {trial}")
+            unclamped += int(((ref > -128) & (ref < 127)).sum())
+    finally:
+        K._finish_exact_float, K._requantize_in_place = fast, in_place  # type: ignore[assignment]
+    assert path in taken, taken
+    assert unclamped > 100  # the rounding itself was compared, not only saturation
+
+
+def test_the_in_place_requantization_equals_the_general_one() -> None:
+    """``_finish``'s in-place int64 path (convolutions whose bound passes 2^31, where the float
+    paths do not apply) against ``requantize``'s general path, which the tests above hold to
+    CMSIS-NN: sums past int32 (wrapped first, as the C accumulator), ties, e = 0, left shifts."""
+    g = torch.Generator().manual_seed(5)
+    for trial in range(400):
+        c = int(torch.randint(1, 6, (1,), generator=g))
+        scale = (2**8, 2**20, 2**31 - 1, 2**34)[trial % 4]
+        acc = torch.randint(-scale, scale, (1, c, 3, 4), generator=g, dtype=torch.int64)
+        if trial % 5 == 0:
+            acc = torch.randint(-64, 64, (1, c, 3, 4), generator=g, dtype=torch.int64) << 12  # ties
+        m = torch.randint(2**30, 2**31, (1, c, 1, 1), generator=g, dtype=torch.int64)
+        s = -torch.randint(0, 14, (1, c, 1, 1), generator=g, dtype=torch.int64)
+        if trial % 7 == 0:
+            s[0, 0] = 1
+        bound = max(-int(acc.min()), int(acc.max()))
+        expected = K._clamp_i8(K.requantize(K.wrap32(acc), m, s) + 3, -128, 127)
+        assert torch.equal(K._finish(acc.clone(), m, s, 3, -128, 127, bound, owned=True), expected), trial
 
 
 def test_depthwise_conv2d(lib: ctypes.CDLL, rng: np.random.Generator) -> None:

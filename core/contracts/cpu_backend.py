@@ -66,12 +66,17 @@ class HostArithmetic:
     (``verify`` prints it as a note whenever a program calls it).
     ``register``: called before a program runs on the host; registers the library's
     operators with torch (``torch.ops.<ns>``) when importing the plugin did not.
+    ``reads``: operator -> {argument name: ``"bytes"`` (its kernel reads that tensor's
+    elements in memory order and its sizes, never its strides) or ``"unread"`` (never read:
+    CMSIS-NN's scratch buffers)}; any other argument counts as read whole. ``verify`` keys a
+    repeated kernel call by what the kernel reads (``runtime.execution.kernel_memo``).
     """
 
     kernels: Mapping[str, Callable[..., Any]]
     reference: Callable[[Callable[[Any], Any], str], Callable[[Any], Any]] | None = None
     not_proven: Mapping[str, str] = field(default_factory=dict)
     register: Callable[[], None] | None = None
+    reads: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
 
 
 class CpuBackend:

@@ -103,6 +103,7 @@ class CortexMBackend(CpuBackend):
             reference=cortex_m_host.cmsis_reference,
             not_proven=cortex_m_host.NOT_PROVEN,
             register=_register_cortex_m_ops,
+            reads=cortex_m_host.READS,
         )
 
     def dim_order_problem(self, op: str, args: Sequence[KernelArg]) -> str | None:

@@ -20,6 +20,7 @@ buffer) with the dims the wrapper derives, so a layout the device would misread 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -196,7 +197,10 @@ def _clamp_i8(x: torch.Tensor, lo: int = -128, hi: int = 127) -> torch.Tensor:
 
 def _absmax(t: torch.Tensor) -> int:
     """max |t| without overflow (``abs`` of int8 -128 stays -128)."""
-    return max(abs(int(t.min())), abs(int(t.max()))) if t.numel() else 0
+    if not t.numel():
+        return 0
+    lo, hi = torch.aminmax(t)
+    return max(abs(int(lo)), abs(int(hi)))
 
 
 def _exact_float(bound: float) -> torch.dtype:
@@ -242,13 +246,150 @@ def _int_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def _finish(
-    acc: torch.Tensor, mult: Any, shift: Any, out_offset: int, lo: int, hi: int, bound: int | None = None
+    acc: torch.Tensor,
+    mult: Any,
+    shift: Any,
+    out_offset: int,
+    lo: int,
+    hi: int,
+    bound: int | None = None,
+    owned: bool = False,
 ) -> torch.Tensor:
     """Requantize, add the output offset, clamp: the tail of every CMSIS-NN int8 MAC kernel
-    (``acc`` wraps to int32 first, as the C accumulator does)."""
+    (``acc`` wraps to int32 first, as the C accumulator does). ``owned``: ``acc`` is an int64
+    tensor of the caller's own that may be overwritten (the common case then runs in place)."""
     if bound is None or bound > _I32_MAX:
-        acc, bound = wrap32(acc), None
+        acc, bound, owned = wrap32(acc), None, True
+    if owned and acc.dtype == torch.int64:
+        done = _requantize_in_place(acc, mult, shift, bound)
+        if done is not None:
+            return done.add_(out_offset).clamp_(lo, hi).to(torch.int8)
     return _clamp_i8(requantize(acc, mult, shift, bound) + out_offset, lo, hi)
+
+
+@dataclass(frozen=True)
+class _Channels:
+    """A MAC kernel's per-channel bias and requantization constants as the paths below use them
+    (derived once per distinct content: a program's convolutions repeat them every sample)."""
+
+    bias: torch.Tensor | None  # int64 [1, C, 1, 1]
+    bias_f64: torch.Tensor | None
+    bias_absmax: int
+    m: torch.Tensor  # int64 [1, C, 1, 1]
+    s: torch.Tensor
+    m_f64: torch.Tensor
+    m_high: torch.Tensor  # m >> 16 and m & 0xFFFF, float64: the split multiply
+    m_low: torch.Tensor
+    e32: torch.Tensor  # -s, int32
+    half32: torch.Tensor  # (1 << e) >> 1, int32
+    e_positive32: torch.Tensor | None  # None: every e > 0
+    m_max: int
+    m_min: int
+    right_shifts_only: bool
+    half_max: int
+
+
+_CHANNELS: dict[tuple[Any, ...], _Channels] = {}
+
+
+def _content(t: torch.Tensor | None) -> tuple[Any, ...]:
+    if t is None:
+        return (None,)
+    flat = t if t.dim() == 1 and t.stride(0) == 1 else raw(t)  # a 1-D constant: its own memory order
+    return (t.dtype, tuple(t.shape), flat.numpy().tobytes())
+
+
+def _channels(bias: torch.Tensor | None, mults: torch.Tensor, shifts: torch.Tensor, c: int) -> _Channels:
+    """``_Channels`` of these tensors' values (keyed by their bytes: equal content, equal constants)."""
+    key = (c, *_content(bias), *_content(mults), *_content(shifts))
+    found = _CHANNELS.get(key)
+    if found is not None:
+        return found
+    b = raw(bias).to(torch.int64).view(1, -1, 1, 1) if bias is not None else None
+    m = raw(mults).to(torch.int64)[:c].view(1, -1, 1, 1)
+    s = raw(shifts).to(torch.int64)[:c].view(1, -1, 1, 1)
+    e = -s
+    half = (torch.ones_like(e) << e) >> 1
+    found = _Channels(
+        bias=b,
+        bias_f64=b.to(torch.float64) if b is not None else None,
+        bias_absmax=_absmax(b) if b is not None else 0,
+        m=m,
+        s=s,
+        m_f64=m.to(torch.float64),
+        m_high=(m >> 16).to(torch.float64),
+        m_low=(m & 0xFFFF).to(torch.float64),
+        e32=e.to(torch.int32),
+        half32=half.to(torch.int32),
+        e_positive32=None if bool((e > 0).all()) else (e > 0).to(torch.int32),
+        m_max=int(m.max()) if m.numel() else 0,
+        m_min=int(m.min()) if m.numel() else 0,
+        right_shifts_only=bool((s <= 0).all()),
+        half_max=int(half.max()) if half.numel() else 0,
+    )
+    if len(_CHANNELS) >= 4096:  # bounded: a long-running process sees many programs
+        _CHANNELS.clear()
+    _CHANNELS[key] = found
+    return found
+
+
+def _finish_exact_float(
+    y: torch.Tensor, ch: _Channels, out_offset: int, lo: int, hi: int, bound: int
+) -> torch.Tensor | None:
+    """``_finish`` of ``y + bias`` (``y``: a float convolution result holding integers, the
+    caller's own; ``|y + bias| <= bound``) in fewer, narrower passes, the same integers; None
+    outside the case where every step below is exact (then the integer path runs).
+
+    ``requantize``'s common case — no left shift, ``r = (acc * m + 2^30) >> 31``, then
+    ``(r + half + (r < 0 and e > 0 ? -1 : 0)) >> e`` — with the first step in float64 (every
+    intermediate an integer below 2^53, scaled by a power of two: exact; ``floor`` is the
+    arithmetic shift) and the rest in int32 (``|r| + half + |out_offset|`` below 2^31: no
+    overflow). Where ``acc * m`` may reach 2^53 the multiplier is split, ``m = h * 2^16 + l``:
+    ``r = floor((acc * h + floor((acc * l + 2^30) / 2^16)) / 2^15)``, each term below 2^48
+    (``floor((n + d) / k) = floor(n / k)`` for integers ``n``, ``k`` and ``0 <= d < 1``).
+    """
+    if not (
+        bound <= _I32_MAX
+        and ch.right_shifts_only
+        and ch.m_min >= 0
+        and ((bound * ch.m_max + (1 << 30)) >> 31) + 1 + ch.half_max + abs(out_offset) < _I32_MAX
+    ):
+        return None
+    t = y.to(torch.float64)
+    if ch.bias_f64 is not None:
+        t.add_(ch.bias_f64)
+    if bound * ch.m_max + (1 << 30) < 2**53:
+        t.mul_(ch.m_f64).add_(float(1 << 30)).mul_(2.0**-31).floor_()
+    else:  # |acc| < 2^31: acc * h < 2^46, acc * l + 2^30 < 2^48
+        high = t * ch.m_high
+        t.mul_(ch.m_low).add_(float(1 << 30)).mul_(2.0**-16).floor_()
+        t = high.add_(t).mul_(2.0**-15).floor_()
+    r = t.to(torch.int32)
+    negative = r >> 31  # -1 where negative: half away from zero, as divide_by_power_of_two
+    if ch.e_positive32 is not None:
+        negative.mul_(ch.e_positive32)
+    r.add_(negative).add_(ch.half32).bitwise_right_shift_(ch.e32)
+    return r.add_(out_offset).clamp_(lo, hi).to(torch.int8)
+
+
+def _requantize_in_place(
+    acc: torch.Tensor, multiplier: Any, shift: Any, bound: int | None
+) -> torch.Tensor | None:
+    """``requantize``'s common case (no left shift, no int32 overflow) computed in ``acc``'s own
+    memory, the same integers in fewer passes; None (``acc`` untouched) outside that case."""
+    m = torch.as_tensor(multiplier, dtype=torch.int64)
+    s = torch.as_tensor(shift, dtype=torch.int64)
+    if bound is None and acc.numel():
+        bound = max(-int(acc.min()), int(acc.max()))
+    if not (bool((s <= 0).all()) and bool((m >= 0).all()) and (bound or 0) <= _I32_MAX):
+        return None
+    e = -s
+    half = (torch.ones_like(e) << e) >> 1
+    acc.mul_(m).add_(1 << 30).bitwise_right_shift_(31)  # arm_nn_doubling_high_mult_no_sat
+    negative = acc >> 63  # -1 where negative: half away from zero, as divide_by_power_of_two
+    if not bool((e > 0).all()):
+        negative.mul_((e > 0).to(torch.int64))
+    return acc.add_(negative).add_(half).bitwise_right_shift_(e)
 
 
 def _conv(
@@ -268,17 +409,26 @@ def _conv(
     hi: int,
 ) -> torch.Tensor:
     """Shared body of ``arm_convolve_wrapper_s8`` / ``arm_depthwise_conv_wrapper_s8``: returns NHWC int8."""
-    xin = x.permute(0, 3, 1, 2).to(torch.int16) + input_offset  # channels-last memory
+    xi = x.permute(0, 3, 1, 2)  # channels-last memory
     w = weight_ohwi.permute(0, 3, 1, 2)
-    acc, bound = _int_conv(xin, w, stride, padding, dilation, groups)
-    if bias is not None:
-        b = raw(bias).to(torch.int64)
-        acc = acc + b.view(1, -1, 1, 1)
-        bound += _absmax(b)
-    c = acc.shape[1]
-    m = raw(mults).to(torch.int64)[:c].view(1, -1, 1, 1)
-    s = raw(shifts).to(torch.int64)[:c].view(1, -1, 1, 1)
-    return _finish(acc, m, s, output_offset, lo, hi, bound).permute(0, 2, 3, 1)
+    # _int_conv on x + input_offset, its bound from the int8 extremes (x + offset is monotone)
+    x_abs = 0
+    if xi.numel():
+        x_lo, x_hi = (int(v) for v in torch.aminmax(xi))
+        x_abs = max(abs(x_lo + input_offset), abs(x_hi + input_offset))
+    bound = x_abs * _absmax(w) * int(w.shape[1] * w.shape[2] * w.shape[3])
+    dt = _exact_float(bound)
+    xin = xi.to(dt).add_(input_offset)  # small integers: exact in either float
+    y = F.conv2d(xin, w.to(dt), None, tuple(stride), tuple(padding), tuple(dilation), groups)
+    ch = _channels(bias, mults, shifts, int(y.shape[1]))
+    bound += ch.bias_absmax
+    res = _finish_exact_float(y, ch, output_offset, lo, hi, bound)
+    if res is None:  # outside the case it covers: the integer path
+        acc = y.to(torch.int64)
+        if ch.bias is not None:
+            acc.add_(ch.bias)
+        res = _finish(acc, ch.m, ch.s, output_offset, lo, hi, bound, owned=True)
+    return res.permute(0, 2, 3, 1)
 
 
 # -- the operators (out variants, schema argument order) ---------------------------------------
@@ -361,10 +511,35 @@ def quantized_add(
     if swapped:
         params.reverse()
     (z1, m1, s1), (z2, m2, s2) = params
-    a = requantize(wrap32((x1.to(torch.int64) - z1) << 20), m1, s1)
-    b = requantize(wrap32((x2.to(torch.int64) - z2) << 20), m2, s2)
-    total = requantize(wrap32(a + b), output_multiplier, output_shift) + output_zero_point
+    a = _requantize_scalar((x1.to(torch.int64) - z1) << 20, m1, s1, (128 + abs(z1)) << 20)
+    b = _requantize_scalar((x2.to(torch.int64) - z2) << 20, m2, s2, (128 + abs(z2)) << 20)
+    if a is None or b is None:  # requantize's general case
+        a = requantize(wrap32((x1.to(torch.int64) - z1) << 20), m1, s1)
+        b = requantize(wrap32((x2.to(torch.int64) - z2) << 20), m2, s2)
+    a.add_(b)
+    total = _requantize_scalar(a, output_multiplier, output_shift, _I32_MAX + 1)
+    if total is None:
+        total = requantize(wrap32(a), output_multiplier, output_shift)
+    total.add_(output_zero_point)
     return write_raw(out, _clamp_i8(total, activation_min, activation_max))
+
+
+def _requantize_scalar(acc: torch.Tensor, multiplier: int, shift: int, bound: int) -> torch.Tensor | None:
+    """``requantize`` with one multiplier and shift, in ``acc``'s own memory (int64, the caller's,
+    ``|acc| <= bound``): its common case (no left shift, no int32 overflow), the same integers in
+    fewer operations; None (``acc`` untouched) otherwise, and when ``acc`` may exceed int32
+    (the general case wraps it first)."""
+    multiplier, shift = int(multiplier), int(shift)
+    if shift > 0 or multiplier < 0:
+        return None
+    if bound > _I32_MAX:  # the sum of two requantized values: measure it
+        if acc.numel() and max(-int(acc.min()), int(acc.max())) > _I32_MAX:
+            return None
+    e = -shift
+    acc.mul_(multiplier).add_(1 << 30).bitwise_right_shift_(31)  # arm_nn_doubling_high_mult_no_sat
+    if e > 0:  # arm_nn_divide_by_power_of_two: half away from zero
+        acc.add_(acc >> 63).add_((1 << e) >> 1).bitwise_right_shift_(e)
+    return acc
 
 
 def quantized_mul(
@@ -948,6 +1123,38 @@ KERNELS: dict[str, Callable[..., torch.Tensor]] = {
         ("quantized_max_pool2d", quantized_max_pool2d),
         ("quantized_max_pool2d_nhwc", quantized_max_pool2d_nhwc),
     ]
+}
+
+_WEIGHTS = {
+    "weight": "bytes",
+    "bias": "bytes",
+    "requantize_multipliers": "bytes",
+    "requantize_shifts": "bytes",
+}
+#: How the kernels above read the arguments they do not read whole (``HostArithmetic.reads``):
+#: weights, bias and requantization parameters through ``raw`` (memory order and sizes, not
+#: strides), the scratch buffers (and the quantizers' ``dtype``, the output's own) not at all.
+READS: dict[str, dict[str, str]] = {
+    **{
+        f"cortex_m::{op}{nhwc}": {**_WEIGHTS, "scratch": "unread"}
+        for op in ("quantized_conv2d", "quantized_depthwise_conv2d")
+        for nhwc in ("", "_nhwc")
+    },
+    **{
+        f"cortex_m::quantized_transpose_conv2d{nhwc}": {
+            **_WEIGHTS,
+            "scratch": "unread",
+            "output_scratch": "unread",
+        }
+        for nhwc in ("", "_nhwc")
+    },
+    "cortex_m::quantized_linear": {"weights": "bytes", "bias": "bytes", "kernel_sum": "bytes"},
+    "cortex_m::quantized_batch_matmul": {"scratch": "unread"},
+    "cortex_m::quantized_avg_pool2d": {"scratch": "unread"},
+    "cortex_m::quantized_avg_pool2d_nhwc": {"scratch": "unread"},
+    # the output tensor's own dtype is what they write
+    "cortex_m::quantize_per_tensor": {"dtype": "unread"},
+    "cortex_m::dequantize_per_tensor": {"dtype": "unread"},
 }
 
 

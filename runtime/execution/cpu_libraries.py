@@ -47,6 +47,14 @@ def host_kernel(op: str) -> Callable[..., Any] | None:
     return None if library is None else library.kernels.get(op)
 
 
+def argument_reads(op: str, names: tuple[str, ...]) -> tuple[str, ...]:
+    """How the host kernel of ``op`` (``ns::name``) reads each argument in ``names``:
+    ``"whole"``, ``"bytes"`` or ``"unread"`` (``HostArithmetic.reads``)."""
+    library = host_library(op.partition("::")[0])
+    reads = library.reads.get(op, {}) if library is not None else {}
+    return tuple(reads.get(n, "whole") for n in names)
+
+
 def not_proven() -> dict[str, str]:
     """Operator -> why its host kernel is not proven equal to the device, over every library."""
     return {op: why for lib in host_libraries().values() for op, why in lib.not_proven.items()}

@@ -19,7 +19,8 @@ from etforge.core.common.errors import EtforgeError
 from etforge.core.front.signature import user_output_positions
 from etforge.core.graph import layout
 from etforge.core.litert import payload
-from etforge.runtime.execution import litert_run, pte_ops
+from etforge.runtime.execution import kernel_memo, litert_run, pte_ops
+from etforge.runtime.execution.cpu_libraries import argument_reads
 
 
 def stored_inputs(blob: payload.Blob, args: Sequence[torch.Tensor]) -> list[Any]:
@@ -67,7 +68,11 @@ class _Runner(torch.fx.Interpreter):
         own = pte_ops.own_functional(target)
         if own is not None:  # the same cortex_m kernels as the model.pte interpreter
             rest = [kwargs.get(a.name, a.default_value) for a in target._schema.arguments[len(args) :]]
-            return own(*args, *rest, _planned_output(self.node))
+            if not kernel_memo.active():
+                return own(*args, *rest, _planned_output(self.node))
+            names = tuple(a.name for a in target._schema.arguments)
+            reads = argument_reads(target._schema.name, names)
+            return kernel_memo.call(own, [*args, *rest], _planned_output(self.node), reads)
         try:
             return super().call_function(target, args, kwargs)
         except NotImplementedError:

@@ -22,7 +22,8 @@ from typing import Any
 import torch
 
 from etforge.core.common.errors import EtforgeError
-from etforge.runtime.execution.cpu_libraries import host_kernel, host_libraries
+from etforge.runtime.execution import kernel_memo
+from etforge.runtime.execution.cpu_libraries import argument_reads, host_kernel, host_libraries
 
 _KEYS = ("CPU", "CompositeExplicitAutograd", "CompositeImplicitAutograd")
 #: False only inside ``executorch_references()`` (bench/verify.py's before/after timing).
@@ -67,6 +68,12 @@ class Kernel:
         """Call with every schema argument in order (out arguments are the planned tensors)."""
         schema_args = self.schema.arguments
         if self.own is not None and _OWN[0]:
+            single_out = (
+                schema_args and schema_args[-1].is_out and not any(s.is_out for s in schema_args[:-1])
+            )
+            if single_out and kernel_memo.active():
+                reads = argument_reads(self.name.split(".")[0], tuple(s.name for s in schema_args[:-1]))
+                return kernel_memo.call(self.own, args[:-1], args[-1], reads)  # out last: one pure kernel
             return self.own(*args)
         pos = [a for s, a in zip(schema_args, args, strict=True) if not s.kwarg_only]
         kw = {s.name: a for s, a in zip(schema_args, args, strict=True) if s.kwarg_only}

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -21,6 +23,7 @@ from torch.export import ExportedProgram
 
 from etforge.core.front.load import non_finite_count
 from etforge.core.graph.utils import node_op
+from etforge.runtime.execution import kernel_memo
 from etforge.runtime.execution.host import run_program
 from etforge.runtime.execution.pte_interpreter import PteInterpreter, Step
 
@@ -37,6 +40,10 @@ class Agreement:
     first_difference: str | None = None
     #: Interpreter time per sample.
     seconds_per_sample: float = 0.0
+    #: The interpreter's host kernel calls (``kernel_memo``), and those byte-identical to an
+    #: Edge run's call (kernel, arguments, input bytes, output layout): its result written.
+    kernel_calls: int = 0
+    repeated_calls: int = 0
 
     @property
     def ok(self) -> bool:
@@ -68,13 +75,18 @@ def compare_with_edge(
     batches: Sequence[tuple[torch.Tensor, ...]],
     kernels: str = "default",
     edge_outputs: Sequence[list[Any]] | None = None,
+    memo: kernel_memo.Store | None = None,
 ) -> Agreement:
-    """``edge_outputs``: the Edge program's outputs on ``batches`` when already computed."""
+    """``edge_outputs``: the Edge program's outputs on ``batches`` when already computed;
+    ``memo``: the host kernel calls of those runs (a call of the ``.pte`` equal to one of them
+    byte for byte takes its result, ``kernel_memo``)."""
     result = Agreement(samples=len(batches))
     spent = 0.0
+    serving = partial(kernel_memo.serving, memo) if memo is not None else (lambda run: nullcontext())
     for n, batch in enumerate(batches):
         start = time.perf_counter()
-        ours = interp.run(batch, kernels)
+        with serving(n):
+            ours = interp.run(batch, kernels)
         spent += time.perf_counter() - start
         edge = edge_outputs[n] if edge_outputs is not None else run_program(program, batch, kernels)
         same = len(ours) == len(edge) and all(_equal(a, b) for a, b in zip(ours, edge, strict=False))
@@ -87,6 +99,8 @@ def compare_with_edge(
             where = first_difference(interp, program, batch, kernels)
             result.first_difference = f"sample {n}: max |diff| {max(diffs):.4g}; {where}"
     result.seconds_per_sample = spent / max(1, len(batches))
+    if memo is not None:
+        result.kernel_calls, result.repeated_calls = memo.calls, memo.hits
     return result
 
 

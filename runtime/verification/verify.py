@@ -11,7 +11,9 @@ the quantized program computed in the device's arithmetic (docs/report.md).
 from __future__ import annotations
 
 import gc
+from contextlib import nullcontext
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +26,7 @@ from etforge.core.common.threads import one_thread
 from etforge.core.front.load import load_program
 from etforge.core.litert import payload
 from etforge.core.registry.manager import Registry, registry
-from etforge.runtime.execution import litert_run
+from etforge.runtime.execution import kernel_memo, litert_run
 from etforge.runtime.execution.host import run_program
 from etforge.runtime.execution.pte_interpreter import PteInterpreter
 from etforge.runtime.verification import exact_pass
@@ -479,14 +481,28 @@ def _verify(
         result = compare(
             program, float_ep, qep, report, samples=samples, seed=seed, max_steps=max_steps,
             min_top1=min_top1, kernels=kernels, data=labeled, max_accuracy_drop=max_accuracy_drop,
-            edge_outputs=edge_outputs, steps=steps,
+            edge_outputs=edge_outputs, steps=steps, memo=(memo := kernel_memo.Store()),
         )  # fmt: skip
         with steps.step("pte", f"running model.pte in the host interpreter on {samples} samples") as done:
-            result.pte = agreement = compare_with_edge(interp, program, batches, kernels, edge_outputs)
+            result.pte = agreement = compare_with_edge(interp, program, batches, kernels, edge_outputs, memo)
             done["line"] = (
                 f"model.pte (host interpreter, planned offsets) vs the Edge program: {agreement.agreed}/"
                 f"{agreement.samples} samples identical"
+                + (
+                    f"; {agreement.repeated_calls}/{agreement.kernel_calls} host kernel calls byte-identical "
+                    "to an Edge run's (its result reused)"
+                    if agreement.kernel_calls
+                    else ""
+                )
             )
+            memo.runs.clear()  # the Edge run's tensors it kept
+            if agreement.repeated_calls < agreement.kernel_calls:
+                result.notes.append(
+                    f"model.pte: {agreement.kernel_calls - agreement.repeated_calls} of "
+                    f"{agreement.kernel_calls} host kernel calls computed (no Edge run's call on the "
+                    "same sample byte-identical to them, or past kernel_memo.MAX_BYTES); "
+                    f"{agreement.repeated_calls} took the identical call's result"
+                )
     from etforge.runtime.execution.cpu_libraries import not_proven
 
     ops = {step.name.removesuffix(".out") for step in interp.steps}
@@ -551,6 +567,7 @@ def compare(
     max_accuracy_drop: float = DEFAULT_MAX_ACCURACY_DROP,
     edge_outputs: list[list[torch.Tensor]] | None = None,
     steps: Steps | None = None,
+    memo: kernel_memo.Store | None = None,
 ) -> Verification:
     """Run ``program`` on seeded inputs and compare with the float and quantized references.
 
@@ -571,6 +588,8 @@ def compare(
 
     steps = steps or Steps()
     loop_start = time.perf_counter()
+    # the host kernels' calls, for model.pte's run on the same inputs (``kernel_memo``)
+    recording = partial(kernel_memo.recording, memo) if memo is not None else (lambda run: nullcontext())
     check = OutputCheck(program)
     float_fn = lifted_call(float_ep) or float_ep.module(check_guards=False)  # the exported graph itself
     q_fn = qep.module(check_guards=False) if qep is not None else None
@@ -628,10 +647,13 @@ def compare(
             calls: list[Any] = []
             values = HostInt8Values(aliases)
             with litert_run.keeping(DEVICE_KERNELS, kept_runs):  # its every-tensor run feeds litert_values
-                device_outs = run_program(program, batch, DEVICE_KERNELS, calls, values)
-            outs = (
-                device_outs if kernels == "reference" or not calls else run_program(program, batch, kernels)
-            )
+                with recording(index):
+                    device_outs = run_program(program, batch, DEVICE_KERNELS, calls, values)
+            if kernels == "reference" or not calls:
+                outs = device_outs
+            else:
+                with recording(index):
+                    outs = run_program(program, batch, kernels)
             if index < FLOAT_CHECK_SAMPLES:  # the float check's partition inputs (``float_partitions``)
                 float_calls.append(list(calls))
             if edge_outputs is not None:  # the .pte interpreter is compared with them (``verify``)
