@@ -296,7 +296,7 @@ def _verify_on_host(out: Any, script: dict[str, Any] | None, checks: dict[str, A
     defer_package_inits()
 
     with console.status("verify: starting") if not quiet else contextlib.nullcontext() as status:
-        steps = Steps()
+        steps = Steps(ended=_settle_after_load)
         if status is not None:
             steps.started = lambda doing: status.update(f"verify: {escape(doing)} ...")
             steps.finished = lambda line: console.print(f"  {escape(line)}", soft_wrap=True)
@@ -307,6 +307,16 @@ def _verify_on_host(out: Any, script: dict[str, Any] | None, checks: dict[str, A
         from etforge.runtime.verification.verify import verify as run_verify
 
         return run_verify(out, **checks, steps=steps)
+
+
+def _settle_after_load(step: str) -> None:
+    """Once the programs are loaded (the ``rebuild`` step), their objects live to the end:
+    frozen, the collections each sample runs (``verify.compare``) no longer scan them (0.2 s
+    of CPU on MobileNetV2-96), as compile settles its imports."""
+    if step == "rebuild":
+        from etforge.core.common import process_memory
+
+        process_memory.settle()
 
 
 Row = tuple[str, str]

@@ -23,6 +23,9 @@ class Steps:
     started: Callable[[str], None] | None = None
     #: Called with one line per finished step: what it compared, then its seconds.
     finished: Callable[[str], None] | None = None
+    #: Called with each finished step's key (the CLI settles the collector after the programs
+    #: are loaded: ``core.common.process_memory.settle``).
+    ended: Callable[[str], None] | None = None
     #: Seconds per step key, summed over the calls (the sample loop's parts add up here).
     seconds: dict[str, float] = field(default_factory=dict)
 
@@ -41,6 +44,8 @@ class Steps:
         spent = self.add(key, start)
         if self.finished is not None:
             self.finished(f"{done['line'] or doing} ({spent:.1f} s)")
+        if self.ended is not None:
+            self.ended(key)
 
     def add(self, key: str, start: float) -> float:
         """Add the seconds since ``start`` to ``key`` (no line: a part of a larger step)."""
