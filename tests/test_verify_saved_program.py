@@ -165,7 +165,7 @@ def test_the_saved_program_is_the_same_bytes_from_two_compiles_and_from_the_cach
         assert _verify(out).lowered_source == "saved"
 
 
-@pytest.mark.parametrize("damage", ["not an archive", "a program that does not parse"])
+@pytest.mark.parametrize("damage", ["not an archive", "a program that is not its annotations"])
 def test_a_damaged_saved_program_with_its_hash_forged_is_named_in_one_line(
     damage: str, m33: Path, tmp_path: Path
 ) -> None:
@@ -191,6 +191,34 @@ def test_a_damaged_saved_program_with_its_hash_forged_is_named_in_one_line(
     _rehash(out, LOWERED)
     with pytest.raises(EtforgeError, match=expected):
         _verify(out)
+
+
+def test_a_saved_program_the_deserializer_refuses_is_lowered_again_and_told(
+    m33: Path, tmp_path: Path
+) -> None:
+    """A program ExecuTorch's serializer writes but cannot read back (a constant output), or one
+    damaged with its hash forged: verify lowers quantized.pt2 again, which checks at least as much,
+    says why, and still fails a --rebuild comparison it cannot make only as a note."""
+    import io
+    import zipfile
+
+    out = _copy(m33, tmp_path)
+    buf = io.BytesIO()
+    with zipfile.ZipFile(out / LOWERED) as src, zipfile.ZipFile(buf, "w") as dst:
+        for info in src.infolist():
+            data = src.read(info.filename)
+            if info.filename == "serialized_exported_program.json":
+                data = data[: len(data) // 2]  # what the deserializer cannot read
+            dst.writestr(info, data)
+    (out / LOWERED).write_bytes(buf.getvalue())
+    _rehash(out, LOWERED)
+    v = _verify(out)
+    assert v.ok, v.failures
+    assert v.lowered_source == "lowered again"
+    assert any(
+        "lowered_edge.exir: cannot be read" in n and "lowered quantized.pt2 again" in n for n in v.notes
+    ), v.notes
+    assert not any("older etforge" in n for n in v.notes), v.notes
 
 
 class _Planted:

@@ -246,6 +246,12 @@ def save_lowered(ep: ExportedProgram, path: Path) -> None:
         f.write(data)
 
 
+class UnreadableProgram(EtforgeError):
+    """ExecuTorch's deserializer refused a saved program whose archive and version are in order:
+    a program its serializer writes but cannot read back (a constant among the outputs), or one
+    damaged with its hash forged. ``verify`` lowers ``quantized.pt2`` again then, and says so."""
+
+
 def load_lowered(path: Path) -> ExportedProgram:
     """The program :func:`save_lowered` wrote, with its annotations; unpickling restricted to
     tensors (as ``core.front.load.load_program``). The CPU library's operators must be
@@ -254,7 +260,13 @@ def load_lowered(path: Path) -> ExportedProgram:
     from executorch.exir.serde.export_serialize import SerializedArtifact
     from executorch.exir.serde.serialize import SCHEMA_VERSION, deserialize
 
-    from etforge.core.front.load import _Refused, _tensors_only, _unpickle_detail, check_archive
+    from etforge.core.front.load import (
+        _Refused,
+        _tensors_only,
+        _unpickle_detail,
+        check_archive,
+        lazy_graph_modules,
+    )
 
     path = Path(path)
     check_archive(path)
@@ -269,7 +281,7 @@ def load_lowered(path: Path) -> ExportedProgram:
     if read[_VERSION].decode(errors="replace").split(".")[0] != str(SCHEMA_VERSION[0]):
         raise EtforgeError(f"{path}: saved with another ExecuTorch serializer version; recompile")
     try:
-        with _tensors_only(), _quick_serde():
+        with _tensors_only(), _quick_serde(), lazy_graph_modules():
             ep = deserialize(
                 SerializedArtifact(read[_PROGRAM], read[_STATE], read[_CONSTANTS], read[_EXAMPLES])
             )
@@ -278,8 +290,8 @@ def load_lowered(path: Path) -> ExportedProgram:
             f"{path}: refused: holds pickled data other than tensors ({_unpickle_detail(str(exc))}); "
             "etforge never unpickles code from files"
         ) from None
-    except Exception as exc:  # a damaged program: named, not a traceback from inside the serializer
-        raise EtforgeError(f"{path}: cannot be read ({type(exc).__name__}: {exc}); recompile") from None
+    except Exception as exc:  # the serializer's limit, or a damaged program: named, not a traceback
+        raise UnreadableProgram(f"{path}: cannot be read ({type(exc).__name__}: {exc}); recompile") from None
     try:
         _annotate(ep, saved["graphs"], path)
     except (KeyError, TypeError, ValueError, IndexError) as exc:

@@ -59,6 +59,13 @@ def delegates(ep: ExportedProgram) -> list[Any]:
     return found
 
 
+def partition_of(mod: Any) -> str:
+    """The partition a delegate was lowered for: the name the partitioner gave it in the
+    delegate's compile specs (device code names none itself)."""
+    specs = {c.key: bytes(c.value) for c in getattr(mod, "compile_specs", None) or []}
+    return specs.get(payload.PARTITION_SPEC, b"").decode(errors="replace")
+
+
 def load(out: Path, report: dict[str, Any]) -> tuple[ExportedProgram, list[SavedPartition]]:
     """The saved program and its partitions, each paired with its hash-checked
     ``partitions/NAME.tflite`` (raises naming what does not match)."""
@@ -75,8 +82,18 @@ def load(out: Path, report: dict[str, Any]) -> tuple[ExportedProgram, list[Saved
         raise EtforgeError(
             f"{path}: holds {len(mods)} delegate(s), {output.REPORT} records {len(names)} partition(s); recompile {out}"
         )
+    by_name: dict[str, Any] = {}
+    for mod in mods:
+        name = partition_of(mod)
+        if name not in names or name in by_name:
+            raise EtforgeError(
+                f"{path}: a delegate for partition {name!r}, which {output.REPORT} records "
+                f"{'twice' if name in by_name else 'nowhere'}; recompile {out}"
+            )
+        by_name[name] = mod
     parts = []
-    for mod, name in zip(mods, names, strict=True):
+    for name in names:  # report.json's order; the graph's may differ (a recurrent model's)
+        mod = by_name[name]
         processed = bytes(mod.processed_bytes)
         file = out / output.PARTITIONS / f"{name}.tflite"
         if name not in given:

@@ -423,17 +423,28 @@ def _verify(
     use_saved = saved and not (lower_again or reconvert)
     lowered_notes: list[str] = []
     lowered_failures: list[str] = []
+    unreadable = False
+    from etforge.core.serialize.lowered_program import UnreadableProgram
+
     if use_saved:
         with steps.step(
             "rebuild", f"loading the lowered program the compile saved ({output.LOWERED_PROGRAM})"
         ) as done:
-            program, float_ep, qep, stand_ins = load_saved(out, report, parts)
-            given = [p.name for p in parts]
-            done["line"] = (
-                f"loaded the lowered program the compile saved ({output.LOWERED_PROGRAM}, hash-checked; not "
-                f"lowered again from {source}): {len(parts)} NPU partition(s), each its partitions/*.tflite"
-            )
-    else:
+            try:
+                program, float_ep, qep, stand_ins = load_saved(out, report, parts)
+                given = [p.name for p in parts]
+                done["line"] = (
+                    f"loaded the lowered program the compile saved ({output.LOWERED_PROGRAM}, hash-checked; not "
+                    f"lowered again from {source}): {len(parts)} NPU partition(s), each its partitions/*.tflite"
+                )
+            except UnreadableProgram as exc:  # lowering again checks at least as much: told
+                use_saved, saved, unreadable = False, False, True
+                parts.clear()
+                lowered_notes.append(
+                    f"{exc.args[0].removesuffix('; recompile')}: lowered {source} again instead (as verify --rebuild does)"
+                )
+                done["line"] = f"{output.LOWERED_PROGRAM} unreadable (note below): lowering {source} again"
+    if not use_saved:
         with steps.step("rebuild", f"rebuilding the lowered program from {source}") as done:
             program, float_ep, qep, stand_ins = rebuild(out, report, registry(), parts, reconvert, given)
             done["line"] = f"rebuilt the lowered program from {source}: {len(parts)} NPU partition(s), " + (
@@ -442,17 +453,25 @@ def _verify(
                 else "each converted again and equal to its partitions/*.tflite"
             )
             if saved:  # --rebuild / --reconvert: the saved program must be the one lowered here
-                kept, _ = saved_program.load(out, report)
-                why = saved_program.same_program(kept, program)
+                try:
+                    kept, _ = saved_program.load(out, report)
+                    why = saved_program.same_program(kept, program)
+                except UnreadableProgram as exc:  # nothing to compare: told, the rest runs lowered
+                    kept, why = None, None
+                    lowered_notes.append(f"{exc.args[0].removesuffix('; recompile')}: not compared")
                 if why is not None:
                     lowered_failures.append(
                         f"{out / output.LOWERED_PROGRAM}: not the program lowered again from {source}: {why}; "
                         f"recompile {out}"
                     )
                 done["line"] += f"; {output.LOWERED_PROGRAM} " + (
-                    "the same program" if why is None else "DIFFERS"
+                    "unreadable (note below)"
+                    if kept is None
+                    else "the same program"
+                    if why is None
+                    else "DIFFERS"
                 )
-            else:
+            elif not unreadable:
                 lowered_notes.append(
                     f"{out} has no {output.LOWERED_PROGRAM} in its hash chain (compiled by an older etforge): "
                     f"lowered {source} again; recompile to verify without lowering again"
