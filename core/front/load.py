@@ -166,6 +166,30 @@ def _schema_type_hints_once() -> Iterator[None]:
         typing.get_type_hints = original
 
 
+@contextlib.contextmanager
+def lazy_graph_modules() -> Iterator[None]:
+    """Inside the block, the graph modules ``torch.export`` builds for a loaded program generate
+    their Python code when first called, not when built (``torch.fx``'s lazy graph module, as
+    Dynamo builds its own). Each build otherwise generates and compiles the code of the whole
+    graph, and a load builds several (the program, its submodules, an ``ExportedProgram`` check):
+    verify interprets most graphs node by node and never calls them. The modules are
+    ``GraphModule``s like any other; their code exists as soon as anything asks for it."""
+    import torch.export.exported_program as exported
+    from torch.fx._lazy_graph_module import _make_graph_module, _use_lazy_graph_module
+
+    original = exported._create_graph_module_for_export
+
+    def lazy(root: Any, graph: Any) -> Any:
+        with _use_lazy_graph_module(True):
+            return _make_graph_module(root, graph)
+
+    exported._create_graph_module_for_export = lazy
+    try:
+        yield
+    finally:
+        exported._create_graph_module_for_export = original
+
+
 def load_program(path: Path | str) -> torch.export.ExportedProgram:
     """A saved ``ExportedProgram`` (``.pt2``), loaded without executing anything from the file.
 
@@ -179,7 +203,7 @@ def load_program(path: Path | str) -> torch.export.ExportedProgram:
     level = quiet.level
     quiet.setLevel(logging.ERROR)  # its "fallback to weights_only=False" warning never applies here
     try:
-        with _tensors_only(), _schema_type_hints_once():
+        with _tensors_only(), _schema_type_hints_once(), lazy_graph_modules():
             with open(path, "rb") as f:  # a file object: any path, non-UTF-8 ones too
                 return torch.export.load(f)
     except _Refused as exc:
