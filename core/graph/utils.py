@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 from collections.abc import Collection
 from typing import Any
 
@@ -27,7 +28,15 @@ DEQUANTIZE_OPS = frozenset(
 
 
 def op_name(target: Any) -> str:
-    """Canonical 'namespace.op.overload' string of an ATen or Edge op target."""
+    """Canonical 'namespace.op.overload' string of an ATen or Edge op target (formatted once
+    per target: a target's name never changes, and passes ask it of every node)."""
+    try:
+        return _cached_op_name(target)
+    except TypeError:  # an unhashable target
+        return _format_op_name(target)
+
+
+def _format_op_name(target: Any) -> str:
     name = getattr(target, "__name__", None)
     if type(target).__name__ == "EdgeOpOverload" and isinstance(name, str):
         return name
@@ -37,6 +46,9 @@ def op_name(target: Any) -> str:
         module = getattr(target, "__module__", "") or ""
         return f"operator.{name}" if module in {"_operator", "operator"} else name
     return str(target)
+
+
+_cached_op_name = functools.lru_cache(maxsize=4096)(_format_op_name)
 
 
 def node_op(node: Node) -> str:

@@ -29,10 +29,11 @@ import torch
 from torch.fx import Node
 
 from etforge.core.contracts.converter import moving_ops
+from etforge.core.graph.utils import is_dequantize, is_quantize, node_op
 from etforge.core.registry.manager import Registry, registry
 from etforge.runtime.arithmetic import tflite_int as ti
 from etforge.runtime.arithmetic.device_ref_nonlinear import RULES as _NONLINEAR_RULES
-from etforge.runtime.arithmetic.operands import NotExact, Out, Q, is_dequantize, is_quantize, node_op
+from etforge.runtime.arithmetic.operands import NotExact, Out, Q
 from etforge.runtime.arithmetic.operands import arg as _arg
 from etforge.runtime.arithmetic.requantize_fused import Requantizer
 

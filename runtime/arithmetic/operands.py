@@ -13,8 +13,6 @@ from typing import Any
 import numpy as np
 from torch.fx import Node
 
-from etforge.core.graph import utils as _graph
-
 
 @dataclass
 class Q:
@@ -53,32 +51,3 @@ def arg(node: Node, i: int, name: str, default: Any = None) -> Any:
     if len(node.args) > i:
         return node.args[i]
     return node.kwargs.get(name, default)
-
-
-#: Op names by target (``core.graph.utils.op_name``, which formats the name anew each call:
-#: the simulation asks it of every node several times per pass). A target's name never changes.
-_NAMES: dict[Any, str] = {}
-
-
-def node_op(node: Node) -> str:
-    """``core.graph.utils.node_op``, each target's name formatted once."""
-    if node.op != "call_function":
-        return node.op
-    target = node.target
-    try:
-        return _NAMES[target]
-    except KeyError:
-        name = _NAMES[target] = _graph.op_name(target)
-        return name
-    except TypeError:  # an unhashable target
-        return _graph.op_name(target)
-
-
-def is_quantize(node: object) -> bool:
-    """``core.graph.utils.is_quantize`` (``node_op`` above)."""
-    return isinstance(node, Node) and node.op == "call_function" and node_op(node) in _graph.QUANTIZE_OPS
-
-
-def is_dequantize(node: object) -> bool:
-    """``core.graph.utils.is_dequantize`` (``node_op`` above)."""
-    return isinstance(node, Node) and node.op == "call_function" and node_op(node) in _graph.DEQUANTIZE_OPS

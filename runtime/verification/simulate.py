@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from etforge.runtime.arithmetic.operands import is_quantize, node_op
+from etforge.core.graph.utils import is_quantize, node_op
 from etforge.runtime.verification.constant_nodes import ConstantNodes
 from etforge.runtime.verification.stepwise import PORTABLE, laid_out_as, library_rule
 

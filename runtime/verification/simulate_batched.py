@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch.fx import Node
 
-from etforge.runtime.arithmetic.operands import is_dequantize, is_quantize, node_op
+from etforge.core.graph.utils import is_dequantize, is_quantize, node_op
 from etforge.runtime.verification.constant_nodes import ConstantNodes
 from etforge.runtime.verification.simulate import (
     FORCE_MAX_STEPS,
