@@ -277,3 +277,25 @@ def test_the_cli_says_which_program_ran(m33: Path, tmp_path: Path) -> None:
         refused.returncode == 2
         and "--rebuild goes with the host verification" in refused.stdout + refused.stderr
     )
+
+
+@pytest.mark.slow
+def test_a_delegate_report_json_does_not_record_is_named(tmp_path: Path) -> None:
+    """The saved program's delegates are paired with report.json's partitions by the name in
+    their compile specs (a recurrent model's graph order differs from the partitions' order):
+    a report whose partition is renamed (file, record and hash alike) names the delegate."""
+    from etforge.core.common.errors import EtforgeError
+
+    out = _compile(tmp_path / "out", MIXED, "imxrt700cm", "--no-cache")
+    report = json.loads((out / "report.json").read_text())
+    part = report["partitions"][0]
+    digest = report["files_sha256"].pop(part["tflite"])
+    (out / part["tflite"]).rename(out / "partitions" / "etforge_9.tflite")
+    old, part["name"], part["tflite"] = part["name"], "etforge_9", "partitions/etforge_9.tflite"
+    report["files_sha256"][part["tflite"]] = digest
+    (out / "report.json").write_text(json.dumps(report))
+    with pytest.raises(
+        EtforgeError,
+        match=rf"lowered_edge\.exir: a delegate for partition '{old}', which report\.json records nowhere",
+    ):
+        _verify(out)
