@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -311,6 +312,8 @@ def test_direct_mode_recompiles_without_importing_torch(tmp_path: Path) -> None:
     manifest.write_text(manifest.read_text().replace('"sha256"', '"sha257"', 1))
     slow, again, imported = d.compile()
     assert "from the build cache" in slow.stdout and "torch" in imported and again == built
+    why = json.loads((tmp_path / f"out{d.runs}" / "report.json").read_text())["cache"]
+    assert "direct mode on for the next compile" in why["reason"], why  # the manifest rewritten
     hit, again, imported = d.compile()
     assert "from the build cache" in hit.stdout and imported == [] and again == built
 
@@ -331,7 +334,7 @@ def test_direct_mode_recompiles_without_importing_torch(tmp_path: Path) -> None:
 #: Records in a child process: an audit hook stays for the life of its process, and the test
 #: process should not pay for it in every later test.
 RECORD = """
-import json, os, sys
+import importlib.metadata, json, os, sys
 from pathlib import Path
 from etforge.core.cache.direct import Recorder
 
@@ -352,6 +355,9 @@ with rec.recording():
     Path(json.__file__).read_bytes()  # the interpreter's own files
     json.__loader__.get_data(json.__file__)  # (io.open_code, as imports read)
     import pkg_direct_probe  # a module the model imports
+    # etforge's entry points (in a checkout's etforge.egg-info when installed editable): in the
+    # front key, and rewritten by any reinstall while a build may be reading them
+    importlib.metadata.distribution("etforge").read_text("entry_points.txt")
 first = rec.dependencies()
 with rec.recording():
     data.read_bytes()
@@ -425,3 +431,41 @@ def test_direct_manifest_trusts_only_unchanged_files_and_intact_manifests(tmp_pa
     assert len(_direct_manifests(tmp_path / "cache")) == 1
     direct.build_cache.prune(max_bytes=0)
     assert _direct_manifests(tmp_path / "cache") == []
+
+
+DIGEST = "from etforge.core.cache.store import package_sources; print(package_sources())"
+
+
+def test_every_etforge_source_is_in_the_key(tmp_path: Path) -> None:
+    """An edit anywhere in etforge's code or templates is another build key (direct mode's front
+    key too): proved on a copy of the package, edited file by file outside ``core/``."""
+    top = {".git", ".pytest_cache", ".hypothesis", ".ruff_cache", "build", "out", "tests", "bench"}
+    copy = tmp_path / "etforge"
+    shutil.copytree(
+        REPO,
+        copy,
+        ignore=lambda d, names: {
+            n
+            for n in names
+            if n == "__pycache__" or (Path(d) == REPO and (n in top or n.startswith(".venv")))
+        },
+    )
+
+    def digest() -> str:
+        proc = subprocess.run(
+            [sys.executable, "-c", DIGEST],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            env={**os.environ, "PYTHONPATH": str(tmp_path)},
+            timeout=120,
+        )
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout.strip()
+
+    seen = {digest()}
+    template = sorted((copy / "codegen" / "templates").glob("*.j2"))[0]
+    for edited in (template, copy / "cli" / "compile.py", copy / "runtime" / "verification" / "verify.py"):
+        edited.write_text(edited.read_text() + "\n")  # one more newline: another file
+        seen.add(digest())
+    assert len(seen) == 4, f"an edit outside core/ left etforge's source digest unchanged: {seen}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -23,6 +24,23 @@ BUILTIN_ENTRY_POINTS = {
 }  # fmt: skip
 
 
+def _source_copy(src: Path, dest: Path) -> Path:
+    """A copy of a source tree to build from: pip's build writes ``*.egg-info/`` and ``build/``
+    into the tree it builds, and the checkout is shared with the tests running beside this one
+    (a compile reading etforge's entry points while a build rewrites them). Left out: at the top,
+    environments, VCS, caches and earlier build outputs; everywhere, bytecode caches."""
+    top = {".git", ".pytest_cache", ".hypothesis", ".ruff_cache", "build", "out"}
+
+    def ignore(directory: str, names: list[str]) -> set[str]:
+        skip = {n for n in names if n == "__pycache__"}
+        if Path(directory) == src:
+            skip |= {n for n in names if n in top or n.startswith(".venv") or n.endswith(".egg-info")}
+        return skip
+
+    shutil.copytree(src, dest, ignore=ignore)
+    return dest
+
+
 def _pip(python: str, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run([python, "-m", "pip", *args], capture_output=True, text=True, cwd=cwd, timeout=900)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -32,7 +50,8 @@ def _pip(python: str, *args: str, cwd: Path | None = None) -> subprocess.Complet
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
-    _pip(sys.executable, "wheel", "--no-deps", "--no-build-isolation", "-w", str(out), str(REPO))
+    src = _source_copy(REPO, tmp_path_factory.mktemp("src") / "etforge")
+    _pip(sys.executable, "wheel", "--no-deps", "--no-build-isolation", "-w", str(out), str(src))
     (path,) = out.glob("etforge-*.whl")
     return path
 
@@ -81,7 +100,8 @@ def test_third_party_plugin_in_a_fresh_venv(tmp_path: Path) -> None:
     ).stdout.strip()
     parent = sysconfig.get_paths()["purelib"]
     Path(purelib, "_parent_env.pth").write_text(f"import site; site.addsitedir({parent!r})\n")
-    _pip(python, "install", "--no-deps", "--no-build-isolation", str(REPO / "tests" / "plugin_example"))
+    plugin = _source_copy(REPO / "tests" / "plugin_example", tmp_path / "plugin_example")
+    _pip(python, "install", "--no-deps", "--no-build-isolation", str(plugin))
     proc = subprocess.run(
         [python, "-m", "etforge", "plugins", "--json"], capture_output=True, text=True, timeout=300
     )

@@ -537,5 +537,7 @@ class Session:
                 rec.environment(),
                 rec.missing_modules(),
             )
+            on = f"direct mode on for the next compile: {self.basis_why}"
+            self.why = f"{self.why}; {on}" if self.why else on  # why this compile missed, first
         except Exception as exc:  # noqa: BLE001  (a manifest that cannot be written never fails a compile)
             self.why = f"direct-mode manifest not written ({type(exc).__name__})"

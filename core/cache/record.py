@@ -462,10 +462,21 @@ class _Excluded:
         self.prefixes = tuple(sorted(d.rstrip(os.sep) + os.sep for d in resolved))
 
     def __call__(self, real: str) -> bool:
-        if real.startswith(self.prefixes) or cache.is_etforge_source(real):
+        if real.startswith(self.prefixes) or cache.is_etforge_source(real) or _etforge_metadata(real):
             return True
         parts = Path(real).parts
         return real.endswith(".pyc") and "__pycache__" in parts
+
+
+def _etforge_metadata(path: str) -> bool:
+    """Whether ``path`` is etforge's own distribution metadata in a checkout (``etforge.egg-info``
+    of an editable install): what it says (the plugins' entry points) is in the front key
+    (``plugin_fingerprints``), and a reinstall rewrites it, same bytes, while a build reads it."""
+    try:
+        rel = Path(path).relative_to(cache.ROOT)
+    except ValueError:
+        return False
+    return len(rel.parts) > 1 and rel.parts[0].endswith((".egg-info", ".dist-info"))
 
 
 def _site_dirs() -> set[str]:

@@ -79,7 +79,8 @@ def _uint8() -> Any:
 _NOT_PRODUCT = frozenset({"tests", "bench", "build", "dist", ".venv", ".git"})
 #: What :func:`package_sources` hashes: etforge's code and its templates.
 _SOURCE_SUFFIXES = frozenset({".py", ".j2"})
-ROOT = Path(__file__).resolve().parent.parent
+#: The package's root (``etforge/``: this file is ``etforge/core/cache/store.py``).
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @functools.lru_cache(maxsize=1)
