@@ -52,7 +52,10 @@ def _fields_once(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
 
     def fields(obj: Any) -> Any:
         cls = obj if isinstance(obj, type) else type(obj)
-        hit = known.get(cls)
+        try:
+            hit = known.get(cls)
+        except TypeError:  # a class that cannot be a key (its metaclass): not a schema class
+            return original(obj)
         if hit is not None:
             return hit
         if not cls.__module__.startswith(_SCHEMA_MODULES):  # (no schema object has fields of its own)
