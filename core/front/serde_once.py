@@ -21,8 +21,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import typing
-from collections.abc import Callable, Iterator
-from types import ModuleType
+from collections.abc import Callable, Iterator, Mapping
+from types import MappingProxyType, ModuleType
 from typing import Any
 
 #: The schema modules whose classes' type hints are kept (their annotations are fixed).
@@ -31,17 +31,26 @@ _SCHEMA_MODULES = ("torch._export.serde", "executorch.exir.serde")
 
 def _hints_once(original: Callable[..., Any]) -> Callable[..., Any]:
     """``typing.get_type_hints`` for the schema classes, each asked once per namespace; any
-    other call passes through. A copy is returned: a caller may edit what it gets."""
-    known: dict[tuple[int, int], dict[str, Any]] = {}
+    other call passes through. What it returns is read-only (the deserializers only read it; a
+    caller that edits it fails loudly instead of changing the next caller's answer)."""
+    #: id(globalns) -> (globalns, kept: its id names no other namespace meanwhile; class -> hints)
+    known: dict[int, tuple[Any, dict[type, Mapping[str, Any]]]] = {}
 
     def hints(obj: Any, globalns: Any = None, localns: Any = None, include_extras: bool = False) -> Any:
-        mine = isinstance(obj, type) and obj.__module__.startswith(_SCHEMA_MODULES)
-        if not mine or localns is not None or include_extras:
+        if localns is not None or include_extras or not isinstance(obj, type):
             return original(obj, globalns, localns, include_extras)
-        key = (id(obj), id(globalns))
-        if key not in known:
-            known[key] = original(obj, globalns)
-        return dict(known[key])
+        entry = known.get(id(globalns))
+        try:
+            hit = entry[1].get(obj) if entry is not None else None
+        except TypeError:  # a class that cannot be a key (its metaclass): not a schema class
+            hit = None
+        if hit is not None:
+            return hit
+        if not obj.__module__.startswith(_SCHEMA_MODULES):
+            return original(obj, globalns)
+        hit = MappingProxyType(original(obj, globalns))
+        known.setdefault(id(globalns), (globalns, {}))[1][obj] = hit
+        return hit
 
     return hints
 
