@@ -140,33 +140,6 @@ def _tensors_only() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _schema_type_hints_once() -> Iterator[None]:
-    """``torch.export.load``'s deserializer asks ``typing.get_type_hints`` of the same few schema
-    dataclasses once per serialized node and argument (~25,000 calls for MobileNetV2: half of
-    a load); for the load, each class's hints against the schema module are computed once.
-    Any other call passes through unchanged."""
-    import typing
-
-    from torch._export.serde import schema
-
-    original, namespace = typing.get_type_hints, vars(schema)
-    known: dict[Any, Any] = {}
-
-    def hints(obj: Any, globalns: Any = None, localns: Any = None, include_extras: bool = False) -> Any:
-        if globalns is not namespace or localns is not None or include_extras:
-            return original(obj, globalns, localns, include_extras)
-        if obj not in known:
-            known[obj] = original(obj, globalns)
-        return dict(known[obj])  # a copy: a caller may edit what it gets
-
-    typing.get_type_hints = hints  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        typing.get_type_hints = original
-
-
-@contextlib.contextmanager
 def lazy_graph_modules() -> Iterator[None]:
     """Inside the block, the graph modules ``torch.export`` builds for a loaded program generate
     their Python code when first called, not when built (``torch.fx``'s lazy graph module, as
@@ -197,13 +170,17 @@ def load_program(path: Path | str) -> torch.export.ExportedProgram:
     object, a ``__reduce__``) is refused with one line naming it."""
     import logging
 
+    from torch._export.serde import union
+
+    from etforge.core.front.serde_once import reflection_once
+
     path = Path(path)
     check_archive(path)  # before anything inflates it
     quiet = logging.getLogger("torch._export.serde.serialize")
     level = quiet.level
     quiet.setLevel(logging.ERROR)  # its "fallback to weights_only=False" warning never applies here
     try:
-        with _tensors_only(), _schema_type_hints_once(), lazy_graph_modules():
+        with _tensors_only(), reflection_once(union), lazy_graph_modules():
             with open(path, "rb") as f:  # a file object: any path, non-UTF-8 ones too
                 return torch.export.load(f)
     except _Refused as exc:

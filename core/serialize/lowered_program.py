@@ -16,7 +16,6 @@ So the archive is written with fixed timestamps, and the annotations travel in i
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
 import zipfile
@@ -166,46 +165,6 @@ def _annotate(ep: ExportedProgram, saved: dict[str, dict[str, Any]], path: Path)
             gm.recompile()
 
 
-@contextlib.contextmanager
-def _quick_serde() -> Iterator[None]:
-    """ExecuTorch's deserializer, the same result in half the time: its schema unions check every
-    attribute read through two more attribute reads (``self.type`` -> ``self._type``), and it
-    asks ``typing.get_type_hints`` of the same few schema classes once per node and argument.
-    For the load, a union's read goes straight to the object (the same check) and each schema
-    class's hints are computed once; both are restored afterwards."""
-    import typing
-
-    from executorch.exir.serde import union
-
-    get = object.__getattribute__
-    names = union._get_field_names
-
-    def read(self: Any, name: str) -> Any:
-        attr = get(self, name)
-        if attr is None and name in names(type(self)) and name != get(self, "_type"):
-            raise AttributeError(f"Field {name} is not set.")
-        return attr
-
-    original_read, original_hints = union._Union.__getattribute__, typing.get_type_hints
-    known: dict[type, dict[str, Any]] = {}
-
-    def hints(obj: Any, globalns: Any = None, localns: Any = None, include_extras: bool = False) -> Any:
-        mine = isinstance(obj, type) and obj.__module__.startswith("executorch.exir.serde")
-        if not mine or globalns is not None or localns is not None or include_extras:
-            return original_hints(obj, globalns, localns, include_extras)
-        if obj not in known:
-            known[obj] = original_hints(obj)
-        return dict(known[obj])  # a copy: a caller may edit what it gets
-
-    union._Union.__getattribute__ = read  # type: ignore[method-assign]
-    typing.get_type_hints = hints  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        union._Union.__getattribute__ = original_read  # type: ignore[method-assign]
-        typing.get_type_hints = original_hints
-
-
 def to_bytes(ep: ExportedProgram) -> bytes:
     """The archive: the same program gives the same bytes (fixed timestamps, fixed order)."""
     from executorch.exir.serde.serialize import SCHEMA_VERSION, serialize
@@ -257,8 +216,10 @@ def load_lowered(path: Path) -> ExportedProgram:
     tensors (as ``core.front.load.load_program``). The CPU library's operators must be
     registered with torch first (an unknown operator would load as a stand-in that cannot run).
     A file that is not such an archive is named in one line."""
+    from executorch.exir.serde import union
     from executorch.exir.serde.export_serialize import SerializedArtifact
     from executorch.exir.serde.serialize import SCHEMA_VERSION, deserialize
+    from torch._export.serde import union as torch_union
 
     from etforge.core.front.load import (
         _Refused,
@@ -267,6 +228,7 @@ def load_lowered(path: Path) -> ExportedProgram:
         check_archive,
         lazy_graph_modules,
     )
+    from etforge.core.front.serde_once import reflection_once
 
     path = Path(path)
     check_archive(path)
@@ -281,7 +243,7 @@ def load_lowered(path: Path) -> ExportedProgram:
     if read[_VERSION].decode(errors="replace").split(".")[0] != str(SCHEMA_VERSION[0]):
         raise EtforgeError(f"{path}: saved with another ExecuTorch serializer version; recompile")
     try:
-        with _tensors_only(), _quick_serde(), lazy_graph_modules():
+        with _tensors_only(), reflection_once(union, torch_union), lazy_graph_modules():
             ep = deserialize(
                 SerializedArtifact(read[_PROGRAM], read[_STATE], read[_CONSTANTS], read[_EXAMPLES])
             )
