@@ -21,7 +21,7 @@ import torch
 
 from etforge.core.graph.utils import op_name
 from etforge.runtime.verification.constant_nodes import ConstantNodes
-from etforge.runtime.verification.exact_sums import Sums, integer_sum, keep_codes
+from etforge.runtime.verification.exact_sums import DEFERRED, Sums, integer_sum, keep_codes
 
 
 def _quantize(
@@ -47,19 +47,6 @@ def _per_tensor(v: Any) -> Any:
     return float(v) if isinstance(v, torch.Tensor) else v
 
 
-def _hardtanh(args: Any, kwargs: Any) -> torch.Tensor:
-    """``aten.hardtanh`` as ``aten.clamp``: ATen computes hardtanh of a floating tensor with
-    ``clamp_out`` (``native/Activation.cpp``), so the values are the same, bit for bit; under
-    ``torch.vmap`` (``exact_batched``) hardtanh has no fast batching rule and costs ~8x the
-    clamp (MobileNetV2-96: 35 ReLU6, 0.04 s of the float64 reference per 32 samples)."""
-    x = args[0]
-    low = args[1] if len(args) > 1 else kwargs.get("min_val", -1.0)
-    high = args[2] if len(args) > 2 else kwargs.get("max_val", 1.0)
-    if not x.is_floating_point():
-        return torch.ops.aten.hardtanh.default(*args, **kwargs)  # integer bounds: its own rules
-    return torch.ops.aten.clamp.default(x, low, high)
-
-
 class Float64(torch.fx.Interpreter):
     """Runs a quantized GraphModule with every float in float64 and exact (de)quantization;
     ``constants``: the values of nodes that read no input, kept from an earlier sample."""
@@ -71,14 +58,23 @@ class Float64(torch.fx.Interpreter):
         self.constants = constants
         self.sums = sums  # which convs / linears were summed as integers (``exact_sums``)
         self.codes: dict[torch.fx.Node, Any] = {}  # weight codes, without ``constants``
-        keep_codes(module.graph, self.user_to_last_uses)
+        self.deferrable = keep_codes(module.graph, self.user_to_last_uses)
+        if constants is not None:
+            self.deferrable -= constants.nodes
 
     def run_node(self, n: torch.fx.Node) -> Any:
         if self.constants is not None and n in self.constants.values:
             return self.constants.values[n]
+        if n in self.deferrable:  # read only as a sum's input: its codes are what the sum reads
+            held = self.env.get(n.args[0])  # type: ignore[arg-type]
+            if isinstance(held, torch.Tensor) and not held.is_floating_point():
+                return DEFERRED
         cache = self.constants.derived if self.constants is not None else self.codes
         out = integer_sum(n, self, cache, self.sums)  # a conv / linear of int8 values: integer sums
         if out is None:
+            for a in n.all_input_nodes:  # a sum not taken after all: its input's value, computed now
+                if self.env.get(a) is DEFERRED:
+                    self.env[a] = super().run_node(a).double()
             out = super().run_node(n)
         if isinstance(out, torch.Tensor) and out.is_floating_point():
             out = out.double()
@@ -89,8 +85,6 @@ class Float64(torch.fx.Interpreter):
     def call_function(self, target: Any, args: Any, kwargs: Any) -> Any:
         if target is torch.ops.aten._assert_tensor_metadata.default:
             return None  # it checks a float32 dtype the float64 evaluation does not keep (edgenext)
-        if target is torch.ops.aten.hardtanh.default and args and isinstance(args[0], torch.Tensor):
-            return _hardtanh(args, kwargs)
         name = op_name(target).split(".")
         if name[0] != "quantized_decomposed" or len(name) < 2:
             return super().call_function(target, args, kwargs)
