@@ -88,7 +88,11 @@ def constant_value(ep: ExportedProgram, node: Node) -> torch.Tensor | None:
     for spec in ep.graph_signature.input_specs:
         if spec.kind not in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
             continue
-        if not isinstance(spec.arg, TensorArgument) or spec.arg.name != name or not isinstance(spec.target, str):
+        if (
+            not isinstance(spec.arg, TensorArgument)
+            or spec.arg.name != name
+            or not isinstance(spec.target, str)
+        ):
             continue
         key = spec.target
         value = (ep.constants if spec.kind == InputKind.CONSTANT_TENSOR else ep.state_dict).get(key)
