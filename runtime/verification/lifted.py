@@ -52,8 +52,10 @@ def lifted_call(ep: ExportedProgram) -> Callable[..., Any] | None:
 def unlifted(ep: ExportedProgram) -> torch.fx.GraphModule | None:
     """``ep.module(check_guards=False)``'s graph and attributes in a GraphModule, or None
     where ``module()`` does more than unlift (effect tokens, mutations: the caller calls it)."""
-    from torch.export._unlift import _get_codegen, _register_attrs_to_new_gm
-
+    try:  # module()'s own helpers (torch private): without them, module() itself
+        from torch.export._unlift import _get_codegen, _register_attrs_to_new_gm
+    except ImportError:
+        return None
     sig = ep.graph_signature
     in_spec = ep.call_spec.in_spec
     if in_spec is None or any(s.kind != OutputKind.USER_OUTPUT for s in sig.output_specs):
