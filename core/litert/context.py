@@ -77,20 +77,28 @@ class Constant:
 
 
 def constant_value(ep: ExportedProgram, node: Node) -> torch.Tensor | None:
-    """The value of a lifted parameter / buffer / constant placeholder (None for an input)."""
-    sig = ep.graph_signature
+    """The value of a lifted parameter / buffer / constant placeholder (None for an input).
+
+    One pass over the input specs: the signature's ``inputs_to_*`` tables are properties that
+    build a new dict per read (three per call, per constant argument: half a float
+    partition's conversion in verify's float check)."""
+    from torch.export.graph_signature import InputKind, TensorArgument
+
     name = node.target
-    for table, source in (
-        (sig.inputs_to_parameters, ep.state_dict),
-        (sig.inputs_to_buffers, ep.state_dict),
-        (sig.inputs_to_lifted_tensor_constants, ep.constants),
-    ):
-        if name in table:
-            key = table[name]
-            value = source.get(key)
-            if value is None and key in ep.constants:
-                value = ep.constants[key]
-            return value.detach() if isinstance(value, torch.Tensor) else None
+    for spec in ep.graph_signature.input_specs:
+        if spec.kind not in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
+            continue
+        if (
+            not isinstance(spec.arg, TensorArgument)
+            or spec.arg.name != name
+            or not isinstance(spec.target, str)
+        ):
+            continue
+        key = spec.target
+        value = (ep.constants if spec.kind == InputKind.CONSTANT_TENSOR else ep.state_dict).get(key)
+        if value is None and key in ep.constants:
+            value = ep.constants[key]
+        return value.detach() if isinstance(value, torch.Tensor) else None
     return None
 
 

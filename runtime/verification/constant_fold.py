@@ -8,7 +8,8 @@ once and stored in a copy of the module as a buffer read in its place. The ops r
 same on the same tensors, so the values are the same. Each quantize read only by dequantizes
 of its parameters becomes one ``round_trip``: the same float32 operations without the int8
 casts, which are exact on the clamped integers (MobileNetV2-96: the float32 run 0.30 -> 0.23 s
-per 32 samples).
+per 32 samples). The copy is the graph's alone: it shares the module's tensors (no op of a graph
+without a mutating op writes one), so no deep copy of every weight is made (0.06 -> 0.05 s).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ def folded(module: torch.fx.GraphModule) -> torch.fx.GraphModule:
     calls = [n for n in module.graph.nodes if n in constants.nodes and n.op == "call_function"]
     if not calls:
         return module
-    gm = copy.deepcopy(module)
+    gm = _graph_copy(module)
     nodes = {n.name: n for n in gm.graph.nodes}
     interp = torch.fx.Interpreter(gm)
     values: dict[Node, Any] = {}
@@ -59,6 +60,35 @@ def folded(module: torch.fx.GraphModule) -> torch.fx.GraphModule:
     gm.graph.eliminate_dead_code()
     gm.recompile()
     return gm
+
+
+def _graph_copy(module: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """A module with a copy of ``module``'s graph (its code generator included) reading the
+    same tensors; a graph with an op that mutates its arguments (a buffer's ``copy_``) gets a
+    deep copy, as before, so that no run of the copy changes the original's tensors."""
+    if any(_mutates(n) for n in module.graph.nodes):
+        return copy.deepcopy(module)
+    gm = torch.fx.GraphModule(module, copy.deepcopy(module.graph))
+    gm.meta.update(module.meta)
+    return gm
+
+
+def _mutates(n: Node) -> bool:
+    if n.op in ("call_module", "call_method"):
+        return True  # code that is not an op with a schema: not known to leave its inputs alone
+    if n.op != "call_function":
+        return False
+    schema = getattr(n.target, "_schema", None)
+    if schema is None:
+        return not _pure_python(n.target)
+    return bool(schema.is_mutable)
+
+
+def _pure_python(target: object) -> bool:
+    """A Python function that computes a new value (``operator.getitem``, ``round_trip``)."""
+    import operator
+
+    return target in (operator.getitem, round_trip)
 
 
 _Q = "quantized_decomposed.quantize_per_tensor.default"

@@ -79,10 +79,13 @@ def _weight(
     return found
 
 
-def keep_codes(graph: torch.fx.Graph, last_uses: dict[Node, list[Node]]) -> None:
+def keep_codes(graph: torch.fx.Graph, last_uses: dict[Node, list[Node]]) -> set[Node]:
     """Keep each dequantized input's codes until the conv / linear reading it has run (an
-    interpreter's ``user_to_last_uses``, edited): its integer sum starts from them."""
+    interpreter's ``user_to_last_uses``, edited): its integer sum starts from them. Returns
+    the dequantizes whose float value no reader needs when its sum is taken (``DEFERRED``):
+    every reader a conv / linear taking it as its input, nothing else."""
     order = {n: i for i, n in enumerate(graph.nodes)}
+    deferrable: set[Node] = set()
     for dq in graph.nodes:
         q = dq.args[0] if dq.op == "call_function" and dq.args else None
         if op_name(dq.target) != _DQ_TENSOR or not isinstance(q, Node) or q not in last_uses.get(dq, []):
@@ -92,6 +95,29 @@ def keep_codes(graph: torch.fx.Graph, last_uses: dict[Node, list[Node]]) -> None
         last = max(dq.users, key=order.__getitem__)
         last_uses[dq].remove(q)
         last_uses.setdefault(last, []).append(q)
+        if all(_reads_as_input(u, dq) for u in dq.users):
+            deferrable.add(dq)
+    return deferrable
+
+
+def _reads_as_input(user: Node, dq: Node) -> bool:
+    """``user`` is a conv / linear reading ``dq`` as its input (first argument) only."""
+    if user.op != "call_function" or user.target not in _SUMS or user.kwargs or not user.args:
+        return False
+    return user.args[0] is dq and all(a is not dq for a in user.args[1:])
+
+
+class _Deferred:
+    """The value of a dequantize not computed (yet): its readers sum its codes instead."""
+
+    def __repr__(self) -> str:
+        return "DEFERRED"
+
+
+#: Stands in the float64 run's environment for a deferrable dequantize's float value; a
+#: reader that needs the value after all (a sum not taken) has it computed first
+#: (``reference.Float64``): the same op on the same codes, so the same value.
+DEFERRED = _Deferred()
 
 
 @dataclass
@@ -137,8 +163,8 @@ def _integer_sum(n: Node, interp: torch.fx.Interpreter, cache: dict[Node, Any] |
         return "its input's quantization parameters are not constants"
     x = interp.env.get(x_node)
     bias = interp.env.get(bias_node) if isinstance(bias_node, Node) else bias_node
-    if not isinstance(x, torch.Tensor) or x.dtype != torch.float64:
-        return "its input is not a float64 tensor"
+    if x is not DEFERRED and (not isinstance(x, torch.Tensor) or x.dtype != torch.float64):
+        return "its input is not a float64 tensor"  # (a deferred dequantize is float64, of codes held)
     if bias is not None and (not isinstance(bias, torch.Tensor) or bias.dtype != torch.float64):
         return "its bias is not a float64 tensor"
     weight = _weight(w_node, interp, cache)
@@ -152,6 +178,8 @@ def _integer_sum(n: Node, interp: torch.fx.Interpreter, cache: dict[Node, Any] |
     held = interp.env.get(x_node.args[0]) if isinstance(x_node.args[0], Node) else None
     if isinstance(held, torch.Tensor) and not held.is_floating_point():  # the codes dequantized
         codes_x = held.to(dtype).sub_(zx) if zx else held.to(dtype)
+    elif x is DEFERRED:
+        return "its input's codes were not kept"  # not reached: deferred only with its codes held
     else:
         codes_x = torch.round(x / sx).to(dtype)  # (q - zx) * sx back to q - zx: |error| << 0.5
     codes_w = codes_w.to(dtype)

@@ -136,9 +136,10 @@ def float_partition(lowered: Any, target: Any, reg: Any) -> FloatPartition:
         chosen = decided_converter(node, converters.get(node_op(node), []), reg)
         if chosen is not None and "float32" not in chosen.dtypes:
             node.meta.pop(DECIDED_KEY)  # chosen again for float32, as the float lowering would
-    converted = convert_program(
-        clone_program(program), target, reg.converters_for(target), name=blob.partition, reg=reg
-    )
+    # Conversion marks nodes' metadata only (the compile converts the very program it keeps as
+    # the delegate's original_module, which verify runs as the op reference): ``program`` is
+    # this call's own copy (``stripped``), so it is converted without a second copy.
+    converted = convert_program(program, target, converters, name=blob.partition, reg=reg)
     packed = payload.pack(
         payload.FORMAT_LITERT_HOST,
         blob.partition,

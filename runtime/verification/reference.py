@@ -21,7 +21,7 @@ import torch
 
 from etforge.core.graph.utils import op_name
 from etforge.runtime.verification.constant_nodes import ConstantNodes
-from etforge.runtime.verification.exact_sums import Sums, integer_sum, keep_codes
+from etforge.runtime.verification.exact_sums import DEFERRED, Sums, integer_sum, keep_codes
 
 
 def _quantize(
@@ -58,14 +58,23 @@ class Float64(torch.fx.Interpreter):
         self.constants = constants
         self.sums = sums  # which convs / linears were summed as integers (``exact_sums``)
         self.codes: dict[torch.fx.Node, Any] = {}  # weight codes, without ``constants``
-        keep_codes(module.graph, self.user_to_last_uses)
+        self.deferrable = keep_codes(module.graph, self.user_to_last_uses)
+        if constants is not None:
+            self.deferrable -= constants.nodes
 
     def run_node(self, n: torch.fx.Node) -> Any:
         if self.constants is not None and n in self.constants.values:
             return self.constants.values[n]
+        if n in self.deferrable:  # read only as a sum's input: its codes are what the sum reads
+            held = self.env.get(n.args[0])  # type: ignore[arg-type]
+            if isinstance(held, torch.Tensor) and not held.is_floating_point():
+                return DEFERRED
         cache = self.constants.derived if self.constants is not None else self.codes
         out = integer_sum(n, self, cache, self.sums)  # a conv / linear of int8 values: integer sums
         if out is None:
+            for a in n.all_input_nodes:  # a sum not taken after all: its input's value, computed now
+                if self.env.get(a) is DEFERRED:
+                    self.env[a] = super().run_node(a).double()
             out = super().run_node(n)
         if isinstance(out, torch.Tensor) and out.is_floating_point():
             out = out.double()

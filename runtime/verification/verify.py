@@ -36,7 +36,7 @@ from etforge.runtime.verification.constant_nodes import ConstantNodes
 from etforge.runtime.verification.exact_batched import exact_leaves_all
 from etforge.runtime.verification.exact_sums import Sums
 from etforge.runtime.verification.inputs import seeded_inputs
-from etforge.runtime.verification.lifted import lifted_call
+from etforge.runtime.verification.lifted import lifted_call, unlifted
 from etforge.runtime.verification.outputs import (
     OutputCheck,
     flatten,
@@ -611,7 +611,8 @@ def compare(
     recording = partial(kernel_memo.recording, memo) if memo is not None else (lambda run: nullcontext())
     check = OutputCheck(program)
     float_fn = lifted_call(float_ep) or float_ep.module(check_guards=False)  # the exported graph itself
-    q_fn = qep.module(check_guards=False) if qep is not None else None
+    # unlifted once (module()'s graph, one code generation), read by the references and the simulation
+    q_fn = (unlifted(qep) or qep.module(check_guards=False)) if qep is not None else None
     q_ref = folded(q_fn) if q_fn is not None else None  # its float32 run: weights dequantized once
     worst, total, count = 0.0, 0.0, 0
     spread, vs_exact, top1_spread, top1_exact = 0.0, 0.0, 0, 0
