@@ -212,7 +212,7 @@ def defer_package_inits(names: tuple[str, ...] = DEFERRED_INITS) -> list[str]:
             continue
         parent_name, _, child = name.rpartition(".")
         try:
-            parent = importlib.import_module(parent_name)
+            parent = importlib.import_module(parent_name) if parent_name else None
             spec = importlib.util.find_spec(name)
         except ImportError:
             continue
@@ -229,7 +229,8 @@ def defer_package_inits(names: tuple[str, ...] = DEFERRED_INITS) -> list[str]:
         module._etforge_imports = imports  # type: ignore[attr-defined]
         module._etforge_bound = bound  # type: ignore[attr-defined]
         sys.modules[name] = module
-        setattr(parent, child, module)
+        if parent is not None:
+            setattr(parent, child, module)
         deferred.append(name)
     return deferred
 
