@@ -288,9 +288,12 @@ def _verify_on_host(out: Any, script: dict[str, Any] | None, checks: dict[str, A
 
     ExecuTorch's imports are deferred as compile defers them (``core.common.lazy_imports``),
     and the package inits a host run does without besides (``HOST_DEFERRED_INITS``, each CPU
-    backend's ``host_deferred_inits``: the Arm backend's MX formats, the CPU library's passes)."""
+    backend's ``host_deferred_inits``: the Arm backend's MX formats, the CPU library's passes);
+    ExecuTorch's parse of its Edge-dialect YAML comes from the cache (``cache_edge_dialect_yaml``)."""
+    from etforge.core.cache import store
     from etforge.core.common.lazy_imports import (
         HOST_DEFERRED_INITS,
+        cache_edge_dialect_yaml,
         defer_inductor_post_grad,
         defer_package_inits,
     )
@@ -298,6 +301,8 @@ def _verify_on_host(out: Any, script: dict[str, Any] | None, checks: dict[str, A
     from etforge.runtime.verification.verify_steps import Steps
 
     defer_inductor_post_grad()
+    if store.enabled():
+        cache_edge_dialect_yaml(store.default_dir())
     cpu_inits = (p for b in registry().cpu_backends.values() for p in b.host_deferred_inits)
     defer_package_inits((*HOST_DEFERRED_INITS, *cpu_inits))
 

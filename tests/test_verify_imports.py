@@ -108,3 +108,53 @@ def test_a_deferred_packages_submodule_imports_alone(tmp_path: Path) -> None:
         [sys.executable, "-c", SUBMODULES, str(tmp_path)], capture_output=True, text=True, timeout=600
     )
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
+
+
+EDGE_YAML = r"""
+import sys
+from pathlib import Path
+
+from etforge.core.common.lazy_imports import EDGE_OPS, cache_edge_dialect_yaml
+
+cache, hit = Path(sys.argv[1]), sys.argv[2] == "hit"
+if hit:  # the cached parse answers: ruamel parses nothing
+    import ruamel.yaml.main
+
+    def refuse(self, stream):
+        raise AssertionError("ruamel parsed the Edge YAML again")
+
+    ruamel.yaml.main.YAML.load = refuse
+assert cache_edge_dialect_yaml(cache)
+import importlib
+
+edge = importlib.import_module(EDGE_OPS)
+import ruamel.yaml
+
+assert ruamel.yaml.YAML is ruamel.yaml.main.YAML  # ruamel's own again after the one load
+print(repr(edge._edge_dialect_info))
+"""
+
+
+def test_the_edge_dialect_yaml_parse_comes_from_the_cache_unchanged(tmp_path: Path) -> None:
+    """The Edge dialect's op rules as ExecuTorch parses them, then the same from the cache."""
+    import subprocess
+    import sys
+
+    def run(mode: str) -> str:
+        proc = subprocess.run(
+            [sys.executable, "-c", EDGE_YAML, str(tmp_path), mode],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return proc.stdout
+
+    plain = subprocess.run(
+        [sys.executable, "-c", f"import importlib; print(repr(importlib.import_module({'executorch.exir.dialects.edge._ops'!r})._edge_dialect_info))"],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert plain.returncode == 0, plain.stderr[-3000:]
+    first = run("miss")
+    assert len(list((tmp_path / "edge-dialect").glob("*.json"))) == 1
+    assert first == plain.stdout == run("hit") and "'inherits'" in first
