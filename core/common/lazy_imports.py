@@ -268,9 +268,9 @@ EDGE_OPS = "executorch.exir.dialects.edge._ops"
 
 def _plain(value: Any) -> bool:
     """Does ``value`` come back from JSON as itself (types included: no tuple, no int key)?"""
-    if isinstance(value, dict):
-        return all(isinstance(k, str) and _plain(v) for k, v in value.items())
-    if isinstance(value, list):
+    if type(value) is dict:
+        return all(type(k) is str and _plain(v) for k, v in value.items())
+    if type(value) is list:
         return all(_plain(v) for v in value)
     return value is None or type(value) in (str, int, float, bool)
 
@@ -302,7 +302,9 @@ class _EdgeYamlFinder:
                 import os
 
                 key = hashlib.sha256(
-                    json.dumps([ruamel.yaml.__version__, self.typ, stream]).encode()
+                    json.dumps(
+                        [ruamel.yaml.__version__, self.typ, getattr(self, "pure", None), stream]
+                    ).encode()
                 ).hexdigest()
                 path = cache_dir / "edge-dialect" / f"{key}.json"
                 try:
