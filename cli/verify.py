@@ -286,14 +286,25 @@ def _verify_on_host(out: Any, script: dict[str, Any] | None, checks: dict[str, A
     """The host verification of OUT (or of a script's PTE): unless quiet, a status line saying
     which step runs and one line per finished step with what it compared and its seconds.
 
-    ExecuTorch's imports are deferred as compile defers them (``core.common.lazy_imports``):
-    verify reads and lowers programs with the same modules and needs Inductor's post-grad passes
-    and the Arm/XNNPACK package inits no more than compile does (about 0.7 s of CPU)."""
-    from etforge.core.common.lazy_imports import defer_inductor_post_grad, defer_package_inits
+    ExecuTorch's imports are deferred as compile defers them (``core.common.lazy_imports``),
+    and the package inits a host run does without besides (``HOST_DEFERRED_INITS``, each CPU
+    backend's ``host_deferred_inits``: the Arm backend's MX formats, the CPU library's passes);
+    ExecuTorch's parse of its Edge-dialect YAML comes from the cache (``cache_edge_dialect_yaml``)."""
+    from etforge.core.cache import store
+    from etforge.core.common.lazy_imports import (
+        HOST_DEFERRED_INITS,
+        cache_edge_dialect_yaml,
+        defer_inductor_post_grad,
+        defer_package_inits,
+    )
+    from etforge.core.registry.manager import registry
     from etforge.runtime.verification.verify_steps import Steps
 
     defer_inductor_post_grad()
-    defer_package_inits()
+    if store.enabled():
+        cache_edge_dialect_yaml(store.default_dir())
+    cpu_inits = (p for b in registry().cpu_backends.values() for p in b.host_deferred_inits)
+    defer_package_inits((*HOST_DEFERRED_INITS, *cpu_inits))
 
     with console.status("verify: starting") if not quiet else contextlib.nullcontext() as status:
         steps = Steps(ended=_settle_after_load)

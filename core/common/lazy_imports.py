@@ -15,10 +15,18 @@ backend when a compile needs a few of its modules: ExecuTorch's Cortex-M quantiz
 read four helpers from the Arm backend's pass and quantizer packages and one base class from
 XNNPACK's, and each package's ``__init__`` imports its every pass, quantizer and partitioner
 (importing the Cortex-M quantizer and passes: 0.45 s of CPU, 0.11 s deferred). The package
-stands in with its ``__init__`` not run: its submodules import as usual, a name the
-``__init__`` imports from a module is read from that module, and any other name runs the
-``__init__`` in full, once. No module of these packages registers an op or a backend the
-compile looks up; XNNPACK's ``BackendDetails`` appears once its ``__init__`` runs.
+stands in with its ``__init__`` not run: its submodules import as usual (``from package import
+submodule`` too, unless the ``__init__`` binds that name otherwise), a name the ``__init__``
+imports from a module is read from that module, and any other name runs the ``__init__`` in
+full, once. No module of these packages registers an op or a backend the compile looks up;
+XNNPACK's ``BackendDetails`` appears once its ``__init__`` runs. ``etforge verify`` defers
+:data:`HOST_DEFERRED_INITS` and the packages its CPU backends name in
+``CpuBackend.host_deferred_inits`` (a library's passes package, where the op library is all
+a host run needs). What verify cannot defer, measured: ``torch.export.load`` imports
+``torch._dynamo`` (its fake-tensor dispatch is wrapped in ``torch._dynamo.disable``; a
+``ShapeEnv`` imports ``torch._dynamo.utils``), ``torch._inductor`` (``pt2_archive`` and Dynamo's
+guards import it) and sympy; ExecuTorch's Edge-dialect verifier, which reading
+``lowered_edge.exir`` needs, imports ``executorch.exir.passes`` and with it torchao.
 """
 
 from __future__ import annotations
@@ -105,6 +113,11 @@ DEFERRED_INITS = (
     "executorch.backends.xnnpack._passes",
 )
 
+#: What ``etforge verify`` defers besides: the Arm backend's own ``__init__`` imports its MX-format
+#: extension (torchao's prototype formats, the TOSA dialect) that no host run reads. Compile keeps
+#: it: its CPU backends run Arm's passes, which import that extension themselves.
+HOST_DEFERRED_INITS = ("executorch.backends.arm", *DEFERRED_INITS)
+
 
 class _DeferredInit(types.ModuleType):
     """A package whose ``__init__`` has not run yet (see :func:`defer_package_inits`)."""
@@ -126,13 +139,28 @@ class _DeferredInit(types.ModuleType):
             return value
         if name.startswith("__") and name != "__all__":
             raise AttributeError(name)
+        if name not in self.__dict__.get("_etforge_bound", ()) and _is_submodule(self, name):
+            # the submodule alone: importing it binds it here, as the import system does
+            return importlib.import_module(f"{self.__name__}.{name}")
         _run_init(self)
         return getattr(self, name)  # now a plain module: its own ``__getattr__`` (PEP 562) too
+
+
+def _is_submodule(package: types.ModuleType, name: str) -> bool:
+    """Is ``name`` a module of ``package``'s own directory (found without importing anything)?"""
+    import importlib.machinery
+
+    try:
+        spec = importlib.machinery.PathFinder.find_spec(f"{package.__name__}.{name}", list(package.__path__))
+    except (ImportError, ValueError):
+        return False
+    return spec is not None
 
 
 def _run_init(module: _DeferredInit) -> None:
     """Run the package's own ``__init__`` into the stand-in, once: it is the package from now on."""
     module.__dict__.pop("_etforge_imports", None)
+    module.__dict__.pop("_etforge_bound", None)
     module.__class__ = types.ModuleType
     spec = module.__spec__
     assert spec is not None and spec.loader is not None
@@ -157,6 +185,25 @@ def _init_imports(package: str, source: str) -> dict[str, tuple[str, str | None]
     return table
 
 
+def _init_bound(source: str) -> frozenset[str]:
+    """Every name the ``__init__``'s top level binds (assigned, defined or imported)."""
+    bound: set[str] = set()
+    todo: list[ast.AST] = list(ast.parse(source).body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(node.name)  # its body is its own scope
+            continue
+        if isinstance(node, ast.Lambda):
+            continue
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            bound.add(node.id)
+        elif isinstance(node, ast.alias):
+            bound.add((node.asname or node.name).split(".")[0])
+        todo.extend(ast.iter_child_nodes(node))
+    return frozenset(bound)
+
+
 def defer_package_inits(names: tuple[str, ...] = DEFERRED_INITS) -> list[str]:
     """Put a stand-in for each package of ``names`` not imported yet; returns those deferred."""
     deferred = []
@@ -165,7 +212,7 @@ def defer_package_inits(names: tuple[str, ...] = DEFERRED_INITS) -> list[str]:
             continue
         parent_name, _, child = name.rpartition(".")
         try:
-            parent = importlib.import_module(parent_name)
+            parent = importlib.import_module(parent_name) if parent_name else None
             spec = importlib.util.find_spec(name)
         except ImportError:
             continue
@@ -173,14 +220,17 @@ def defer_package_inits(names: tuple[str, ...] = DEFERRED_INITS) -> list[str]:
             continue
         try:
             with open(spec.origin, encoding="utf-8") as f:
-                imports = _init_imports(name, f.read())
+                source = f.read()
+            imports, bound = _init_imports(name, source), _init_bound(source)
         except (OSError, SyntaxError, ValueError):
             continue
         module = importlib.util.module_from_spec(spec)
         module.__class__ = _DeferredInit
         module._etforge_imports = imports  # type: ignore[attr-defined]
+        module._etforge_bound = bound  # type: ignore[attr-defined]
         sys.modules[name] = module
-        setattr(parent, child, module)
+        if parent is not None:
+            setattr(parent, child, module)
         deferred.append(name)
     return deferred
 
@@ -209,3 +259,81 @@ def module_origin(name: str) -> str | None:
             return None
         search = list(spec.submodule_search_locations or [])
     return spec.origin if spec is not None and spec.has_location else None
+
+
+#: ExecuTorch's Edge-dialect module: it parses its ``edge.yaml`` (the dtype rules of 141 ops)
+#: with ruamel when imported (:func:`cache_edge_dialect_yaml`).
+EDGE_OPS = "executorch.exir.dialects.edge._ops"
+
+
+def _plain(value: Any) -> bool:
+    """Does ``value`` come back from JSON as itself (types included: no tuple, no int key)?"""
+    if type(value) is dict:
+        return all(type(k) is str and _plain(v) for k, v in value.items())
+    if type(value) is list:
+        return all(_plain(v) for v in value)
+    return value is None or type(value) in (str, int, float, bool)
+
+
+class _EdgeYamlFinder:
+    """Finds nothing: seeing :data:`EDGE_OPS` about to load, it has ruamel's ``YAML`` answer
+    that module's one ``load`` from the cache (then gets out of the way)."""
+
+    def __init__(self, cache_dir: Any) -> None:
+        self.cache_dir = cache_dir
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
+        if name != EDGE_OPS:
+            return None
+        sys.meta_path.remove(self)
+        try:
+            import ruamel.yaml
+        except ImportError:
+            return None
+        real, cache_dir = ruamel.yaml.YAML, self.cache_dir
+
+        class CachedYAML(real):  # type: ignore[misc, valid-type]
+            def load(self, stream: Any) -> Any:
+                ruamel.yaml.YAML = real  # once: any other YAML is ruamel's own again
+                if not isinstance(stream, str):
+                    return super().load(stream)
+                import hashlib
+                import json
+                import os
+
+                key = hashlib.sha256(
+                    json.dumps(
+                        [ruamel.yaml.__version__, self.typ, getattr(self, "pure", None), stream]
+                    ).encode()
+                ).hexdigest()
+                path = cache_dir / "edge-dialect" / f"{key}.json"
+                try:
+                    return json.loads(path.read_text(encoding="utf-8"))
+                except (OSError, ValueError):
+                    pass
+                data = super().load(stream)
+                if _plain(data):
+                    try:
+                        path.parent.mkdir(parents=True, exist_ok=True)
+                        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+                        tmp.write_text(json.dumps(data), encoding="utf-8")
+                        os.replace(tmp, path)
+                    except OSError:
+                        pass  # read-only or full: parsed again next time
+                return data
+
+        ruamel.yaml.YAML = CachedYAML
+        return None
+
+
+def cache_edge_dialect_yaml(cache_dir: Any) -> bool:
+    """Keep ExecuTorch's parse of its ``edge.yaml`` in ``cache_dir``: importing
+    :data:`EDGE_OPS` parses the file with ruamel (0.15 s of CPU on every compile and verify),
+    the cached JSON takes 1 ms. The key is the sha256 of ruamel's version, the loader type
+    and the text itself, so what comes back is what ruamel returns for that text; a parse
+    JSON would not give back as it is (a tuple, a non-string key) is never cached. Only
+    the command calls it; True when the finder is in place."""
+    if EDGE_OPS in sys.modules:
+        return False
+    sys.meta_path.insert(0, _EdgeYamlFinder(cache_dir))  # type: ignore[arg-type]
+    return True

@@ -108,6 +108,10 @@ class CpuBackend:
     #: int8 outputs (``etforge.testing.check_op``) asks here, never for a namespace by name.
     quantize_ops: tuple[str, ...] = ()
     dequantize_ops: tuple[str, ...] = ()
+    #: Packages whose ``__init__`` a host run of a program does without (``etforge verify``
+    #: defers them, ``core.common.lazy_imports``): ``HostArithmetic.register`` then imports
+    #: the modules it needs itself, and any other name of the package runs its ``__init__``.
+    host_deferred_inits: tuple[str, ...] = ()
 
     def quantizer(self, target: TargetSpec, options: dict[str, Any]) -> Quantizer | None:
         """A PT2E quantizer for the nodes the NPU rules left unannotated (None: none)."""

@@ -92,6 +92,9 @@ class CortexMBackend(CpuBackend):
     folds_qdq = True
     quantize_ops = ("cortex_m.quantize_per_tensor.default",)
     dequantize_ops = ("cortex_m.dequantize_per_tensor.default",)
+    #: Its passes' ``__init__`` imports every pass, and through Arm's the TOSA dialect and
+    #: torchao's MX formats: a host run needs only the op library (``_register_cortex_m_ops``).
+    host_deferred_inits = ("executorch.backends.cortex_m.passes",)
 
     def host_arithmetic(self) -> HostArithmetic:
         """CMSIS-NN's arithmetic on the host (``cortex_m_host``: its numpy port, proven bit-exact
@@ -177,8 +180,13 @@ class CortexMBackend(CpuBackend):
 def _register_cortex_m_ops() -> None:
     """``torch.ops.cortex_m``: ``executorch.backends.cortex_m.passes`` defines the library in the
     order its own modules need (importing ``cortex_m.ops.operators`` first fails on a circular
-    import)."""
-    import executorch.backends.cortex_m.passes  # noqa: F401
+    import). Where ``etforge verify`` deferred that package's ``__init__`` (``host_deferred_inits``),
+    importing it runs nothing and ``operators`` defines the library alone; elsewhere the
+    package's ``__init__`` has imported it already."""
+    import importlib
+
+    for module in ("executorch.backends.cortex_m.passes", "executorch.backends.cortex_m.ops.operators"):
+        importlib.import_module(module)  # in this order
 
 
 def _checked(ep: ExportedProgram, target: TargetSpec) -> ExportedProgram:
