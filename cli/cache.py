@@ -95,12 +95,18 @@ def cache_prune(max_size: str, older_than: float | None) -> None:
 
 @cache.command(name="clear")
 def cache_clear() -> None:
-    """Remove every build (damaged ones included)."""
-    from etforge.core.cache.store import BuildCache
+    """Remove every build (damaged ones included) and the kept parses of ExecuTorch's YAML."""
+    import shutil
+
+    from etforge.core.cache.store import BuildCache, default_dir
+    from etforge.core.common.lazy_imports import EDGE_YAML_DIR
 
     c = BuildCache()
     try:
         removed, errors = c.prune(0)
     except OSError as exc:
         removed, errors = [], [f"cannot read the build cache {c.root}: {exc.strerror or type(exc).__name__}"]
+    parses = default_dir() / EDGE_YAML_DIR
+    if parses.is_dir():
+        shutil.rmtree(parses, onerror=lambda _f, p, e: errors.append(f"cannot remove {p} ({e[1]})"))
     _cache_done(c.root, removed, errors)

@@ -481,8 +481,15 @@ def _compile_and_write(job: _Job, loaded: Any, calibration: Any, front: Any) -> 
     from etforge.core.build import output
 
     with _progress("import executorch"):
-        from etforge.core.common.lazy_imports import defer_inductor_post_grad, defer_package_inits
+        from etforge.core.cache import store
+        from etforge.core.common.lazy_imports import (
+            cache_edge_dialect_yaml,
+            defer_inductor_post_grad,
+            defer_package_inits,
+        )
 
+        if store.enabled():  # as verify: a parse keyed by its text (--no-cache is the build cache's)
+            cache_edge_dialect_yaml(store.default_dir())
         defer_inductor_post_grad()
         defer_package_inits()
         from etforge.core.build.report import build_report

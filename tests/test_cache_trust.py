@@ -107,6 +107,19 @@ def test_entries_without_a_manifest_are_listed_and_cleared(tmp_path: Path) -> No
     assert not orphan.exists() and c.entries() == []
 
 
+def test_clear_removes_the_kept_yaml_parses(tmp_path: Path) -> None:
+    """The Edge-dialect YAML parses compile and verify keep (``lazy_imports.cache_edge_dialect_yaml``)
+    go with ``cache clear``, as the builds do."""
+    from etforge.core.common.lazy_imports import EDGE_YAML_DIR
+
+    parses = tmp_path / "cache" / EDGE_YAML_DIR
+    parses.mkdir(parents=True)
+    (parses / ("ef" * 32 + ".json")).write_text("{}")
+    cleared = _cache_cli(tmp_path / "cache", "clear")
+    assert cleared.returncode == 0, cleared.stdout + cleared.stderr
+    assert not parses.exists()
+
+
 @pytest.fixture
 def read_only_cache(tmp_path: Path) -> Iterator[Path]:
     """A cache with two builds on a file system remounted read-only (needs root to mount)."""

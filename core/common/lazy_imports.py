@@ -264,6 +264,8 @@ def module_origin(name: str) -> str | None:
 #: ExecuTorch's Edge-dialect module: it parses its ``edge.yaml`` (the dtype rules of 141 ops)
 #: with ruamel when imported (:func:`cache_edge_dialect_yaml`).
 EDGE_OPS = "executorch.exir.dialects.edge._ops"
+#: Where in the cache directory those parses are kept (``etforge cache clear`` removes it).
+EDGE_YAML_DIR = "edge-dialect"
 
 
 def _plain(value: Any) -> bool:
@@ -306,7 +308,7 @@ class _EdgeYamlFinder:
                         [ruamel.yaml.__version__, self.typ, getattr(self, "pure", None), stream]
                     ).encode()
                 ).hexdigest()
-                path = cache_dir / "edge-dialect" / f"{key}.json"
+                path = cache_dir / EDGE_YAML_DIR / f"{key}.json"
                 try:
                     return json.loads(path.read_text(encoding="utf-8"))
                 except (OSError, ValueError):
