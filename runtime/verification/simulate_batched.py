@@ -394,13 +394,26 @@ def simulate_batched(
                     once[0] += 1
                     return value
             went_per_sample(n)
+            per = {a: self.traced_samples(a) for a in n.all_input_nodes if a in dep}
             items = []
             for i in range(count):
-                value = self.traced_value(i)
+                value = lambda a, i=i: per[a][i] if a in per else self.env[a]  # noqa: E731
                 args = torch.fx.node.map_arg(n.args, value)
                 kwargs = torch.fx.node.map_arg(n.kwargs, value)
                 items.append(getattr(self, n.op)(n.target, args, kwargs))
             return stacked(items)
+
+        def traced_samples(self, a: Node) -> list[Any]:
+            """``traced_value(i)(a)`` for every sample: a stacked tensor's blocks of rows in one
+            split, each laid out as traced (they share their shape and strides, so the first
+            answers for all whether ``_as_traced`` copies)."""
+            v = self.env[a]
+            if not isinstance(v, torch.Tensor) or not v.dim() or not v.shape[0] or v.shape[0] % count:
+                return [_as_traced(slice_of(v, i), a) for i in range(count)]
+            parts = list(v.split(v.shape[0] // count))
+            if _as_traced(parts[0], a) is parts[0]:
+                return parts
+            return [_as_traced(p, a) for p in parts]
 
         def stacked_run(self, n: Node) -> Any:
             """``n`` run once on the stacked values (a reshape to the stacked shape), None when
