@@ -83,6 +83,35 @@ def test_every_accumulator_around_the_boundaries(shift: int) -> None:
     assert ran["float64"] == (4 if shift <= rf._F64_MAX_SHIFT else 0)
 
 
+def test_without_the_clamp_where_the_bound_allows_the_codes_are_the_step_by_step_ones() -> None:
+    """``Requantizer`` given the accumulators' bound leaves out the float64 form's clamp where
+    ``_exact_unclamped`` proves every sum exact: on random layers (both outcomes of the proof
+    occur) and on accumulators at the bound itself, the codes equal the step by step form's,
+    and a bound past the proof's reach keeps the clamp."""
+    rng = np.random.default_rng(7)
+    taken = {True: 0, False: 0}
+    for trial in range(600):
+        channels = int(rng.integers(1, 5))
+        real = rng.random(channels) * 10.0 ** rng.uniform(-5, -1, channels)
+        bound = int(10 ** rng.uniform(1, 7))
+        acc = rng.integers(-bound, bound + 1, size=(2, channels, 4, 6)).astype(np.int64)
+        acc[0, :, 0, :2] = [bound, -bound]
+        bias = rng.integers(-20000, 20000, size=(channels,)).astype(np.int64)
+        zp = int(rng.integers(-128, 128))
+        lo, hi = (-128, 127) if trial % 3 else (int(rng.integers(-128, 0)), int(rng.integers(0, 128)))
+        requantizer = rf.Requantizer(bias, real, zp, lo, hi)
+        if requantizer.float64 is None:
+            continue
+        found = requantizer(torch.from_numpy(acc.astype(np.float64)), bound, 1)
+        assert found is not None
+        taken[requantizer.unclamped[bound]] += 1
+        assert np.array_equal(found.numpy(), _step_by_step(acc, bias, real, zp, lo, hi)), trial
+    assert taken[True] > 100 and taken[False] > 10
+    # past 2^52 / P the product is not exact: the proof declines
+    terms = rf._terms(np.zeros(1, np.int64), np.array([0.7]))
+    assert terms is not None and not rf._exact_unclamped(terms, 2**23)
+
+
 def test_the_lean_convolution_rule_gives_the_step_by_step_codes(monkeypatch: pytest.MonkeyPatch) -> None:
     """A quantized program's convolutions (per-channel, depthwise, strided, with and without
     bias, a fused ReLU6) on random int8 inputs: ``Reference``'s codes with the lean path and

@@ -56,6 +56,7 @@ class Requantizer:
         self.zero_point, self.qmin, self.qmax = int(zero_point), int(qmin), int(qmax)
         self.float64 = _float64_terms(self.terms) if self.terms is not None else None
         self.shaped: dict[tuple[int, int], list[Any]] = {}
+        self.unclamped: dict[int, bool] = {}  # accumulator bound -> ``_exact_unclamped``
 
     def __call__(self, acc: torch.Tensor, bound: int, axis: int) -> torch.Tensor | None:
         if self.terms is None:
@@ -64,7 +65,12 @@ class Requantizer:
             key = (acc.dim(), axis)
             if key not in self.shaped:
                 self.shaped[key] = [_shaped(v, np.float64, acc.dim(), axis) for v in self.float64]
-            return _apply_float64(acc, self.shaped[key], self.zero_point, self.qmin, self.qmax)
+            exact = self.unclamped.get(bound)
+            if exact is None:
+                exact = self.unclamped[bound] = _exact_unclamped(self.terms, bound)
+            return _apply_float64(
+                acc, self.shaped[key], self.zero_point, self.qmin, self.qmax, clamp=not exact
+            )
         return in_int64(acc, bound, self.terms, self.zero_point, self.qmin, self.qmax, axis)
 
 
@@ -126,13 +132,31 @@ def _float64_terms(terms: tuple[np.ndarray, np.ndarray, np.ndarray]) -> list[np.
     return [b.astype(np.float64) if np.any(b) else None, limit, scale, half_step if np.any(right) else None]
 
 
-def _apply_float64(acc: torch.Tensor, shaped: list[Any], zero_point: int, qmin: int, qmax: int) -> Any:
+def _exact_unclamped(terms: tuple[np.ndarray, np.ndarray, np.ndarray], bound: int) -> bool:
+    """``in_float64``'s sums are exact without its clamp to ±B for every |acc| <= ``bound``:
+    with V = bound + |bias|, |v·P| <= V·P < 2^52 (an integer: v·(P/D) exact), and every sum
+    after it, a multiple of 2^-(31+E), stays below 2^(22-E) in magnitude (53 bits):
+    V·P/D + |0.5 + zero point| + 2^-(1+E) <= V·P/D + 130 (|zero point| <= 128) < 2^(22-E).
+    The clamp changes no code (``in_float64``), so without it the codes are the same."""
+    b, prods, right = terms
+    reach = (float(bound) + np.abs(b).astype(np.float64)) * prods.astype(np.float64)
+    if float(reach.max()) >= 2.0**52:
+        return False
+    return bool(np.all(reach / 2.0 ** (31 + right) + 131.0 < 2.0 ** (22 - right)))
+
+
+def _apply_float64(
+    acc: torch.Tensor, shaped: list[Any], zero_point: int, qmin: int, qmax: int, clamp: bool = True
+) -> Any:
+    """``in_float64``'s passes; ``clamp=False`` (``_exact_unclamped`` holds) leaves out the
+    clamp to ±B, two of its passes."""
     bias, limit, scale, half_step = shaped
     v = acc.to(torch.float64)
     if bias is not None:
         v.add_(bias)
-    torch.minimum(v, limit, out=v)  # (a clamp to tensor bounds is several times slower)
-    torch.maximum(v, -limit, out=v)
+    if clamp:
+        torch.minimum(v, limit, out=v)  # (a clamp to tensor bounds is several times slower)
+        torch.maximum(v, -limit, out=v)
     sign = torch.clamp(v, -1, 1) if half_step is not None else None  # v is an integer: its sign
     v.mul_(scale).add_(0.5 + zero_point)
     if half_step is not None:

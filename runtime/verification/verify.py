@@ -630,6 +630,7 @@ def compare(
     sim_state = BatchState()
     inputs = _inputs(report, seed, samples)
     kept_runs: dict[Any, Any] = {}  # each partition's every-tensor reference run (litert_run.keeping)
+    parsed_payloads: dict[int, Any] = {}  # each delegate's payload and value map (exact_pass.litert_values)
     start = time.perf_counter()
     exact_all = None  # the quantized reference's exact value, a few samples per pass
     sums = Sums()  # its convs / linears summed as integers, and those left to torch's float64
@@ -685,7 +686,7 @@ def compare(
                 forced_checks(calls, values, batch, npu_values)
             else:  # read now: the next sample's run replaces the kept one
                 with litert_run.keeping(DEVICE_KERNELS, kept_runs):
-                    npu_values = exact_pass.litert_values(calls)
+                    npu_values = exact_pass.litert_values(calls, parsed_payloads)
                 start = steps.add("samples: the device simulation", start) + start
             runs.append((index, batch, calls, values, device_outs, outs, npu_values, forced))
         sims: list[Any] = [(None, {})] * len(runs)
