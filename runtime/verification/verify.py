@@ -31,6 +31,7 @@ from etforge.runtime.execution.host import run_program
 from etforge.runtime.execution.pte_interpreter import PteInterpreter
 from etforge.runtime.verification import exact_pass
 from etforge.runtime.verification.accuracy import DEFAULT_MAX_ACCURACY_DROP, Labeled, evaluate
+from etforge.runtime.verification.beside import Beside
 from etforge.runtime.verification.constant_fold import folded
 from etforge.runtime.verification.constant_nodes import ConstantNodes
 from etforge.runtime.verification.exact_batched import exact_leaves_all
@@ -174,6 +175,9 @@ class Verification:
     #: Samples whose per-op gates the device simulation's one pass proved (``runtime.verification.exact_pass``);
     #: the others (the first, any with a value off) ran the teacher-forced checks.
     samples_from_simulation: int = 0
+    #: Where torch's references ran: on a thread beside the sample loop
+    #: (``runtime.verification.beside``), or the main thread (why).
+    references_computed_in: str = "the main thread"
     #: NPU partition files taken as converted on ``report.json``'s sha256 (the hash chain), not
     #: converted again from ``quantized.pt2`` (``runtime.verification.saved_partitions``), and
     #: those converted again and compared byte for byte (``verify --reconvert``).
@@ -571,6 +575,27 @@ def _verify(
     return result
 
 
+def _references(
+    program: ExportedProgram, float_ep: ExportedProgram, q_fn: Any, inputs: list[Any]
+) -> tuple[list[list[Any]], list[list[Any]], list[list[Any]], Sums]:
+    """Per sample, every output leaf (``runtime.verification.outputs``, the program's order) of
+    the quantized program in float64 (exact: a conv / linear of int8 values summed as integers),
+    of the float model and of the quantized program in float32; and which convs / linears the
+    float64 run summed as integers (``exact_sums.Sums``). Run beside the sample loop (``beside``)."""
+    float_fn = lifted_call(float_ep) or float_ep.module(check_guards=False)  # the exported graph itself
+    q_ref = folded(q_fn) if q_fn is not None else None  # its float32 run: weights dequantized once
+    sums = Sums()  # its convs / linears summed as integers, and those left to torch's float64
+    with torch.no_grad():
+        float_all = [flatten(program, float_fn(*batch)) for batch in inputs]
+        q_all = [flatten(program, q_ref(*batch)) for batch in inputs] if q_ref is not None else float_all
+    exact_all = (
+        exact_leaves_all(program, q_fn, inputs, ConstantNodes(q_fn.graph), sums)
+        if q_fn is not None
+        else q_all
+    )
+    return exact_all, float_all, q_all, sums
+
+
 @one_thread()  # batch-1 ops: a spinning OpenMP pool only takes cores from others
 def compare(
     program: ExportedProgram,
@@ -610,10 +635,8 @@ def compare(
     # the host kernels' calls, for model.pte's run on the same inputs (``kernel_memo``)
     recording = partial(kernel_memo.recording, memo) if memo is not None else (lambda run: nullcontext())
     check = OutputCheck(program)
-    float_fn = lifted_call(float_ep) or float_ep.module(check_guards=False)  # the exported graph itself
     # unlifted once (module()'s graph, one code generation), read by the references and the simulation
     q_fn = (unlifted(qep) or qep.module(check_guards=False)) if qep is not None else None
-    q_ref = folded(q_fn) if q_fn is not None else None  # its float32 run: weights dequantized once
     worst, total, count = 0.0, 0.0, 0
     spread, vs_exact, top1_spread, top1_exact = 0.0, 0.0, 0, 0
     top1_q = top1_f = 0
@@ -631,13 +654,9 @@ def compare(
     inputs = _inputs(report, seed, samples)
     kept_runs: dict[Any, Any] = {}  # each partition's every-tensor reference run (litert_run.keeping)
     parsed_payloads: dict[int, Any] = {}  # each delegate's payload and value map (exact_pass.litert_values)
-    start = time.perf_counter()
-    exact_all = None  # the quantized reference's exact value, a few samples per pass
-    sums = Sums()  # its convs / linears summed as integers, and those left to torch's float64
-    if q_fn is not None:
-        steps.status(f"the quantized reference in float64 on {samples} samples")
-        exact_all = exact_leaves_all(program, q_fn, inputs, ConstantNodes(q_fn.graph), sums)
-    steps.add("samples: torch's references (float, float32, float64)", start)
+    # torch's references of every sample, on a thread beside the sample loop (``beside``)
+    references = Beside(partial(_references, program, float_ep, q_fn, inputs))
+    sample_outs: list[list[Any]] = []
     fast = 0
 
     def forced_checks(calls: list[Any], values: HostInt8Values, batch: Any, record: dict[str, Any]) -> None:
@@ -701,7 +720,7 @@ def compare(
                 sim_state,
             )
             start = steps.add("samples: the device simulation", start) + start
-        for (index, batch, calls, values, device_outs, outs, npu_values, forced), (sim, seen) in zip(
+        for (_index, batch, calls, values, device_outs, outs, npu_values, forced), (sim, seen) in zip(
             runs, sims, strict=True
         ):
             start = time.perf_counter()
@@ -719,34 +738,34 @@ def compare(
                 sim_not_exact.update(sim.not_exact)
                 sim_unforced.update(sim.unforced)
                 start = steps.add("samples: the device simulation", start) + start
-            # every output leaf, in the program's order (``runtime.verification.outputs``)
-            with torch.no_grad():
-                flat_f = flatten(program, float_fn(*batch))
-                flat_q = flatten(program, q_ref(*batch)) if q_ref is not None else flat_f
-            flat_exact = exact_all[index] if exact_all is not None else flat_q
-            steps.add("samples: torch's references (float, float32, float64)", start)
-            check.add(outs, flat_exact)
-            if check.primary is None:  # no float output: the leaves' own checks are all there is
-                continue
-            p = check.primary
-            ours, ref_f, ref_q, exact = outs[p].float(), flat_f[p], flat_q[p], flat_exact[p]
-            scale = scales[p]
-            max_abs_f = max(max_abs_f, float((ours - ref_f).abs().max()))
-            if scale:
-                off = (ours - ref_q).abs() / scale
-                worst = max(worst, float(off.max()))
-                total += float(off.sum())
-                count += off.numel()
-                spread = max(spread, float((ref_q - exact).abs().max()) / scale)
-                vs_exact = max(vs_exact, float((ours - exact).abs().max()) / scale)
-            top1_spread += int(top1_agrees(ref_q, exact))
-            top1_exact += int(top1_agrees(ours, exact))
-            top1_q += int(top1_agrees(ours, ref_q))
-            top1_f += int(top1_agrees(ours, ref_f))
+            sample_outs.append(outs)
             # A sample's interpreters (LiteRT with every tensor preserved, the fx interpreters
             # around them) sit in reference cycles; the CLI's collector runs young collections
             # rarely (process_memory), and 32 samples of vgg11_bn's then held 22 GB.
             gc.collect(1)
+    start = time.perf_counter()
+    steps.status(f"torch's references of {samples} samples (float, float32, float64)")
+    exact_all, float_all, q_all, sums = references.result()
+    steps.add("samples: torch's references (float, float32, float64)", start)
+    for outs, flat_f, flat_q, flat_exact in zip(sample_outs, float_all, q_all, exact_all, strict=True):
+        check.add(outs, flat_exact)
+        if check.primary is None:  # no float output: the leaves' own checks are all there is
+            continue
+        p = check.primary
+        ours, ref_f, ref_q, exact = outs[p].float(), flat_f[p], flat_q[p], flat_exact[p]
+        scale = scales[p]
+        max_abs_f = max(max_abs_f, float((ours - ref_f).abs().max()))
+        if scale:
+            off = (ours - ref_q).abs() / scale
+            worst = max(worst, float(off.max()))
+            total += float(off.sum())
+            count += off.numel()
+            spread = max(spread, float((ref_q - exact).abs().max()) / scale)
+            vs_exact = max(vs_exact, float((ours - exact).abs().max()) / scale)
+        top1_spread += int(top1_agrees(ref_q, exact))
+        top1_exact += int(top1_agrees(ours, exact))
+        top1_q += int(top1_agrees(ours, ref_q))
+        top1_f += int(top1_agrees(ours, ref_f))
     on_npu = all(n["placement"] == "npu" for n in report["nodes"]) and bool(report["nodes"])
     scale = leaf_scales(program)[check.primary] if check.primary is not None else None
     result = Verification(
@@ -768,6 +787,9 @@ def compare(
             f"by torch's float64 op, not as integers ({first[0]}: {first[1]}; --json lists them)"
         )
     result.samples_from_simulation = fast
+    result.references_computed_in = references.where
+    if references.where.startswith("the main thread"):
+        result.notes.append(f"torch's references were computed in {references.where}")
     result.sim_batched_samples, result.sim_batched_passes = sim_state.samples, sim_state.passes
     result.sim_per_sample_nodes = dict(sim_state.per_sample)
     if sim_state.note:
