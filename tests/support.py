@@ -226,3 +226,32 @@ def cmsis_nn_library(cache: Path) -> ctypes.CDLL | None:
         subprocess.run(cmd, check=True, capture_output=True)
         tmp.replace(so)
     return ctypes.CDLL(str(so))
+
+
+def compiled_architecture(name: str, target: str) -> tuple[Any, dict[str, Any]]:
+    """(compile result, report) of ``tests/models/architectures.py``'s model ``name`` for
+    ``target``, compiled in this process (the programs a host-side check reads)."""
+    from models.architectures import build
+
+    from etforge.core.build.report import build_report
+    from etforge.core.build.session import compile_model
+    from etforge.core.registry.manager import registry
+
+    model, _, calibration = build(name)
+    reg = registry()
+    result = compile_model(model.eval(), calibration[0], target, calibration=calibration, reg=reg)
+    return result, build_report(result, reg, name)
+
+
+def same_leaves(a: Any, b: Any) -> bool:
+    """Bit for bit: the same tree, dtypes, values and signs of zero."""
+    import torch
+
+    la, sa = torch.utils._pytree.tree_flatten(a)
+    lb, sb = torch.utils._pytree.tree_flatten(b)
+    return sa == sb and all(
+        x.dtype == y.dtype and torch.equal(x, y) and torch.equal(torch.signbit(x), torch.signbit(y))
+        if isinstance(x, torch.Tensor)
+        else x == y
+        for x, y in zip(la, lb, strict=True)
+    )

@@ -5,34 +5,10 @@ a failure on the thread is computed again on the main thread and told."""
 from __future__ import annotations
 
 from functools import partial
-from typing import Any
 
 import pytest
-import torch
 
-
-def _compiled(name: str, target: str) -> Any:
-    from models.architectures import build
-
-    from etforge.core.build.report import build_report
-    from etforge.core.build.session import compile_model
-    from etforge.core.registry.manager import registry
-
-    model, _, calibration = build(name)
-    reg = registry()
-    result = compile_model(model.eval(), calibration[0], target, calibration=calibration, reg=reg)
-    return result, build_report(result, reg, name)
-
-
-def _same(a: Any, b: Any) -> bool:
-    la, sa = torch.utils._pytree.tree_flatten(a)
-    lb, sb = torch.utils._pytree.tree_flatten(b)
-    return sa == sb and all(
-        x.dtype == y.dtype and torch.equal(x, y) and torch.equal(torch.signbit(x), torch.signbit(y))
-        if isinstance(x, torch.Tensor)
-        else x == y
-        for x, y in zip(la, lb, strict=True)
-    )
+from support import compiled_architecture, same_leaves
 
 
 @pytest.mark.parametrize(("name", "target"), [("shufflenet", "imxrt700cm"), ("kws_ds", "cortex-m33")])
@@ -45,7 +21,7 @@ def test_the_references_on_a_thread_are_the_main_threads(name: str, target: str)
     from etforge.runtime.verification.stepwise import DEVICE_KERNELS
     from etforge.runtime.verification.verify import _references
 
-    result, report = _compiled(name, target)
+    result, report = compiled_architecture(name, target)
     inputs = seeded_inputs(report, 0, 9)
     q_fn = unlifted(result.quantized_program)
     compute = partial(_references, result.host_program, result.float_program, q_fn, inputs)
@@ -58,7 +34,7 @@ def test_the_references_on_a_thread_are_the_main_threads(name: str, target: str)
     assert beside.where == "a thread beside the sample loop"
     exact_h, float_h, q_h, sums_h = here
     exact_t, float_t, q_t, sums_t = there
-    assert _same(exact_h, exact_t) and _same(float_h, float_t) and _same(q_h, q_t)
+    assert same_leaves(exact_h, exact_t) and same_leaves(float_h, float_t) and same_leaves(q_h, q_t)
     assert (sums_h.taken, sums_h.left) == (sums_t.taken, sums_t.left)
 
 

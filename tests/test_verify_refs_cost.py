@@ -22,18 +22,7 @@ from typing import Any
 import pytest
 import torch
 
-
-def _compiled(name: str, target: str) -> Any:
-    from models.architectures import build
-
-    from etforge.core.build.report import build_report
-    from etforge.core.build.session import compile_model
-    from etforge.core.registry.manager import registry
-
-    model, _, calibration = build(name)
-    reg = registry()
-    result = compile_model(model.eval(), calibration[0], target, calibration=calibration, reg=reg)
-    return result, build_report(result, reg, name)
+from support import compiled_architecture, same_leaves
 
 
 def _structure(gm: torch.fx.GraphModule) -> list[tuple[Any, ...]]:
@@ -44,17 +33,6 @@ def _structure(gm: torch.fx.GraphModule) -> list[tuple[Any, ...]]:
         (n.name, n.op, str(n.target), str(arg(n.args)), str(arg(n.kwargs)), sorted(k for k in n.meta if k != "from_node"))
         for n in gm.graph.nodes
     ]  # fmt: skip
-
-
-def _same_leaves(a: Any, b: Any) -> bool:
-    la, sa = torch.utils._pytree.tree_flatten(a)
-    lb, sb = torch.utils._pytree.tree_flatten(b)
-    return sa == sb and all(
-        x.dtype == y.dtype and torch.equal(x, y) and torch.equal(torch.signbit(x), torch.signbit(y))
-        if isinstance(x, torch.Tensor)
-        else x == y
-        for x, y in zip(la, lb, strict=True)
-    )
 
 
 CASES = [
@@ -79,7 +57,7 @@ def test_the_cheaper_references_are_the_ones_built_before(
     from etforge.runtime.verification.inputs import seeded_inputs
     from etforge.runtime.verification.lifted import unlifted
 
-    result, report = _compiled(name, target)
+    result, report = compiled_architecture(name, target)
     inputs = seeded_inputs(report, 0, 9)
     for ep in (result.quantized_program, result.float_program):
         old, new = ep.module(check_guards=False), unlifted(ep)
@@ -89,7 +67,7 @@ def test_the_cheaper_references_are_the_ones_built_before(
             held = operator.attrgetter(str(n.target))
             assert held(new) is held(old)  # the program's own tensors, parameters as parameters
         with torch.no_grad():
-            assert all(_same_leaves(new(*b), old(*b)) for b in inputs[:3])
+            assert all(same_leaves(new(*b), old(*b)) for b in inputs[:3])
     q_fn = unlifted(result.quantized_program)
     assert q_fn is not None
     program = result.host_program
@@ -103,7 +81,7 @@ def test_the_cheaper_references_are_the_ones_built_before(
 
     monkeypatch.setattr(reference, "keep_codes", nothing_deferred)
     computed = exact_leaves_all(program, q_fn, inputs, ConstantNodes(q_fn.graph))
-    assert all(_same_leaves(a, b) for a, b in zip(deferred, computed, strict=True))
+    assert all(same_leaves(a, b) for a, b in zip(deferred, computed, strict=True))
     monkeypatch.undo()
     # the float32 reference: on a graph copy sharing the weights, or on a deep copy
     weights = {k: (v, v.clone()) for k, v in q_fn.state_dict(keep_vars=True).items()}
@@ -111,7 +89,7 @@ def test_the_cheaper_references_are_the_ones_built_before(
     monkeypatch.setattr(constant_fold, "_graph_copy", copy.deepcopy)
     deep = constant_fold.folded(q_fn)
     with torch.no_grad():
-        assert all(_same_leaves(shared(*b), deep(*b)) for b in inputs)
+        assert all(same_leaves(shared(*b), deep(*b)) for b in inputs)
     after = q_fn.state_dict(keep_vars=True)
     assert all(after[k] is v and torch.equal(v, before) for k, (v, before) in weights.items())
 
@@ -207,7 +185,7 @@ def test_the_float_partition_is_converted_in_place_with_the_same_results(
     from etforge.runtime.verification.inputs import seeded_inputs
     from etforge.runtime.verification.verify import DEVICE_KERNELS, _float_check_in_place
 
-    result, report = _compiled("shufflenet", "imxrt700cm")
+    result, report = compiled_architecture("shufflenet", "imxrt700cm")
     reg = registry()
     target = float_target(reg.target("imxrt700cm"))
     program = result.host_program

@@ -33,13 +33,18 @@ from etforge.runtime.execution.host import program_inputs
 _INPUTS = (InputKind.USER_INPUT, InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR)
 
 
+def _plain(ep: ExportedProgram) -> bool:
+    """Only user outputs (no buffer mutation, no token) and inputs the graph reads as values."""
+    sig = ep.graph_signature
+    return all(s.kind == OutputKind.USER_OUTPUT for s in sig.output_specs) and all(
+        s.kind in _INPUTS for s in sig.input_specs
+    )
+
+
 def lifted_call(ep: ExportedProgram) -> Callable[..., Any] | None:
     """A function computing ``ep.module()(*inputs)`` from the exported graph, or None."""
-    sig = ep.graph_signature
     spec = ep.call_spec.out_spec
-    if spec is None or any(s.kind != OutputKind.USER_OUTPUT for s in sig.output_specs):
-        return None
-    if any(s.kind not in _INPUTS for s in sig.input_specs):
+    if spec is None or not _plain(ep):
         return None
     gm = ep.graph_module
 
@@ -58,9 +63,7 @@ def unlifted(ep: ExportedProgram) -> torch.fx.GraphModule | None:
         return None
     sig = ep.graph_signature
     in_spec = ep.call_spec.in_spec
-    if in_spec is None or any(s.kind != OutputKind.USER_OUTPUT for s in sig.output_specs):
-        return None
-    if any(s.kind not in _INPUTS for s in sig.input_specs):
+    if in_spec is None or not _plain(ep):
         return None
     graph = copy.deepcopy(ep.graph)  # module() copies the graph the same way: the same names
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
