@@ -187,3 +187,17 @@ def print_summary(report: dict[str, Any], out: Any = None, generated: Any = None
 def warn_missing_kernels(generated: Any) -> None:
     if generated is not None and generated.missing:
         say("warning", f"no kernel library provides: {', '.join(generated.missing)}")
+
+
+def defer_stack_imports(inits: tuple[str, ...] | None = None) -> None:
+    """What a command that loads ExecuTorch defers before it does (``core.common.lazy_imports``):
+    ExecuTorch's Edge-dialect YAML parse taken from the cache when the cache is on (installed
+    first: the package stand-ins import the module that parses it), Inductor's post-grad passes,
+    and the package inits ``inits`` (default ``DEFERRED_INITS``)."""
+    from etforge.core.cache import store
+    from etforge.core.common import lazy_imports
+
+    if store.enabled():  # a parse keyed by its text (``--no-cache`` is the build cache's switch)
+        lazy_imports.cache_edge_dialect_yaml(store.default_dir())
+    lazy_imports.defer_inductor_post_grad()
+    lazy_imports.defer_package_inits(lazy_imports.DEFERRED_INITS if inits is None else inits)

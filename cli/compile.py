@@ -15,6 +15,7 @@ from etforge.cli.common import (
     OUTPUT,
     Ctx,
     console,
+    defer_stack_imports,
     named_target,
     parse_options,
     print_summary,
@@ -481,17 +482,7 @@ def _compile_and_write(job: _Job, loaded: Any, calibration: Any, front: Any) -> 
     from etforge.core.build import output
 
     with _progress("import executorch"):
-        from etforge.core.cache import store
-        from etforge.core.common.lazy_imports import (
-            cache_edge_dialect_yaml,
-            defer_inductor_post_grad,
-            defer_package_inits,
-        )
-
-        if store.enabled():  # as verify: a parse keyed by its text (--no-cache is the build cache's)
-            cache_edge_dialect_yaml(store.default_dir())
-        defer_inductor_post_grad()
-        defer_package_inits()
+        defer_stack_imports()
         from etforge.core.build.report import build_report
         from etforge.core.build.session import CompileSession
         from etforge.core.serialize.program_writer import ProgramWriter

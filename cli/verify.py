@@ -15,6 +15,7 @@ from rich.table import Table
 from etforge.cli.common import (
     Ctx,
     console,
+    defer_stack_imports,
     err_console,
     named_target,
     parse_options,
@@ -290,21 +291,12 @@ def _verify_on_host(out: Any, script: dict[str, Any] | None, checks: dict[str, A
     and the package inits a host run does without besides (``HOST_DEFERRED_INITS``, each CPU
     backend's ``host_deferred_inits``: the Arm backend's MX formats, the CPU library's passes);
     ExecuTorch's parse of its Edge-dialect YAML comes from the cache (``cache_edge_dialect_yaml``)."""
-    from etforge.core.cache import store
-    from etforge.core.common.lazy_imports import (
-        HOST_DEFERRED_INITS,
-        cache_edge_dialect_yaml,
-        defer_inductor_post_grad,
-        defer_package_inits,
-    )
+    from etforge.core.common.lazy_imports import HOST_DEFERRED_INITS
     from etforge.core.registry.manager import registry
     from etforge.runtime.verification.verify_steps import Steps
 
-    defer_inductor_post_grad()
-    if store.enabled():
-        cache_edge_dialect_yaml(store.default_dir())
     cpu_inits = (p for b in registry().cpu_backends.values() for p in b.host_deferred_inits)
-    defer_package_inits((*HOST_DEFERRED_INITS, *cpu_inits))
+    defer_stack_imports((*HOST_DEFERRED_INITS, *cpu_inits))
 
     with console.status("verify: starting") if not quiet else contextlib.nullcontext() as status:
         steps = Steps(ended=_settle_after_load)

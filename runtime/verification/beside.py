@@ -28,7 +28,9 @@ class Beside:
     def __init__(self, compute: Callable[[], Any]) -> None:
         self._compute = compute
         self._value: Any = None
-        self._error: str | None = None
+        #: Why the thread failed (then the value is computed on the thread calling ``result``).
+        self.failed: str | None = None
+        self._done = False
         #: "a thread beside the sample loop" or "the main thread (why)": where they were computed.
         self.where = "a thread beside the sample loop"
         self._thread = threading.Thread(target=self._run, name="etforge-references", daemon=True)
@@ -41,13 +43,14 @@ class Beside:
         try:
             self._value = self._compute()
         except BaseException as exc:  # noqa: BLE001  (told, and computed again on the main thread)
-            self._error = f"{type(exc).__name__}: {exc}"
+            self.failed = f"{type(exc).__name__}: {exc}"
 
     def result(self) -> Any:
         """The references; computed on the calling thread if the other one failed."""
-        self._thread.join()
-        if self._error is not None:
-            self.where = f"the main thread (the other thread failed: {self._error})"
-            self._error = None
-            self._value = self._compute()
+        if not self._done:
+            self._thread.join()
+            if self.failed is not None:
+                self.where = f"the main thread (the other thread failed: {self.failed})"
+                self._value = self._compute()
+            self._done = True
         return self._value
