@@ -5,12 +5,14 @@ build trees: the content-keyed firmware cache (``runtime/firmware/build.py``, on
 library key) and the CMake package examples (tests/test_cmake_package.py, a tree per
 configuration). On a fresh CI machine every tree starts cold, so each would compile them again.
 CMake takes ``CMAKE_<LANG>_COMPILER_LAUNCHER`` from the environment when it configures a new
-tree; with ``ccache`` there, a source compiled with the same flags and the same preprocessed
-text is compiled once. ``CCACHE_BASEDIR`` (pytest's cache directory) makes paths inside it
-relative, so trees of the same layout under different names (the examples' two trees) share
-their objects too. ccache returns the object the compiler wrote, byte for byte: the images and
-what the tests check of them are the same with or without it. Variables already set win (a
-developer's own ccache setup, or none: ``CMAKE_C_COMPILER_LAUNCHER=`` turns it off).
+tree; with ``ccache`` there, a source compiled with the same compile line and the same included
+text is compiled once. ``CCACHE_BASEDIR`` (pytest's cache directory, above both kinds of tree)
+makes the paths inside it relative to each compile's directory: the firmware cache's trees lay
+out their generated include directories as the examples' do (build.py ``RUNTIME_GEN``) and use
+the examples' toolchain flags, so one compile serves the firmware cache and every example.
+ccache returns the object the compiler wrote, byte for byte: the images and what the tests
+check of them are the same with or without it. Variables already set win (a developer's own
+ccache setup, or none: ``CMAKE_C_COMPILER_LAUNCHER=`` turns it off).
 """
 
 from __future__ import annotations
@@ -33,3 +35,19 @@ def use_ccache(cache_dir: Path, base: Path) -> bool:
     os.environ.setdefault("CCACHE_DIR", str(cache_dir))
     os.environ.setdefault("CCACHE_BASEDIR", str(base))
     return True
+
+
+def describe() -> str:
+    """One line for pytest's header: how this session's firmware builds compile (told, since a
+    cold run without a compiler cache compiles the shared sources once per build tree)."""
+    launchers = {os.environ.get(f"CMAKE_{lang}_COMPILER_LAUNCHER", "") for lang in LANGS}
+    if launchers == {""}:
+        why = (
+            "ccache is not on PATH"
+            if shutil.which("ccache") is None
+            else "CMAKE_<LANG>_COMPILER_LAUNCHER is empty"
+        )
+        return f"firmware builds: no compiler cache ({why}): each CMake tree compiles its sources itself (slower)"
+    where = os.environ.get("CCACHE_DIR", "ccache's default directory")
+    base = os.environ.get("CCACHE_BASEDIR", "none")
+    return f"firmware builds: compiler launcher {' '.join(sorted(launchers))} (cache {where}, base {base})"

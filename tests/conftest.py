@@ -37,6 +37,12 @@ def pytest_configure(config: pytest.Config) -> None:
         use_ccache(Path(cache.mkdir("ccache")), base=Path(cache.mkdir("etforge-firmware")).parent)
 
 
+def pytest_report_header(config: pytest.Config) -> str:
+    from compiler_cache import describe  # tests/compiler_cache.py
+
+    return describe()
+
+
 def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginManager) -> None:
     """Accept pyproject's ``-n 3 --dist loadfile`` when pytest-xdist is off (``-p no:xdist``)."""
     if pluginmanager.hasplugin("xdist"):

@@ -101,12 +101,17 @@ def test_cmake_dir_holds_the_config() -> None:
 
 
 def _run_example(out: Path, build_dir: Path, tmp_path: Path, cpu_partitions: bool = False) -> str:
-    """Run the built example on ``out``'s seeded inputs under QEMU and require every output byte
-    to be ``etforge run``'s (runtime/firmware/device.py) on the same inputs; QEMU's stdout."""
+    """Build the configured example, run it on ``out``'s seeded inputs under QEMU and require
+    every output byte to be ``etforge run``'s (runtime/firmware/device.py) on the same inputs;
+    QEMU's stdout. ``etforge run`` goes first: its image tree compiles the runtime (and TFLM)
+    with the example's compile lines under the firmware cache's lock, which other workers'
+    firmware tests wait on, so on a cold machine the example's build takes those objects from
+    the compiler cache (conftest) instead of compiling them a second time beside them."""
     ref = device.run(
         out, "qemu-m33", samples=SAMPLES, seed=3, executorch_src=ET_SRC, cmsis_nn_src=NN_SRC,
         cpu_partitions=cpu_partitions,
     )  # fmt: skip
+    _build(build_dir)
     report, interp = device._load(out)
     ins = device._tensor_values(interp, interp.plan.inputs, "input", out)
     outs_v = device._tensor_values(interp, interp.plan.outputs, "output", out)
@@ -131,6 +136,42 @@ def _run_example(out: Path, build_dir: Path, tmp_path: Path, cpu_partitions: boo
     return qemu.stdout
 
 
+#: The libraries an example and ``etforge run``'s image tree both compile (CMake package:
+#: ``<prefix>_<name>``; the example's prefix is ``firmware_etforge``, the image tree's ``et``).
+SHARED_LIBRARIES = ("core", "prim_ops", "ops", "cmsis_nn", "kernels", "tflm", "tflm_kernels", "cmsis_nn_int")
+
+
+def _compile_lines(build_dir: Path, prefix: str) -> dict[str, str]:
+    """Each shared library's flags.make (flags, defines, includes) with the build directory
+    written ``@``: what ccache hashes of a compile line besides the source."""
+    found = {}
+    for name in SHARED_LIBRARIES:
+        f = build_dir / "CMakeFiles" / f"{prefix}_{name}.dir" / "flags.make"
+        if f.is_file():
+            lines = [ln for ln in f.read_text().splitlines() if ln and not ln.startswith("#")]
+            found[name] = "\n".join(lines).replace(str(build_dir), "@")
+    return found
+
+
+def _assert_compiles_like_etforge_run(build_dir: Path) -> list[str]:
+    """The libraries compared: the example compiles every library it shares with ``etforge run``'s
+    image tree with the same compile line, relative to its build directory, so a compiler cache (ccache with
+    conftest's base directory) compiles each object once for both (issue 47: a cold CI run
+    compiled them twice, with -O3 -DNDEBUG and another include path in the example)."""
+    from etforge.runtime.firmware import build, sources
+
+    src = sources.locate(ET_SRC, NN_SRC)
+    key = build.library_key(src)
+    with build._locked(build.cache_root() / f"libs-{key}.lock"):  # no other worker reconfiguring it
+        ours = _compile_lines(build.cache_root() / f"libs-{key}" / "build", "et")
+    example = _compile_lines(build_dir, "firmware_etforge")
+    shared = sorted(set(ours) & set(example))
+    assert {"core", "ops", "cmsis_nn"} <= set(shared), (sorted(ours), sorted(example))
+    for name in shared:
+        assert example[name] == ours[name], f"{name}:\nexample  {example[name]}\netforge run {ours[name]}"
+    return shared
+
+
 @pytest.mark.parametrize("model", MODELS)
 def test_qemu_example_matches_etforge_run(
     model: str, outs: dict[str, Path], cache: Path, tmp_path: Path
@@ -139,8 +180,8 @@ def test_qemu_example_matches_etforge_run(
     build_dir = cache / "qemu-an505"
     proc = _configure(EXAMPLES / "qemu-an505", build_dir, out / "model.pte")
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    _build(build_dir)
     _run_example(out, build_dir, tmp_path)
+    _assert_compiles_like_etforge_run(build_dir)
 
 
 NPU_TARGETS = ["imxrt700", "imxrt700cm"]
@@ -180,9 +221,10 @@ def test_qemu_example_npu_targets_in_tflm(
     proc = _configure(EXAMPLES / "qemu-an505", build_dir, out / "model.pte", *CPU_PARTITIONS)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "run in TFLM on the CPU" in proc.stdout
-    _build(build_dir)
     stdout = _run_example(out, build_dir, tmp_path, cpu_partitions=True)
     assert "etforge: tflm partition 0 arena" in stdout
+    shared = _assert_compiles_like_etforge_run(build_dir)
+    assert {"tflm", "tflm_kernels", "cmsis_nn_int"} <= set(shared)  # TFLM's compile lines compared too
 
 
 def test_npu_program_needs_the_opt_in(npu_outs: dict[tuple[str, str], Path], tmp_path: Path) -> None:

@@ -9,5 +9,7 @@ set(CMAKE_TRY_COMPILE_TARGET_TYPE STATIC_LIBRARY)
 set(CMAKE_C_FLAGS_INIT "-mcpu=cortex-m33 -mthumb -mfloat-abi=hard -mfpu=fpv5-sp-d16")
 set(CMAKE_CXX_FLAGS_INIT "-mcpu=cortex-m33 -mthumb -mfloat-abi=hard -mfpu=fpv5-sp-d16")
 set(CMAKE_ASM_FLAGS_INIT "-mcpu=cortex-m33 -mthumb -mfloat-abi=hard -mfpu=fpv5-sp-d16")
-set(CMAKE_C_FLAGS_RELEASE_INIT "-O2")
-set(CMAKE_CXX_FLAGS_RELEASE_INIT "-O2")
+# Release is -O2, what etforge's own QEMU image uses (CMake would append its -O3 -DNDEBUG to a
+# *_FLAGS_RELEASE_INIT): set as cache entries, which CMake's defaults then leave alone.
+set(CMAKE_C_FLAGS_RELEASE "-O2" CACHE STRING "C flags for Release builds")
+set(CMAKE_CXX_FLAGS_RELEASE "-O2" CACHE STRING "C++ flags for Release builds")

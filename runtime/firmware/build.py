@@ -50,7 +50,7 @@ from etforge.runtime.firmware.sources import (
 
 ENV_CACHE = "ETFORGE_FIRMWARE_CACHE"
 #: Bump when the build recipe changes in a way the hashed files do not show.
-RECIPE_VERSION = "2"
+RECIPE_VERSION = "3"
 TOOLS = ("arm-none-eabi-gcc", "arm-none-eabi-g++", "arm-none-eabi-ar", "cmake", "make")
 _STAMP = ".complete"
 #: ExecuTorch / CMSIS-NN folders whose files a library or kernel object can depend on.
@@ -205,19 +205,42 @@ def _run(cmd: list[str], what: str, progress: str = "") -> None:
         raise EtforgeError(f"firmware build failed ({what}): {first or text.strip()[-400:]}")
 
 
+#: Where the tree's generated runtime files go, relative to its CMake build directory: where the
+#: CMake package puts them for a firmware target named ``firmware`` (``etforge_add_runtime``:
+#: ``etforge-gen/<target>/runtime``, the examples' target). With the same flags
+#: (``_configure``), a source's compile line relative to the build directory is then the same
+#: in this tree and in such a firmware's, so a compiler cache (ccache with a base directory
+#: above both) compiles it once for both.
+RUNTIME_GEN = Path("etforge-gen", "firmware", "runtime")
+
+
+def runtime_dir(tree: Path) -> Path:
+    """The tree's generated runtime directory: ``include/`` (the sources' include root) and
+    the TFLM resolver header ``etforge_tflm_ops.h``."""
+    return tree / "build" / RUNTIME_GEN
+
+
+#: The CMake package's toolchain flags (examples/firmware/arm-none-eabi.cmake: the CPU flags in
+#: CMAKE_<LANG>_FLAGS, -O2 for Release), so the compile lines are a firmware project's.
+_CPU_FLAGS = "-mcpu=cortex-m33 -mthumb -mfloat-abi=hard -mfpu=fpv5-sp-d16"
+_OPT = "-O2"
+
+
 def _configure(src: Sources, tree: Path, image_lists: str) -> None:
     """(Re)configure the library tree ``tree`` with ``image_lists`` (an empty image: libraries)."""
     from etforge.codegen import cmake_runtime
     from etforge.codegen.cmake_runtime import cmake_dir
 
-    lists = cmake_runtime.render_lists(cmake_runtime.library_lists(src, "cortex-m33", tree))
+    lists = cmake_runtime.render_lists(cmake_runtime.library_lists(src, "cortex-m33", runtime_dir(tree)))
     cmake_runtime.write_if_changed(tree / "libs.cmake", lists)
     cmake_runtime.write_if_changed(tree / "image.cmake", image_lists)
     cmd = [
         "cmake", "-S", str(files_dir()), "-B", str(tree / "build"), "-G", "Unix Makefiles",
         "-DCMAKE_SYSTEM_NAME=Generic", "-DCMAKE_SYSTEM_PROCESSOR=arm",
         "-DCMAKE_C_COMPILER=arm-none-eabi-gcc", "-DCMAKE_CXX_COMPILER=arm-none-eabi-g++",
-        "-DCMAKE_TRY_COMPILE_TARGET_TYPE=STATIC_LIBRARY", "-DCMAKE_BUILD_TYPE=",
+        "-DCMAKE_TRY_COMPILE_TARGET_TYPE=STATIC_LIBRARY", "-DCMAKE_BUILD_TYPE=Release",
+        f"-DCMAKE_C_FLAGS={_CPU_FLAGS}", f"-DCMAKE_CXX_FLAGS={_CPU_FLAGS}",
+        f"-DCMAKE_C_FLAGS_RELEASE={_OPT}", f"-DCMAKE_CXX_FLAGS_RELEASE={_OPT}",
         f"-DETFORGE_CMAKE_DIR={cmake_dir()}", f"-DETFORGE_LISTS={tree / 'libs.cmake'}",
         f"-DETFORGE_IMAGE={tree / 'image.cmake'}",
     ]  # fmt: skip
@@ -330,7 +353,7 @@ def build_image(
         tkey = tflm.library_key(tsrc, src.cmsis_nn)
         tflm_stamp = lib / f".tflm-{tkey}"
         lists.update(tflm.cmake_lists(tsrc, src.cmsis_nn, part_ops))
-        lists["TFLM_INCLUDE_DIRS"].append(str(lib / "image"))
+        lists["TFLM_INCLUDE_DIRS"].append(str(runtime_dir(lib)))
         defs += ["ETFORGE_ALLOW_HOST_ONLY", "ETFORGE_TFLM_PARTITIONS", f"ETFORGE_TFLM_KEY={tkey}"]
     image_lists = cmake_runtime.render_lists(lists) + cmake_runtime.render_lists(
         {"GEN": [str(gen.resolve())], "DEFINITIONS": defs}, prefix="ETFORGE_IMAGE_"
@@ -349,7 +372,7 @@ def build_image(
         if not elf.is_file():
             with _locked(root / f"libs-{lib_key}.lock"):  # one image at a time in the library tree
                 if ops_header:
-                    cmake_runtime.write_if_changed(lib / "image" / "etforge_tflm_ops.h", ops_header)
+                    cmake_runtime.write_if_changed(runtime_dir(lib) / "etforge_tflm_ops.h", ops_header)
                 _configure(src, lib, image_lists)
                 progress = ""
                 if tflm_stamp is not None and not tflm_stamp.is_file():
