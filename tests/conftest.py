@@ -37,10 +37,11 @@ def pytest_configure(config: pytest.Config) -> None:
         use_ccache(Path(cache.mkdir("ccache")), base=Path(cache.mkdir("etforge-firmware")).parent)
 
 
-def pytest_report_header(config: pytest.Config) -> str:
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """How this session's firmware builds compiled (also under ``-q``, CI's mode)."""
     from compiler_cache import describe  # tests/compiler_cache.py
 
-    return describe()
+    terminalreporter.write_line(describe())
 
 
 def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginManager) -> None:
