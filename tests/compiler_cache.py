@@ -10,8 +10,10 @@ text is compiled once. ``CCACHE_BASEDIR`` (pytest's cache directory, above both 
 makes the paths inside it relative to each compile's directory: the firmware cache's trees lay
 out their generated include directories as the examples' do (build.py ``RUNTIME_GEN``) and use
 the examples' toolchain flags, so one compile serves the firmware cache and every example.
-ccache returns the object the compiler wrote, byte for byte: the images and what the tests
-check of them are the same with or without it. Variables already set win (a developer's own
+ccache returns the object the compiler wrote for that command line; the one thing the base
+directory changes in it is a header's ``__FILE__`` (flatbuffers' assert messages name
+``etforge-gen/firmware/runtime/include/flatbuffers/vector.h`` instead of an absolute path, as
+ccache's manual warns): the code, and what the tests check of the images, is the same. Variables already set win (a developer's own
 ccache setup, or none: ``CMAKE_C_COMPILER_LAUNCHER=`` turns it off).
 """
 
