@@ -90,8 +90,10 @@ def outs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 @pytest.fixture(scope="module")
 def cache(request: pytest.FixtureRequest) -> Path:
     """The examples' build trees (incremental across runs); ``etforge run``'s images use the
-    session's firmware cache (conftest: ``$ETFORGE_FIRMWARE_CACHE``, test_firmware's)."""
-    return Path(request.config.cache.mkdir("etforge-cmake-package"))
+    session's firmware cache (conftest: ``$ETFORGE_FIRMWARE_CACHE``, test_firmware's). The name
+    changes with the toolchain's cached flags: a configured tree keeps the CMAKE_<LANG>_FLAGS_RELEASE
+    it was first given (``-O2 -O3 -DNDEBUG`` before the toolchain file set ``-O2``)."""
+    return Path(request.config.cache.mkdir("etforge-cmake-package-2"))
 
 
 def test_cmake_dir_holds_the_config() -> None:
