@@ -220,9 +220,8 @@ def runtime_dir(tree: Path) -> Path:
     return tree / "build" / RUNTIME_GEN
 
 
-#: The CMake package's toolchain flags (examples/firmware/arm-none-eabi.cmake: the CPU flags in
-#: CMAKE_<LANG>_FLAGS, -O2 for Release), so the compile lines are a firmware project's.
-_CPU_FLAGS = "-mcpu=cortex-m33 -mthumb -mfloat-abi=hard -mfpu=fpv5-sp-d16"
+#: Release's optimisation, as in examples/firmware/arm-none-eabi.cmake (which also puts the CPU
+#: flags in CMAKE_<LANG>_FLAGS): the compile lines are then a firmware project's.
 _OPT = "-O2"
 
 
@@ -232,6 +231,7 @@ def _configure(src: Sources, tree: Path, image_lists: str) -> None:
     from etforge.codegen.cmake_runtime import cmake_dir
 
     lists = cmake_runtime.render_lists(cmake_runtime.library_lists(src, "cortex-m33", runtime_dir(tree)))
+    cpu = cmake_runtime.CPU_FLAGS["cortex-m33"]
     cmake_runtime.write_if_changed(tree / "libs.cmake", lists)
     cmake_runtime.write_if_changed(tree / "image.cmake", image_lists)
     cmd = [
@@ -239,7 +239,7 @@ def _configure(src: Sources, tree: Path, image_lists: str) -> None:
         "-DCMAKE_SYSTEM_NAME=Generic", "-DCMAKE_SYSTEM_PROCESSOR=arm",
         "-DCMAKE_C_COMPILER=arm-none-eabi-gcc", "-DCMAKE_CXX_COMPILER=arm-none-eabi-g++",
         "-DCMAKE_TRY_COMPILE_TARGET_TYPE=STATIC_LIBRARY", "-DCMAKE_BUILD_TYPE=Release",
-        f"-DCMAKE_C_FLAGS={_CPU_FLAGS}", f"-DCMAKE_CXX_FLAGS={_CPU_FLAGS}",
+        f"-DCMAKE_C_FLAGS={cpu}", f"-DCMAKE_CXX_FLAGS={cpu}",
         f"-DCMAKE_C_FLAGS_RELEASE={_OPT}", f"-DCMAKE_CXX_FLAGS_RELEASE={_OPT}",
         f"-DETFORGE_CMAKE_DIR={cmake_dir()}", f"-DETFORGE_LISTS={tree / 'libs.cmake'}",
         f"-DETFORGE_IMAGE={tree / 'image.cmake'}",
