@@ -6,7 +6,9 @@ interpreters and kernel_memo blocks."""
 from __future__ import annotations
 
 import dataclasses
+import gc
 import threading
+import weakref
 from typing import Any
 
 import pytest
@@ -101,7 +103,9 @@ def test_each_thread_keeps_its_own_interpreters_and_memo_blocks() -> None:
 
     def elsewhere() -> None:
         other["active"] = kernel_memo.active()
-        other["interpreter"] = litert_run._interpreter(model, "default")
+        mine = litert_run._interpreter(model, "default")
+        other["same"] = mine is it
+        other["interpreter"] = weakref.ref(mine)
         litert_run.run(model, inputs, "reference")  # not kept: this thread has no keeping() block
         other["kept"] = litert_run.kept(model, "reference", inputs)
         out = torch.empty(3)
@@ -114,8 +118,10 @@ def test_each_thread_keeps_its_own_interpreters_and_memo_blocks() -> None:
         assert store == {} and memo.runs == {}
         litert_run.run(model, inputs, "reference")
         assert litert_run.kept(model, "reference", inputs) is not None
-    assert other == {"active": False, "interpreter": other["interpreter"], "kept": None}
-    assert other["interpreter"] is not it  # an interpreter is not thread-safe: one per thread
+    assert other["active"] is False and other["kept"] is None
+    assert other["same"] is False  # an interpreter is not thread-safe: one per thread
+    gc.collect()
+    assert other["interpreter"]() is None  # a thread's interpreters go with it
 
 
 def _compare(result: Any, report: dict[str, Any], fail_at: int | None, monkeypatch: Any) -> Any:

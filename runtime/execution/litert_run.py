@@ -50,15 +50,21 @@ def interpreter(model: bytes, kernels: str, preserve_all_tensors: bool = False) 
     return it
 
 
-@lru_cache(maxsize=64)
-def _cached(model: bytes, kernels: str, thread: int) -> Any:
-    return interpreter(model, kernels)
+class _Cached(threading.local):
+    """Per thread, its interpreters by (model, kernels): a LiteRT interpreter is not
+    thread-safe (``verify`` runs the program on a thread ahead of its sample loop), and a
+    thread's go with it when it ends."""
+
+    def __init__(self) -> None:
+        self.get = lru_cache(maxsize=64)(interpreter)
+
+
+_cached = _Cached()
 
 
 def _interpreter(model: bytes, kernels: str) -> Any:
-    """The calling thread's own interpreter for ``model`` (a LiteRT interpreter is not
-    thread-safe: ``verify`` runs the program on a thread ahead of its sample loop)."""
-    return _cached(model, kernels, threading.get_ident())
+    """The calling thread's own interpreter for ``model`` with ``kernels``, tensors allocated."""
+    return _cached.get(model, kernels)
 
 
 def set_inputs(it: Any, inputs: Sequence[np.ndarray]) -> None:
