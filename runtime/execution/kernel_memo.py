@@ -23,6 +23,7 @@ most ``MAX_BYTES`` of outputs alive (past it, calls compute; counted as misses).
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -55,36 +56,47 @@ class Store:
     hits: int = 0
     calls: int = 0
 
+    def forget(self, run: int) -> None:
+        """Drop run ``run``'s recorded calls and their bytes (a run cut short, recorded again)."""
+        for c in self.runs.pop(run, []):
+            self.nbytes -= c.out.numel() * c.out.element_size()
 
-_recording: tuple[Store, int] | None = None
-_serving: tuple[Store, int, dict[Any, int]] | None = None
+
+class _Blocks(threading.local):
+    """The calling thread's ``recording()`` and ``serving()`` blocks (``verify`` records on a
+    thread ahead of its sample loop while the main thread runs other interpreters)."""
+
+    recording: tuple[Store, int] | None = None
+    serving: tuple[Store, int, dict[Any, int]] | None = None
+
+
+_blocks = _Blocks()
 
 
 @contextlib.contextmanager
 def recording(store: Store, run: int = 0) -> Iterator[Store]:
     """Host kernel calls inside the block are recorded into ``store`` as run ``run``'s."""
-    global _recording
-    saved, _recording = _recording, (store, run)
+    saved, _blocks.recording = _blocks.recording, (store, run)
     try:
         yield store
     finally:
-        _recording = saved
+        _blocks.recording = saved
 
 
 @contextlib.contextmanager
 def serving(store: Store, run: int = 0) -> Iterator[Store]:
     """Host kernel calls inside the block equal to one of ``store``'s run ``run`` take its result."""
-    global _serving
-    saved, _serving = _serving, (store, run, {})
+    saved, _blocks.serving = _blocks.serving, (store, run, {})
     try:
         yield store
     finally:
-        _serving = saved
+        _blocks.serving = saved
 
 
 def active() -> bool:
-    """Inside ``recording()`` or ``serving()`` (else a call runs as it is, nothing compared)."""
-    return _recording is not None or _serving is not None
+    """Inside ``recording()`` or ``serving()`` on this thread (else a call runs as it is,
+    nothing compared)."""
+    return _blocks.recording is not None or _blocks.serving is not None
 
 
 def _dense(t: torch.Tensor) -> bool:
@@ -167,8 +179,8 @@ def _matches(c: _Call, fn: Callable[..., Any], args: Sequence[Any], out: torch.T
 
 
 def _served(fn: Callable[..., Any], args: Sequence[Any], out: torch.Tensor) -> bool:
-    assert _serving is not None
-    store, run, cursors = _serving
+    assert _blocks.serving is not None
+    store, run, cursors = _blocks.serving
     store.calls += 1
     recorded = store.runs.get(run, [])
     start = cursors.get(fn, 0)
@@ -190,11 +202,11 @@ def call(fn: Callable[..., Any], args: Sequence[Any], out: torch.Tensor, reads: 
     ``"bytes"``: elements in memory order and sizes, ``"unread"``; ``HostArithmetic.reads``)."""
     if not active() or not isinstance(out, torch.Tensor):
         return fn(*args, out)
-    if _serving is not None and _served(fn, args, out):
+    if _blocks.serving is not None and _served(fn, args, out):
         return out
     result = fn(*args, out)
-    if _recording is not None and result is out and _plain(out):
-        store, run = _recording
+    if _blocks.recording is not None and result is out and _plain(out):
+        store, run = _blocks.recording
         if store.nbytes < MAX_BYTES:
             listed = list(args)
             store.runs.setdefault(run, []).append(

@@ -13,6 +13,7 @@ does (``runtime.arithmetic.tflm_arith``): what a partition run in TFLM on the de
 from __future__ import annotations
 
 import contextlib
+import threading
 import warnings
 from collections.abc import Iterator, Sequence
 from functools import lru_cache
@@ -49,7 +50,21 @@ def interpreter(model: bytes, kernels: str, preserve_all_tensors: bool = False) 
     return it
 
 
-_interpreter = lru_cache(maxsize=64)(interpreter)
+class _Cached(threading.local):
+    """Per thread, its interpreters by (model, kernels): a LiteRT interpreter is not
+    thread-safe (``verify`` runs the program on a thread ahead of its sample loop), and a
+    thread's go with it when it ends."""
+
+    def __init__(self) -> None:
+        self.get = lru_cache(maxsize=64)(interpreter)
+
+
+_cached = _Cached()
+
+
+def _interpreter(model: bytes, kernels: str) -> Any:
+    """The calling thread's own interpreter for ``model`` with ``kernels``, tensors allocated."""
+    return _cached.get(model, kernels)
 
 
 def set_inputs(it: Any, inputs: Sequence[np.ndarray]) -> None:
@@ -66,10 +81,16 @@ def set_inputs(it: Any, inputs: Sequence[np.ndarray]) -> None:
         it.set_tensor(d["index"], arr)
 
 
-#: While ``keeping()`` is active: per (model, kernels), an interpreter that keeps every tensor
-#: and the inputs of its last run (``kept`` reads that run's tensors back without running again).
-_keeping: dict[tuple[bytes, str], tuple[Any, list[np.ndarray]]] | None = None
-_keeping_kernels = ""
+class _Keeping(threading.local):
+    """Per thread, while ``keeping()`` is active: per (model, kernels), an interpreter that keeps
+    every tensor and the inputs of its last run (``kept`` reads that run's tensors back without
+    running again), and the kernels it keeps them for."""
+
+    store: dict[tuple[bytes, str], tuple[Any, list[np.ndarray]]] | None = None
+    kernels = ""
+
+
+_keeping = _Keeping()
 
 
 @contextlib.contextmanager
@@ -78,23 +99,20 @@ def keeping(kernels: str, store: dict[Any, Any] | None = None) -> Iterator[None]
     (verify reads the int8 values of the reference run it already did instead of running the
     partition again). Other kernels run as usual: keeping every tensor can change which
     delegate LiteRT applies, never what the reference kernels compute. ``store``: where the
-    interpreters live, so that several blocks (and samples) share them."""
-    global _keeping, _keeping_kernels
-    saved, _keeping, _keeping_kernels = (
-        (_keeping, _keeping_kernels),
-        (store if store is not None else {}),
-        kernels,
-    )
+    interpreters live, so that several blocks (and samples) share them. The block holds for
+    the calling thread only (another thread's runs are its own)."""
+    saved = (_keeping.store, _keeping.kernels)
+    _keeping.store, _keeping.kernels = (store if store is not None else {}), kernels
     try:
         yield
     finally:
-        _keeping, _keeping_kernels = saved
+        _keeping.store, _keeping.kernels = saved
 
 
 def kept(model: bytes, kernels: str, inputs: Sequence[np.ndarray]) -> Any | None:
     """The interpreter whose last run (inside ``keeping()``) was ``model`` with ``kernels`` on
     exactly ``inputs``, every tensor still held; None otherwise."""
-    entry = (_keeping or {}).get((model, kernels))
+    entry = (_keeping.store or {}).get((model, kernels))
     if entry is None or len(entry[1]) != len(inputs):
         return None
     it, last = entry
@@ -108,9 +126,10 @@ def run(model: bytes, inputs: Sequence[np.ndarray], kernels: str = "default") ->
         outs = _run_tflm(model, inputs)
         if outs is not None:
             return outs
-    if _keeping is not None and kernels == _keeping_kernels:
-        it = (_keeping.get((model, kernels)) or (None,))[0] or interpreter(model, kernels, True)
-        _keeping[(model, kernels)] = (it, [np.array(x, copy=True) for x in inputs])
+    keep = _keeping.store
+    if keep is not None and kernels == _keeping.kernels:
+        it = (keep.get((model, kernels)) or (None,))[0] or interpreter(model, kernels, True)
+        keep[(model, kernels)] = (it, [np.array(x, copy=True) for x in inputs])
     else:
         it = _interpreter(model, kernels)
     set_inputs(it, inputs)

@@ -31,6 +31,7 @@ from etforge.runtime.execution.host import run_program
 from etforge.runtime.execution.pte_interpreter import PteInterpreter
 from etforge.runtime.verification import exact_pass
 from etforge.runtime.verification.accuracy import DEFAULT_MAX_ACCURACY_DROP, Labeled, evaluate
+from etforge.runtime.verification.ahead import Ahead
 from etforge.runtime.verification.beside import Beside
 from etforge.runtime.verification.constant_fold import folded
 from etforge.runtime.verification.constant_nodes import ConstantNodes
@@ -178,6 +179,9 @@ class Verification:
     #: Where torch's references ran: on a thread beside the sample loop
     #: (``runtime.verification.beside``), or the main thread (why).
     references_computed_in: str = "the main thread"
+    #: Where the compiled program's runs of each sample ran: on a thread ahead of the sample
+    #: loop (``runtime.verification.ahead``), or the main thread (why).
+    program_runs_in: str = "the main thread"
     #: NPU partition files taken as converted on ``report.json``'s sha256 (the hash chain), not
     #: converted again from ``quantized.pt2`` (``runtime.verification.saved_partitions``), and
     #: those converted again and compared byte for byte (``verify --reconvert``).
@@ -675,74 +679,93 @@ def compare(
                 template = sample_ops
 
     chunk = chunk_size(q_fn) if q_fn is not None else 1
-    for first in range(0, samples, chunk):
-        runs: list[tuple[Any, ...]] = []
-        for index in range(first, min(first + chunk, samples)):
-            batch = inputs[index]
-            steps.status(f"sample {index + 1}/{samples}: running the program, each op against its reference, "
-                         "the device simulation")  # fmt: skip
-            # The device's arithmetic (LiteRT reference kernels, the Cortex-M kernels): what the
-            # per-op gates and the simulation judge; the user's kernels for the end-to-end figures.
-            start = time.perf_counter()
-            calls: list[Any] = []
-            values = HostInt8Values(aliases)
-            with litert_run.keeping(DEVICE_KERNELS, kept_runs):  # its every-tensor run feeds litert_values
-                with recording(index):
-                    device_outs = run_program(program, batch, DEVICE_KERNELS, calls, values)
-            if kernels == "reference" or not calls:
-                outs = device_outs
-            else:
-                with recording(index):
-                    outs = run_program(program, batch, kernels)
-            if index < FLOAT_CHECK_SAMPLES:  # the float check's partition inputs (``float_partitions``)
-                float_calls.append(list(calls))
-            if edge_outputs is not None:  # the .pte interpreter is compared with them (``verify``)
-                edge_outputs.append(outs)
-            start = steps.add("samples: the program's runs", start) + start
-            npu_values: dict[str, torch.Tensor] = {}
-            forced = template is None  # the first sample: teacher-forced, the others' template
-            if forced:
-                forced_checks(calls, values, batch, npu_values)
-            else:  # read now: the next sample's run replaces the kept one
-                with litert_run.keeping(DEVICE_KERNELS, kept_runs):
-                    npu_values = exact_pass.litert_values(calls, parsed_payloads)
-                start = steps.add("samples: the device simulation", start) + start
-            runs.append((batch, calls, values, device_outs, outs, npu_values, forced))
-        sims: list[Any] = [(None, {})] * len(runs)
-        if q_fn is not None:  # the chunk's device simulation: one pass (``runtime.verification.sample_pass``)
-            start = time.perf_counter()
-            sims = simulations(
-                q_fn,
-                [r[0] for r in runs],
-                [r[2].kinds(q_fn) for r in runs],
-                [{**r[5], **r[2].values(q_fn)} for r in runs],
-                sim_constants,
-                sim_state,
-            )
-            start = steps.add("samples: the device simulation", start) + start
-        for (batch, calls, values, device_outs, outs, npu_values, forced), (sim, seen) in zip(
-            runs, sims, strict=True
-        ):
-            start = time.perf_counter()
-            if not forced and q_fn is not None:  # one pass where it proves the per-op gates
-                judged = exact_pass.judged(template, npu_values, values.values(q_fn), seen)
-                if judged is not None:
-                    fast += 1
-                    ops.extend(p for p in judged if p.partition != "cpu")
-                    cpu_ops.extend(p for p in judged if p.partition == "cpu")
+
+    def program_runs(index: int) -> tuple[list[Any], HostInt8Values, Any, Any, dict[str, Any] | None]:
+        """Sample ``index``'s runs of the program (on the thread ahead of the loop, ``ahead``):
+        its delegate calls, host int8 values, outputs with the device's kernels and with the
+        user's, and LiteRT's int8 values where the sample is not teacher-forced (None: not read)."""
+        batch = inputs[index]
+        # The device's arithmetic (LiteRT reference kernels, the Cortex-M kernels): what the
+        # per-op gates and the simulation judge; the user's kernels for the end-to-end figures.
+        calls: list[Any] = []
+        values = HostInt8Values(aliases)
+        with litert_run.keeping(DEVICE_KERNELS, kept_runs):  # its every-tensor run feeds litert_values
+            with recording(index):
+                device_outs = run_program(program, batch, DEVICE_KERNELS, calls, values)
+        if kernels == "reference" or not calls:
+            outs = device_outs
+        else:
+            with recording(index):
+                outs = run_program(program, batch, kernels)
+        npu_values = None
+        if index > 0 and q_fn is not None:  # judged from the simulation: read now (the next run replaces it)
+            with litert_run.keeping(DEVICE_KERNELS, kept_runs):
+                npu_values = exact_pass.litert_values(calls, parsed_payloads)
+        return calls, values, device_outs, outs, npu_values
+
+    # each sample's runs on a thread up to a chunk ahead of the loop (``ahead``); a run cut
+    # short there is recorded again here
+    ahead = Ahead(program_runs, samples, chunk, undo=memo.forget if memo is not None else None)
+    try:
+        for first in range(0, samples, chunk):
+            runs: list[tuple[Any, ...]] = []
+            for index in range(first, min(first + chunk, samples)):
+                batch = inputs[index]
+                steps.status(f"sample {index + 1}/{samples}: running the program, each op against its reference, "
+                             "the device simulation")  # fmt: skip
+                start = time.perf_counter()
+                calls, values, device_outs, outs, npu_values = ahead.take(index)  # waits for the thread
+                if index < FLOAT_CHECK_SAMPLES:  # the float check's partition inputs (``float_partitions``)
+                    float_calls.append(list(calls))
+                if edge_outputs is not None:  # the .pte interpreter is compared with them (``verify``)
+                    edge_outputs.append(outs)
+                start = steps.add("samples: the program's runs", start) + start
+                forced = template is None  # the first sample: teacher-forced, the others' template
+                if forced:
+                    npu_values = {}
+                    forced_checks(calls, values, batch, npu_values)
+                elif npu_values is None:  # not read on the thread (it reads them past the first sample)
+                    with litert_run.keeping(DEVICE_KERNELS, kept_runs):
+                        npu_values = exact_pass.litert_values(calls, parsed_payloads)
                     start = steps.add("samples: the device simulation", start) + start
-                else:
-                    forced_checks(calls, values, batch, {})
-            if sim is not None:
-                sim_worst = max(sim_worst, _simulation_steps(program, sim.raw, device_outs, scales))
-                sim_not_exact.update(sim.not_exact)
-                sim_unforced.update(sim.unforced)
+                runs.append((batch, calls, values, device_outs, outs, npu_values, forced))
+            sims: list[Any] = [(None, {})] * len(runs)
+            if q_fn is not None:  # the chunk's device simulation: one pass (``sample_pass``)
+                start = time.perf_counter()
+                sims = simulations(
+                    q_fn,
+                    [r[0] for r in runs],
+                    [r[2].kinds(q_fn) for r in runs],
+                    [{**r[5], **r[2].values(q_fn)} for r in runs],
+                    sim_constants,
+                    sim_state,
+                )
                 start = steps.add("samples: the device simulation", start) + start
-            sample_outs.append(outs)
-            # A sample's interpreters (LiteRT with every tensor preserved, the fx interpreters
-            # around them) sit in reference cycles; the CLI's collector runs young collections
-            # rarely (process_memory), and 32 samples of vgg11_bn's then held 22 GB.
-            gc.collect(1)
+            for (batch, calls, values, device_outs, outs, npu_values, forced), (sim, seen) in zip(
+                runs, sims, strict=True
+            ):
+                start = time.perf_counter()
+                if not forced and q_fn is not None:  # one pass where it proves the per-op gates
+                    judged = exact_pass.judged(template, npu_values, values.values(q_fn), seen)
+                    if judged is not None:
+                        fast += 1
+                        ops.extend(p for p in judged if p.partition != "cpu")
+                        cpu_ops.extend(p for p in judged if p.partition == "cpu")
+                        start = steps.add("samples: the device simulation", start) + start
+                    else:
+                        forced_checks(calls, values, batch, {})
+                if sim is not None:
+                    sim_worst = max(sim_worst, _simulation_steps(program, sim.raw, device_outs, scales))
+                    sim_not_exact.update(sim.not_exact)
+                    sim_unforced.update(sim.unforced)
+                    start = steps.add("samples: the device simulation", start) + start
+                sample_outs.append(outs)
+                # A sample's interpreters (LiteRT with every tensor preserved, the fx interpreters
+                # around them) sit in reference cycles; the CLI's collector runs young collections
+                # rarely (process_memory), and 32 samples of vgg11_bn's then held 22 GB.
+                gc.collect(1)
+    finally:
+        ahead.close()
     start = time.perf_counter()
     steps.status(f"torch's references of {samples} samples (float, float32, float64)")
     exact_all, float_all, q_all, sums = references.result()
@@ -790,6 +813,11 @@ def compare(
     result.references_computed_in = references.where
     if references.failed:
         result.notes.append(f"torch's references were computed in {references.where}")
+    result.program_runs_in = ahead.where
+    if ahead.failed:
+        result.notes.append(
+            f"the program's runs from sample {ahead.failed_at + 1} on were computed in {ahead.where}"
+        )
     result.sim_batched_samples, result.sim_batched_passes = sim_state.samples, sim_state.passes
     result.sim_per_sample_nodes = dict(sim_state.per_sample)
     if sim_state.note:
