@@ -22,6 +22,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import cia_memo
 import pytest
 import torch
 from neutron_differential_cases import CASES, DCase, Module, inputs, matches
@@ -131,7 +132,8 @@ def _etforge(case: DCase) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def etforge(upstream_child: tuple[subprocess.Popen[str], Path]) -> dict[str, dict[str, str]]:
-    return {case.id: _etforge(case) for case in CASES}
+    with cia_memo.memoized():  # the classic path's run_decompositions, as in upstream's child
+        return {case.id: _etforge(case) for case in CASES}
 
 
 @pytest.fixture(scope="module")

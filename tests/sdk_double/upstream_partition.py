@@ -34,10 +34,12 @@ def _op_name(node: object) -> str:
 def main(out: str, ids: list[str]) -> None:
     import logging
 
+    import cia_memo
     from executorch.backends.nxp.backend.neutron_target_spec import NeutronTargetSpec
     from neutron_differential_cases import CASES
 
     logging.disable(logging.WARNING)
+    cia_memo.install()  # every case's three run_decompositions: the same op collection
     spec = NeutronTargetSpec("imxrt700")
     result: dict[str, object] = {}
     for case in CASES:
