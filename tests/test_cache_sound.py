@@ -258,7 +258,9 @@ def test_direct_mode_by_construction_for_pt2_and_zoo(tmp_path: Path) -> None:
     assert hit["mode"] == "direct" and ".pt2" in hit["reason"]
     _export_weights(pt2, 2.5)
     assert compile_(str(pt2), "p3")["mode"] == "miss"
-    compile_(str(pt2), "p4", "--no-cache")
+    # the truth, --no-cache: in this process (no import order or working directory to prove)
+    proc = run_cli("compile", str(pt2), "-o", str(tmp_path / "p4"), "--no-cache", env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
     assert (tmp_path / "p3" / "model.pte").read_bytes() == (tmp_path / "p4" / "model.pte").read_bytes()
     assert (tmp_path / "p3" / "model.pte").read_bytes() != (tmp_path / "p1" / "model.pte").read_bytes()
 
