@@ -7,6 +7,10 @@ entry shadows, an environment variable read by an installed library, a module in
 directory without package metadata edited in place, and a module whose unchecked ``.pyc``
 changed under an unchanged ``.py``. After each input changes, a cached compile in the default
 mode must give the bytes ``--no-cache`` gives, not the first build's.
+
+Every case builds ``net(value)`` from the value its input holds, so the truth after the change
+is one ``--no-cache`` compile of ``net(2.5)`` (in this process), not seven more compiles in
+worker processes (issue 47: each worker imports torch and ExecuTorch anew).
 """
 
 from __future__ import annotations
@@ -37,6 +41,9 @@ def net(value):
     calib = [(torch.randn(1, 4, generator=g),) for _ in range(4)]
     return lin.eval(), (torch.randn(1, 4, generator=g),), calib
 """
+
+#: The value every input holds after ``change_every_input`` (0.5 before).
+CHANGED = "2.5"
 
 CASES = {
     "sqlite": """
@@ -161,16 +168,28 @@ class _World:
 
     def change_every_input(self) -> None:
         con = sqlite3.connect(self.models / "cfg.db")
-        con.execute("update cfg set v = 2.5")
+        con.execute(f"update cfg set v = {CHANGED}")
         con.commit()
         con.close()
-        _export_weights(self.models / "w.pt2", 2.5)
-        (self.models / "cfgdir" / "value.txt").write_text("2.5")
-        (self.early / "h48_shadowed.py").write_text("VALUE = 2.5\n")
-        (self.site / "h48_plain.py").write_text("VALUE = 2.5\n")  # no metadata: no version to change
-        _unchecked_pyc(self.models / "h48_pyc.py", "VALUE = 2.5\n")  # the .py is untouched
-        self.lib_value = "2.5"
+        _export_weights(self.models / "w.pt2", float(CHANGED))
+        (self.models / "cfgdir" / "value.txt").write_text(CHANGED)
+        (self.early / "h48_shadowed.py").write_text(f"VALUE = {CHANGED}\n")
+        (self.site / "h48_plain.py").write_text(f"VALUE = {CHANGED}\n")  # no metadata: no version to change
+        _unchecked_pyc(self.models / "h48_pyc.py", f"VALUE = {CHANGED}\n")  # the .py is untouched
+        self.lib_value = CHANGED
         time.sleep(0.2)
+
+    def truth(self, value: str) -> tuple[bytes, dict[str, str]]:
+        """The ``--no-cache`` build of ``net(value)``, what every case builds once its input
+        holds ``value``: one model that reads nothing, compiled in this process."""
+        ref = self.tmp / "reference.py"
+        ref.write_text(NET + f"\n\ndef build():\n    return net({value})\n")
+        out = self.tmp / "truth"
+        env = {"ETFORGE_NO_CACHE": "0", "ETFORGE_CACHE_DIR": str(self.tmp / "cache")}
+        proc = run_cli("compile", f"{ref}:build", "-o", str(out), "--no-cache", env=env)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        cache = json.loads((out / "report.json").read_text())["cache"]
+        return (out / "model.pte").read_bytes(), cache
 
     def compile(self, out: str, *extra: str) -> Path:
         env = {
@@ -206,12 +225,12 @@ def test_inputs_nothing_observes_never_give_a_stale_build(tmp_path: Path) -> Non
 
     world.change_every_input()
     cached = world.compile("cached")
-    fresh = world.compile("fresh", "--no-cache")
+    fresh, fresh_cache = world.truth(CHANGED)
+    assert fresh_cache["mode"] == "miss" and "off" in fresh_cache["reason"]
     for name in CASES:
-        assert _pte(fresh, name) != _pte(first, name), f"{name}: the change must change the build"
-        assert _pte(cached, name) == _pte(fresh, name), f"{name}: stale ({_cache(cached, name)})"
+        assert fresh != _pte(first, name), f"{name}: the change must change the build"
+        assert _pte(cached, name) == fresh, f"{name}: stale ({_cache(cached, name)})"
         assert _cache(cached, name)["mode"] == "miss", name
-        assert _cache(fresh, name)["mode"] == "miss" and "off" in _cache(fresh, name)["reason"]
 
 
 def test_direct_mode_by_construction_for_pt2_and_zoo(tmp_path: Path) -> None:
@@ -239,7 +258,9 @@ def test_direct_mode_by_construction_for_pt2_and_zoo(tmp_path: Path) -> None:
     assert hit["mode"] == "direct" and ".pt2" in hit["reason"]
     _export_weights(pt2, 2.5)
     assert compile_(str(pt2), "p3")["mode"] == "miss"
-    compile_(str(pt2), "p4", "--no-cache")
+    # the truth, --no-cache: in this process (no import order or working directory to prove)
+    proc = run_cli("compile", str(pt2), "-o", str(tmp_path / "p4"), "--no-cache", env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
     assert (tmp_path / "p3" / "model.pte").read_bytes() == (tmp_path / "p4" / "model.pte").read_bytes()
     assert (tmp_path / "p3" / "model.pte").read_bytes() != (tmp_path / "p1" / "model.pte").read_bytes()
 
