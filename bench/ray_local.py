@@ -13,19 +13,16 @@ One manifest of tests/batch_models.py's factories (the first ``--models`` of its
 Each variant runs alone, then beside ``--busy`` processes that never sleep (started first,
 stopped after: the shape of a loaded build machine or of pytest's other workers). Printed per
 run: wall seconds and CPU seconds of the whole process tree, Ray's daemons and workers
-included: this process makes itself the reaper of orphans (``PR_SET_CHILD_SUBREAPER``), so
-the Ray processes the driver leaves behind are waited for here and counted in
-``RUSAGE_CHILDREN``. Then per variant the ratio beside busy ÷ alone (wall and CPU). Wall
+included (a cgroup per run: :class:`Tree`; without write access to the cgroup file system,
+wall seconds only). Then per variant the ratio beside busy ÷ alone (wall and CPU). Wall
 times follow the machine's load; compare ratios from one run.
 """
 
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -34,7 +31,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 BUSY = "while True:\n    pass\n"
-PR_SET_CHILD_SUBREAPER = 36
+CGROUP_V1, CGROUP_V2 = Path("/sys/fs/cgroup/cpuacct"), Path("/sys/fs/cgroup")
 #: ``ray-default``: etforge's CLI with the local workers' environment as Ray leaves it.
 RAY_DEFAULT = (
     "import sys, runpy\n"
@@ -45,45 +42,52 @@ RAY_DEFAULT = (
 )
 
 
-def children() -> set[int]:
-    """This process's children, orphans it adopted included (from /proc)."""
-    me, kids = os.getpid(), set()
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if int(fields[1]) == me:
-            kids.add(int(stat.parent.name))
-    return kids
+class Tree:
+    """CPU seconds of a process and all it starts, Ray's daemons and workers included: a
+    cgroup of its own (v1 ``cpuacct`` or v2 ``cpu.stat``; needs write access to the cgroup
+    file system). Ray's processes outlive the driver's wait and are not counted in its
+    ``RUSAGE_CHILDREN`` (measured: about half of its start-up CPU seconds), hence a cgroup."""
 
-
-def reap_orphans(keep: set[int], timeout: float = 60.0) -> None:
-    """Wait for every descendant left behind (Ray's daemons exit after the driver), all but
-    the ``keep`` children (the busy processes)."""
-    deadline = time.monotonic() + timeout
-    while children() - keep:
-        if time.monotonic() > deadline:
-            raise SystemExit("Ray's processes did not exit within a minute of the driver")
-        for pid in children() - keep:
+    def __init__(self, name: str) -> None:
+        self.path: Path | None = None
+        for root, stat in ((CGROUP_V1, "cpuacct.usage"), (CGROUP_V2, "cpu.stat")):
             try:
-                os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:
-                pass
-        time.sleep(0.2)
+                (root / name).mkdir()
+            except OSError:
+                continue
+            self.path, self.stat = root / name, stat
+            break
+
+    def enter(self) -> None:
+        """In the child, before exec: join the cgroup."""
+        if self.path is not None:
+            (self.path / "cgroup.procs").write_text(str(os.getpid()))
+
+    def cpu(self, timeout: float = 60.0) -> float | None:
+        """CPU seconds, once every process of the tree has exited; None without a cgroup."""
+        if self.path is None:
+            return None
+        deadline = time.monotonic() + timeout
+        while (self.path / "cgroup.procs").read_text().strip():
+            if time.monotonic() > deadline:
+                raise SystemExit("Ray's processes did not exit within a minute of the driver")
+            time.sleep(0.2)
+        text = (self.path / self.stat).read_text()
+        seconds = int(text) / 1e9 if self.stat == "cpuacct.usage" else int(text.split()[1]) / 1e6
+        self.path.rmdir()
+        return seconds
 
 
-def timed(argv: list[str], env: dict[str, str], keep: set[int]) -> tuple[float, float]:
-    """(wall s, CPU s of the whole process tree) of one run."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+def timed(argv: list[str], env: dict[str, str], name: str) -> tuple[float, float | None]:
+    """(wall s, CPU s of the whole process tree or None) of one run."""
+    tree = Tree(name)
     start = time.perf_counter()
-    proc = subprocess.run(argv, capture_output=True, text=True, env=env)
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, preexec_fn=tree.enter)
     wall = time.perf_counter() - start
-    reap_orphans(keep)
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = tree.cpu()
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(argv[:6])} failed: {proc.stdout[-1500:]}{proc.stderr[-1500:]}")
-    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall, cpu
 
 
 def command(variant: str, manifest: Path, out: Path) -> list[str]:
@@ -102,15 +106,13 @@ def main() -> None:
     parser.add_argument("--busy", type=int, default=2, help="busy processes beside the loaded runs")
     parser.add_argument("--variants", default="ours,ray-default,pool")
     args = parser.parse_args()
-    if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
-        raise SystemExit("cannot become the reaper of orphans (Linux only): Ray's CPU would be lost")
     sys.path.insert(0, str(REPO / "tests"))
     from batch_models import FACTORIES
 
     models = [f"{REPO / 'tests' / 'batch_models.py'}:{f}" for f in FACTORIES[: args.models]]
     env = {**os.environ}
     env.setdefault("OMP_NUM_THREADS", "1")
-    results: dict[tuple[str, int], tuple[float, float]] = {}
+    results: dict[tuple[str, int], tuple[float, float | None]] = {}
     with tempfile.TemporaryDirectory(prefix="etforge-ray-bench-") as tmp:
         manifest = Path(tmp) / "m.json"
         manifest.write_text(json.dumps({"models": models, "targets": ["imxrt700"]}))
@@ -120,7 +122,7 @@ def main() -> None:
                 for variant in args.variants.split(","):
                     out = Path(tmp) / f"{variant}-{busy}"
                     wall, cpu = results[variant, busy] = timed(
-                        command(variant, manifest, out), env, {h.pid for h in hogs}
+                        command(variant, manifest, out), env, f"etforge-bench-{os.getpid()}-{variant}-{busy}"
                     )
                     print(
                         f"{variant:12s} beside {busy} busy: {wall:7.1f} s wall {cpu:7.1f} s CPU", flush=True
@@ -132,7 +134,8 @@ def main() -> None:
     print(f"\n{len(models)} jobs; beside {args.busy} busy processes ÷ alone:")
     for variant in args.variants.split(","):
         (w0, c0), (w1, c1) = results[variant, 0], results[variant, args.busy]
-        print(f"{variant:12s} wall {w1 / w0:5.2f}x  CPU {c1 / c0:5.2f}x")
+        cpu = "" if c0 is None or c1 is None else f"  CPU {c1 / c0:5.2f}x"
+        print(f"{variant:12s} wall {w1 / w0:5.2f}x{cpu}")
 
 
 if __name__ == "__main__":
