@@ -329,13 +329,39 @@ def _ray_task(job_fields: dict[str, Any], env: dict[str, str]) -> tuple[dict[str
         return {"ok": res.ok, "seconds": res.seconds, "message": res.message, "facts": res.facts}, blob
 
 
+#: What a local Ray instance (``--ray local``) changes in its workers' environment.
+#:
+#: ``RAY_worker_niceness=0``: Ray starts every worker process 15 nice levels below its caller
+#: (its ``worker_niceness`` setting, meant to keep a cluster node's raylet responsive), and
+#: each job's ``etforge compile`` child inherits that. On the caller's own machine the jobs ARE
+#: the work asked for; 15 levels down a job gets about 3% of a core against a process at the
+#: caller's niceness (CFS weights 36 : 1024), so beside other work it starves. Measured on the
+#: 2-core machine, 12 jobs of tests/batch_models.py beside two busy processes: 857 s wall
+#: (each compile 114-179 s) for 64 CPU s; with the variable, 135 s for 55 CPU s (quiet
+#: machine: 71 s). The variable is the one Ray's job manager sets for a job's driver; a worker
+#: reads it before it lowers its priority, so the jobs run at the caller's, as ``--jobs`` does.
+#: A remote cluster's (``--ray ADDRESS``) settings are its administrator's and stay untouched.
+LOCAL_WORKER_ENV = {"RAY_worker_niceness": "0"}
+
+
 def run_ray(
     jobs: Sequence[Job],
     address: str,
     cache_dir: str | None,
     on_done: Callable[[JobResult], None] | None = None,
 ) -> list[JobResult]:
-    """The same jobs as Ray tasks on the cluster at ``address`` ("local" starts one here)."""
+    """The same jobs as Ray tasks on the cluster at ``address`` ("local" starts one here).
+
+    A local instance gets Ray's defaults but two: no dashboard, and :data:`LOCAL_WORKER_ENV`
+    (the workers at the caller's priority: the cause of ``--ray local``'s collapse on a busy
+    machine). Measured and left as they are: Ray's start-up, 12 trivial tasks and shutdown
+    cost 4.2 CPU s (seven Python processes importing Ray) and its idle daemons about 0.5 CPU s
+    per 20 s, small beside a job's ~4 CPU s compile; Ray counts the cores as ``--jobs`` does,
+    one task per core. Each job stays a child ``etforge compile`` rather than running inside
+    the Ray worker (which would save the child's start-up) for the isolation ``--jobs`` has:
+    a model that crashes the interpreter, two model files of one module name, or torch's
+    process-wide state must not leak from one job into the next.
+    """
     try:
         import ray
     except ImportError:
@@ -344,7 +370,10 @@ def run_ray(
     # Workers import etforge from where the caller does (an editable checkout included).
     package_parent = str(Path(__file__).resolve().parent.parent.parent)
     pythonpath = os.pathsep.join(p for p in (package_parent, os.environ.get("PYTHONPATH", "")) if p)
-    runtime_env = {"env_vars": {**env, "PYTHONPATH": pythonpath}}
+    env_vars = {**env, "PYTHONPATH": pythonpath}
+    if address == "local":
+        env_vars.update(LOCAL_WORKER_ENV)
+    runtime_env = {"env_vars": env_vars}
     started_here = not ray.is_initialized()
     if started_here:
         kwargs: dict[str, Any] = {"runtime_env": runtime_env, "log_to_driver": False}
