@@ -37,6 +37,19 @@ def pytest_configure(config: pytest.Config) -> None:
         use_ccache(Path(cache.mkdir("ccache")), base=Path(cache.mkdir("etforge-firmware")).parent)
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """The test process's collector as the ``etforge`` command sets its own
+    (core/common/process_memory.py): young collections rarer, and the imported modules' objects
+    (torch, ExecuTorch, every test module: collection is done) frozen out of every full
+    collection. The pipeline runs in this process (``cli_in_process``, fixtures), so its
+    collector costs are the command's; until the first in-process command they were the
+    default's (issue 47: tests/test_early.py 24.0 -> 19.9 CPU s)."""
+    from etforge.core.common import process_memory
+
+    process_memory.tune_collector()
+    process_memory.settle()
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     """How this session's firmware builds compiled (also under ``-q``, CI's mode)."""
     from compiler_cache import describe  # tests/compiler_cache.py
