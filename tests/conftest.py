@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+pytest_plugins = ["cpu_table"]  # tests/cpu_table.py: CPU seconds per file at the end
+
 # Every compile in the suite builds afresh (tests swap plugins, SDK doubles and fault hooks
 # under one version); the build-cache tests turn the cache on explicitly.
 os.environ.setdefault("ETFORGE_NO_CACHE", "1")
