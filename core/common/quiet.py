@@ -16,6 +16,7 @@ import logging
 import os
 import re
 import sys
+import threading
 import warnings
 from collections.abc import Iterator
 
@@ -31,6 +32,8 @@ _NOISY_NAME = re.compile(rf"({'|'.join(NOISY_LIBRARIES)})(\.|$)")
 
 
 _STATE = {"quiet": False}
+#: The start of torch's warning for an op ``torch.vmap`` runs one sample at a time.
+VMAP_FALLBACK = "There is a performance drop because we have not yet implemented the batching rule"
 
 
 @functools.cache
@@ -82,25 +85,43 @@ def install(verbose: bool = False) -> None:
     warnings.filterwarnings("ignore", category=DeprecationWarning)
     # "No complete tensor found in the group!" (torch.export.save) and friends.
     warnings.filterwarnings("ignore", category=UserWarning, module=THIRD_PARTY)
+    # torch.vmap on an op without a batching rule loops over the batch (the same values): raised
+    # from the frame that called the op, an etforge module (verify's batched references).
+    warnings.filterwarnings("ignore", message=VMAP_FALLBACK, category=UserWarning)
 
 
 @contextlib.contextmanager
 def native_stderr() -> Iterator[None]:
     """In quiet mode, what native code writes to stderr inside the block is dropped (LiteRT's
     "INFO: Created TensorFlow Lite XNNPACK delegate for CPU."); Python exceptions still
-    propagate, so no error is hidden."""
+    propagate, so no error is hidden.
+
+    File descriptor 2 is the process's, and ``verify`` opens LiteRT interpreters on more than
+    one thread: the first block in redirects it and the last one out restores it, so blocks
+    that overlap on two threads never restore each other's ``/dev/null``."""
     if not _STATE["quiet"]:
         yield
         return
-    sys.stderr.flush()
-    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    with _REDIRECT_LOCK:
+        if not _REDIRECT["depth"]:
+            sys.stderr.flush()
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            _REDIRECT["saved"] = os.dup(2)
+            os.dup2(devnull, 2)
+            os.close(devnull)
+        _REDIRECT["depth"] += 1
     try:
-        os.dup2(devnull, 2)
         yield
     finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(devnull)
+        with _REDIRECT_LOCK:
+            _REDIRECT["depth"] -= 1
+            if not _REDIRECT["depth"]:
+                os.dup2(_REDIRECT["saved"], 2)
+                os.close(_REDIRECT["saved"])
+
+
+_REDIRECT = {"depth": 0, "saved": -1}
+_REDIRECT_LOCK = threading.Lock()
 
 
 @contextlib.contextmanager

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import warnings
 from collections.abc import Iterator, Sequence
 from functools import lru_cache
 from typing import Any
@@ -38,8 +37,10 @@ def interpreter(model: bytes, kernels: str, preserve_all_tensors: bool = False) 
     from etforge.core.common.quiet import native_stderr
     from etforge.core.common.threads import LITERT_THREADS
 
-    with warnings.catch_warnings(), native_stderr():  # "preserving every tensor is for debugging": it is
-        warnings.simplefilter("ignore", UserWarning)
+    # LiteRT's UserWarning that preserving every tensor is for debugging (it is, here) is one of
+    # the libraries' the CLI and the API scope filter (quiet.install); no catch_warnings here:
+    # it saves and restores the process's filters, and threads (verify's) would undo each other's
+    with native_stderr():
         it = Interpreter(
             model_content=model,
             experimental_op_resolver_type=resolver,
