@@ -720,14 +720,12 @@ def compare(
                 if edge_outputs is not None:  # the .pte interpreter is compared with them (``verify``)
                     edge_outputs.append(outs)
                 start = steps.add("samples: the program's runs", start) + start
-                forced = template is None  # the first sample: teacher-forced, the others' template
+                # the first sample: teacher-forced, the others' template (set only with q_fn,
+                # so past the first sample ``program_runs`` has read LiteRT's values)
+                forced = template is None
                 if forced:
                     npu_values = {}
                     forced_checks(calls, values, batch, npu_values)
-                elif npu_values is None:  # not read on the thread (it reads them past the first sample)
-                    with litert_run.keeping(DEVICE_KERNELS, kept_runs):
-                        npu_values = exact_pass.litert_values(calls, parsed_payloads)
-                    start = steps.add("samples: the device simulation", start) + start
                 runs.append((batch, calls, values, device_outs, outs, npu_values, forced))
             sims: list[Any] = [(None, {})] * len(runs)
             if q_fn is not None:  # the chunk's device simulation: one pass (``sample_pass``)
