@@ -11,20 +11,19 @@ classic) with one export and one quantization per case. The placement of the cas
 upstream"; for those the test requires exactly the listed placements, so the table cannot go
 stale. Nothing is skipped: an etforge crash or an upstream error is a placement of its own.
 Both sides lower one small program after another: torch's collection of composite ops is
-memoized (``cia_memo.py``) and the collector tuned as the etforge command tunes its own, which
-cut the fixture's CPU by about a third (issue 47) and changes no decision.
+memoized (``cia_memo.py``) and the collector tuned as the etforge command tunes its own (here
+by conftest for every test process, in upstream's child by the child), which cut the fixture's
+CPU by about a third (issue 47) and changes no decision.
 """
 
 from __future__ import annotations
 
-import gc
 import json
 import os
 import re
 import subprocess
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import cia_memo
@@ -138,25 +137,8 @@ def _etforge(case: DCase) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def etforge(upstream_child: tuple[subprocess.Popen[str], Path]) -> dict[str, dict[str, str]]:
     # torch collects the composite ops once, not per run_decompositions (tests/cia_memo.py)
-    with cia_memo.memoized(), _collector_as_the_command():
+    with cia_memo.memoized():
         return {case.id: _etforge(case) for case in CASES}
-
-
-@contextmanager
-def _collector_as_the_command() -> Iterator[None]:
-    """The collector as the etforge command tunes it (core/common/process_memory.py) while
-    etforge decides: what the worker holds is never scanned, young collections are rarer.
-    The worker's collector is restored after (the other test files in it keep the default)."""
-    from etforge.core.common import process_memory
-
-    was = gc.get_threshold()
-    gc.freeze()
-    process_memory.tune_collector()
-    try:
-        yield
-    finally:
-        gc.set_threshold(*was)
-        gc.unfreeze()
 
 
 @pytest.fixture(scope="module")

@@ -32,19 +32,20 @@ def _op_name(node: object) -> str:
 
 
 def main(out: str, ids: list[str]) -> None:
-    import gc
     import logging
 
     import cia_memo
     from executorch.backends.nxp.backend.neutron_target_spec import NeutronTargetSpec
     from neutron_differential_cases import CASES
 
+    from etforge.core.common import process_memory
+
     logging.disable(logging.WARNING)
     cia_memo.install()  # every case's three run_decompositions: the same op collection
-    # The collector as the etforge command tunes its own (core/common/process_memory.py): the
-    # imports never scanned again, young collections rarer. It was a fifth of this child's CPU.
-    gc.freeze()
-    gc.set_threshold(50_000, 20, 20)
+    # The collector as the etforge command tunes its own: young collections rarer, the imports
+    # never scanned again. It was a fifth of this child's CPU.
+    process_memory.tune_collector()
+    process_memory.settle()
     spec = NeutronTargetSpec("imxrt700")
     result: dict[str, object] = {}
     for case in CASES:
