@@ -124,9 +124,12 @@ def main() -> None:
                     wall, cpu = results[variant, busy] = timed(
                         command(variant, manifest, out), env, f"etforge-bench-{os.getpid()}-{variant}-{busy}"
                     )
-                    print(
-                        f"{variant:12s} beside {busy} busy: {wall:7.1f} s wall {cpu:7.1f} s CPU", flush=True
+                    cpu_text = (
+                        "CPU n/a (no cgroup could be made here: not root?)"
+                        if cpu is None
+                        else f"{cpu:7.1f} s CPU"
                     )
+                    print(f"{variant:12s} beside {busy} busy: {wall:7.1f} s wall {cpu_text}", flush=True)
             finally:
                 for hog in hogs:
                     hog.kill()
