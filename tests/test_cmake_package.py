@@ -143,15 +143,42 @@ def _run_example(out: Path, build_dir: Path, tmp_path: Path, cpu_partitions: boo
 SHARED_LIBRARIES = ("core", "prim_ops", "ops", "cmsis_nn", "kernels", "tflm", "tflm_kernels", "cmsis_nn_int")
 
 
+_FLAG = re.compile(r"^\s*(\w+) =(?: (.*))?$")
+
+
+def _ninja_flags(build_dir: Path) -> dict[str, dict[str, set[str]]]:
+    """Per target, the compile variables of its objects in a Ninja tree's build.ninja (the image
+    trees are Ninja trees where ninja is installed: runtime/firmware/build.py), named as a
+    Makefile tree's flags.make names them (``CXX_FLAGS`` ...)."""
+    found: dict[str, dict[str, set[str]]] = {}
+    lang = target = None
+    for line in (build_dir / "build.ninja").read_text().splitlines():
+        if line.startswith("build "):
+            rule = line.split(": ", 1)[1].split(" ", 1)[0] if ": " in line else ""
+            lang, _, rest = rule.partition("_COMPILER__")
+            target = rest.rsplit("_", 1)[0].removesuffix("_unscanned") if rest else None
+        elif target and (m := _FLAG.match(line)) and m.group(1) in ("DEFINES", "INCLUDES", "FLAGS"):
+            found.setdefault(target, {}).setdefault(f"{lang}_{m.group(1)}", set()).add(m.group(2) or "")
+    return found
+
+
 def _compile_lines(build_dir: Path, prefix: str) -> dict[str, str]:
-    """Each shared library's flags.make (flags, defines, includes) with the build directory
-    written ``@``: what ccache hashes of a compile line besides the source."""
+    """Each shared library's compile variables (flags, defines, includes: flags.make in a
+    Makefile tree, build.ninja in a Ninja tree) with the build directory written ``@``: what
+    ccache hashes of a compile line besides the source."""
+    ninja = _ninja_flags(build_dir) if (build_dir / "build.ninja").is_file() else {}
     found = {}
     for name in SHARED_LIBRARIES:
         f = build_dir / "CMakeFiles" / f"{prefix}_{name}.dir" / "flags.make"
         if f.is_file():
-            lines = [ln for ln in f.read_text().splitlines() if ln and not ln.startswith("#")]
-            found[name] = "\n".join(lines).replace(str(build_dir), "@")
+            lines = [_FLAG.match(ln) for ln in f.read_text().splitlines() if ln and not ln.startswith("#")]
+            flags = {m.group(1): {m.group(2) or ""} for m in lines if m}
+        elif f"{prefix}_{name}" in ninja:
+            flags = ninja[f"{prefix}_{name}"]
+        else:
+            continue
+        text = "\n".join(f"{k} = {' | '.join(sorted(v))}" for k, v in sorted(flags.items()))
+        found[name] = text.replace(str(build_dir), "@")
     return found
 
 

@@ -203,7 +203,7 @@ def missing() -> str | None:
 
     from etforge.runtime.firmware import build, sources
 
-    tools = [t for t in (*build.TOOLS, "qemu-system-arm") if shutil.which(t) is None]
+    tools = build.missing_tools() + [t for t in ("qemu-system-arm",) if shutil.which(t) is None]
     if tools:
         return f"firmware tools not installed: {', '.join(tools)} (.ci/setup installs them)"
     try:

@@ -11,6 +11,11 @@
 // Memory: the planned arena is a static buffer sized by the generated etforge_model.h
 // (kArenaBytes per memory id), not by the program; a program that plans more than the header
 // says, or a kernel that writes past its planned buffer (guard bytes after each), fails.
+//
+// This file names no program: it is compiled once per library tree and linked into every
+// image. What it needs of the program (the header's sizes, the arena storage, the kernel
+// registration) comes from image_model.cpp, the one source compiled with the program's header
+// (runner_image.h is the interface between the two).
 #include <executorch/extension/data_loader/buffer_data_loader.h>
 #include <executorch/runtime/backend/interface.h>
 #include <executorch/runtime/core/event_tracer.h>
@@ -28,14 +33,8 @@
 #include <cstring>
 #include <new>
 
-#include "etforge_model.h"
+#include "runner_image.h"
 
-#ifndef ETFORGE_MODEL_NS
-#define ETFORGE_MODEL_NS etforge_model
-#endif
-#ifndef ETFORGE_ARENA_SHRINK
-#define ETFORGE_ARENA_SHRINK 0  // bytes taken off each arena: a test of the arena check
-#endif
 #ifndef ETFORGE_METHOD_POOL_BYTES
 #define ETFORGE_METHOD_POOL_BYTES (1u << 20)
 #endif
@@ -51,28 +50,18 @@ using namespace executorch::runtime;
 using executorch::aten::Tensor;
 using executorch::aten::TensorImpl;
 using executorch::extension::BufferDataLoader;
-namespace model = ::ETFORGE_MODEL_NS;
-namespace method_info = ::ETFORGE_MODEL_NS::forward;
+namespace image = ::etforge_image;
+using image::arena_bytes;
+using image::kAlign;
+using image::kGuard;
+using image::round_up;
 
 namespace {
 
-constexpr size_t kAlign = 16;
-constexpr size_t kGuard = 64;
 constexpr uint8_t kGuardByte = 0xA5;
-constexpr size_t round_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
-constexpr size_t arena_bytes(size_t i) {
-  return method_info::kArenaBytes[i] > ETFORGE_ARENA_SHRINK ? method_info::kArenaBytes[i] - ETFORGE_ARENA_SHRINK : 0;
-}
-constexpr size_t arena_total() {
-  size_t total = 0;
-  for (size_t i = 0; i < method_info::kNumArenas; ++i) total += round_up(arena_bytes(i)) + kGuard;
-  return total + kAlign;
-}
 
-alignas(16) uint8_t g_arena[arena_total()];
 alignas(16) uint8_t g_method_pool[ETFORGE_METHOD_POOL_BYTES];
 alignas(16) uint8_t g_temp_pool[ETFORGE_TEMP_POOL_BYTES];
-Span<uint8_t> g_planned[method_info::kNumArenas > 0 ? method_info::kNumArenas : 1];
 
 #define FAIL(...)                               \
   do {                                          \
@@ -109,8 +98,8 @@ uint8_t* read_file(const char* path, size_t* size, size_t align) {
 
 // Guard bytes after each planned buffer: any write there is outside ExecuTorch's plan.
 int check_guards() {
-  for (size_t i = 0; i < method_info::kNumArenas; ++i) {
-    const uint8_t* g = g_planned[i].data() + round_up(arena_bytes(i));
+  for (size_t i = 0; i < image::kNumArenas; ++i) {
+    const uint8_t* g = image::planned[i].data() + round_up(arena_bytes(i));
     for (size_t k = 0; k < kGuard; ++k)
       if (g[k] != kGuardByte)
         FAIL("memory id %u: a kernel wrote past the planned buffer (%u bytes), at byte %u",
@@ -206,20 +195,20 @@ int main() {
   etforge_ticks_start();
   calibrate();
   runtime_init();
-  if (model::register_kernels() != Error::Ok) FAIL("register_kernels() failed");
+  if (image::register_kernels() != Error::Ok) FAIL("register_kernels() failed");
   if (etforge_register_delegates() != 0) FAIL("a delegate backend failed to register");
 
   size_t pte_size = 0;
-  uint8_t* pte = read_file(pte_path, &pte_size, model::kPteAlignment > kAlign ? model::kPteAlignment : kAlign);
+  uint8_t* pte = read_file(pte_path, &pte_size, image::kPteAlignment > kAlign ? image::kPteAlignment : kAlign);
   if (!pte) FAIL("cannot read %s", pte_path);
-  if (pte_size != model::kPteSize)
+  if (pte_size != image::kPteSize)
     FAIL("%s is %u bytes, etforge_model.h says %u: the header is not this program's", pte_path,
-         (unsigned)pte_size, (unsigned)model::kPteSize);
+         (unsigned)pte_size, (unsigned)image::kPteSize);
   BufferDataLoader loader(pte, pte_size);
   Result<Program> program = Program::load(&loader, Program::Verification::InternalConsistency);
   if (!program.ok()) FAIL("Program::load failed (error 0x%x)", (unsigned)program.error());
-  Result<MethodMeta> meta = program->method_meta(method_info::kName);
-  if (!meta.ok()) FAIL("no method %s (error 0x%x)", method_info::kName, (unsigned)meta.error());
+  Result<MethodMeta> meta = program->method_meta(image::kMethodName);
+  if (!meta.ok()) FAIL("no method %s (error 0x%x)", image::kMethodName, (unsigned)meta.error());
   for (size_t b = 0; b < meta->num_backends(); ++b) {
     const char* name = meta->get_backend_name(b).get();
     if (get_backend_class(name) == nullptr)
@@ -227,28 +216,28 @@ int main() {
   }
 
   const size_t planned = meta->num_memory_planned_buffers();
-  if (planned != method_info::kNumArenas)
+  if (planned != image::kNumArenas)
     FAIL("the program plans %u buffers, etforge_model.h sizes %u", (unsigned)planned,
-         (unsigned)method_info::kNumArenas);
-  uint8_t* p = g_arena;
+         (unsigned)image::kNumArenas);
+  uint8_t* p = image::arena;
   for (size_t i = 0; i < planned; ++i) {
     const size_t need = (size_t)meta->memory_planned_buffer_size(i).get();
     const size_t have = arena_bytes(i);
     printf("etforge: planned buffer %u %u bytes arena %u bytes\n", (unsigned)(i + 1), (unsigned)need, (unsigned)have);
     if (need > have)
       FAIL("memory id %u: ExecuTorch plans %u bytes, the image's arena (etforge_model.h kArenaBytes%s) holds %u",
-           (unsigned)(i + 1), (unsigned)need, ETFORGE_ARENA_SHRINK ? ", shrunk by ETFORGE_ARENA_SHRINK" : "",
+           (unsigned)(i + 1), (unsigned)need, image::kArenaShrink ? ", shrunk by ETFORGE_ARENA_SHRINK" : "",
            (unsigned)have);
     memset(p, 0, round_up(have));
     memset(p + round_up(have), kGuardByte, kGuard);
-    g_planned[i] = {p, have};
+    image::planned[i] = {p, have};
     p += round_up(have) + kGuard;
   }
-  HierarchicalAllocator planned_memory({g_planned, planned});
+  HierarchicalAllocator planned_memory({image::planned, planned});
   MemoryAllocator method_allocator(sizeof(g_method_pool), g_method_pool);
   MemoryAllocator temp_allocator(sizeof(g_temp_pool), g_temp_pool);
   MemoryManager memory_manager(&method_allocator, &planned_memory, &temp_allocator);
-  Result<Method> method = program->load_method(method_info::kName, &memory_manager, &g_tracer);
+  Result<Method> method = program->load_method(image::kMethodName, &memory_manager, &g_tracer);
   if (!method.ok()) FAIL("load_method failed (error 0x%x; the [ET] log above says why)", (unsigned)method.error());
   printf("etforge: method allocator %u bytes\n", (unsigned)method_allocator.used_size());
 
