@@ -45,9 +45,14 @@ def _counted(start: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _count_starts() -> None:
-    """Count every process this one starts: subprocess's two ways (fork_exec, posix_spawn),
-    multiprocessing's spawn (fork_exec) and fork. Both modules look the functions up when they
-    call them, so the wrappers see every start; the started process runs unchanged."""
+    """Count every process this one starts: subprocess's two ways (its own binding of
+    ``fork_exec``, ``os.posix_spawn``), multiprocessing's spawn (``_posixsubprocess.fork_exec``)
+    and fork. Each wrapper replaces the name its caller looks up when it calls, so it sees every
+    start; the started process runs unchanged."""
+    import subprocess
+
+    if hasattr(subprocess, "_fork_exec"):
+        subprocess._fork_exec = _counted(subprocess._fork_exec)
     _posixsubprocess.fork_exec = _counted(_posixsubprocess.fork_exec)
     for name in ("posix_spawn", "posix_spawnp", "fork"):
         if hasattr(os, name):
