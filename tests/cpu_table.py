@@ -7,11 +7,12 @@ phase of each test is charged what its worker spent (every thread, ``RUSAGE_SELF
 the children it waited for spent (CLI subprocesses, firmware builds, QEMU:
 ``RUSAGE_CHILDREN``). A module fixture is charged to its file's first test; a process a test
 leaves running unwaited (a daemon) is not counted anywhere. Beside each file's CPU: the
-processes its tests started themselves (subprocess, multiprocessing, a fork; not their own
-children, e.g. a build's compilers): each CLI child imports torch and ExecuTorch, 3-5 CPU s.
+programs its tests started themselves (subprocess, multiprocessing's spawn; not their own
+children, e.g. a build's compilers; each CLI child imports torch and ExecuTorch, 3-5 CPU s)
+and the forks (the compile's program writer, a fork-start pool: a copy, no new imports).
 Every file above :data:`MIN_SHOWN` is printed; the whole table is written to pytest's cache
-(``.pytest_cache/d/etforge-cpu-table/files.tsv``: CPU s, processes, file; ``tests.tsv``:
-the same per test) to compare runs.
+(``.pytest_cache/d/etforge-cpu-table/files.tsv``: CPU s, programs, forks, file;
+``tests.tsv``: the same per test) to compare runs.
 """
 
 from __future__ import annotations
@@ -27,18 +28,20 @@ from typing import Any
 import pytest
 
 KEY = "cpu_seconds"
-STARTED = "processes_started"
+STARTED = "programs_started"
+FORKED = "forks"
 #: Files printed: each costing at least this many CPU seconds (the total and the file in
 #: pytest's cache cover every file).
 MIN_SHOWN = 5.0
-#: Processes this one started so far (:func:`_count_starts`).
+#: Programs this process started and forks it made so far (:func:`_count_starts`).
 _started = [0]
+_forked = [0]
 
 
-def _counted(start: Callable[..., Any]) -> Callable[..., Any]:
+def _counted(start: Callable[..., Any], counter: list[int]) -> Callable[..., Any]:
     @functools.wraps(start)
     def counted(*args: Any, **kwargs: Any) -> Any:
-        _started[0] += 1
+        counter[0] += 1
         return start(*args, **kwargs)
 
     return counted
@@ -52,11 +55,12 @@ def _count_starts() -> None:
     import subprocess
 
     if hasattr(subprocess, "_fork_exec"):
-        subprocess._fork_exec = _counted(subprocess._fork_exec)
-    _posixsubprocess.fork_exec = _counted(_posixsubprocess.fork_exec)
-    for name in ("posix_spawn", "posix_spawnp", "fork"):
+        subprocess._fork_exec = _counted(subprocess._fork_exec, _started)
+    _posixsubprocess.fork_exec = _counted(_posixsubprocess.fork_exec, _started)
+    for name in ("posix_spawn", "posix_spawnp"):
         if hasattr(os, name):
-            setattr(os, name, _counted(getattr(os, name)))
+            setattr(os, name, _counted(getattr(os, name), _started))
+    os.fork = _counted(os.fork, _forked)
 
 
 def _cpu() -> float:
@@ -65,10 +69,14 @@ def _cpu() -> float:
 
 
 def _charged(item: pytest.Item) -> Iterator[None]:
-    start, started = _cpu(), _started[0]
+    start, started, forked = _cpu(), _started[0], _forked[0]
     yield
     # read from the phase's report
-    item.user_properties += [(KEY, _cpu() - start), (STARTED, _started[0] - started)]
+    item.user_properties += [
+        (KEY, _cpu() - start),
+        (STARTED, _started[0] - started),
+        (FORKED, _forked[0] - forked),
+    ]
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -87,56 +95,52 @@ def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
 
 
 class Table:
-    """Collects the phases' CPU from every report (a worker's arrive through xdist)."""
+    """Collects the phases' CPU and starts from every report (a worker's arrive through xdist)."""
 
     def __init__(self) -> None:
-        self.files: dict[str, float] = defaultdict(float)
-        self.started: dict[str, int] = defaultdict(int)
-        self.tests: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+        #: file or test id -> [CPU s, programs started, forks]
+        self.files: dict[str, list[float]] = defaultdict(lambda: [0.0, 0, 0])
+        self.tests: dict[str, list[float]] = defaultdict(lambda: [0.0, 0, 0])
         self.seen: set[tuple[str, str]] = set()
 
     @pytest.hookimpl
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         # a report carries the item's properties so far: take only the newest phase's
-        values = [v for k, v in report.user_properties if k == KEY]
-        if values and (report.nodeid, report.when) not in self.seen:
+        newest = {k: v for k, v in report.user_properties if k in (KEY, STARTED, FORKED)}
+        if KEY in newest and (report.nodeid, report.when) not in self.seen:
             self.seen.add((report.nodeid, report.when))
-            name, started = (
-                report.nodeid.split("::")[0],
-                [v for k, v in report.user_properties if k == STARTED][-1],
-            )
-            self.files[name] += values[-1]
-            self.started[name] += started
-            self.tests[report.nodeid][0] += values[-1]
-            self.tests[report.nodeid][1] += started
+            for row in (self.files[report.nodeid.split("::")[0]], self.tests[report.nodeid]):
+                row[0] += newest[KEY]
+                row[1] += newest.get(STARTED, 0)
+                row[2] += newest.get(FORKED, 0)
 
-    def rows(self) -> list[tuple[str, float, int]]:
-        """(file, CPU s, processes started), costliest first."""
-        return sorted(((n, s, self.started[n]) for n, s in self.files.items()), key=lambda r: (-r[1], r[0]))
+    @staticmethod
+    def _tsv(rows: dict[str, list[float]]) -> str:
+        ordered = sorted(rows.items(), key=lambda kv: (-kv[1][0], kv[0]))
+        return "".join(f"{s:.2f}\t{n}\t{f}\t{name}\n" for name, (s, n, f) in ordered)
 
     @pytest.hookimpl(trylast=True)
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
         if not self.files:
             return
-        rows, total = self.rows(), sum(self.files.values())
+        total = sum(row[0] for row in self.files.values())
         cache = getattr(terminalreporter.config, "cache", None)  # None under -p no:cacheprovider
         where = ""
         if cache is not None:
             path = cache.mkdir("etforge-cpu-table") / "files.tsv"
-            path.write_text("".join(f"{s:.2f}\t{n}\t{f}\n" for f, s, n in rows))
-            tests = sorted(self.tests.items(), key=lambda kv: -kv[1][0])
-            (path.parent / "tests.tsv").write_text("".join(f"{s:.2f}\t{n}\t{t}\n" for t, (s, n) in tests))
+            path.write_text(self._tsv(self.files))
+            (path.parent / "tests.tsv").write_text(self._tsv(self.tests))
             where = f"; every file: {path}"
         terminalreporter.write_sep(
             "=", f"CPU seconds per test file (workers + waited children): {total:.0f} in all{where}"
         )
         terminalreporter.write_line(
-            f"{'CPU s':>8}  {'share':>5}  {'procs':>5}  file (>= {MIN_SHOWN:.0f} CPU s)"
+            f"{'CPU s':>8}  {'share':>5}  {'progs':>5}  {'forks':>5}  file (>= {MIN_SHOWN:.0f} CPU s)"
         )
-        for name, seconds, started in rows:
+        for name, (seconds, started, forked) in sorted(self.files.items(), key=lambda kv: (-kv[1][0], kv[0])):
             if seconds >= MIN_SHOWN:
                 terminalreporter.write_line(
-                    f"{seconds:8.1f}  {100 * seconds / total:4.1f}%  {started:5d}  {name}"
+                    f"{seconds:8.1f}  {100 * seconds / total:4.1f}%  {started:5d}  {forked:5d}  {name}"
                 )
 
 
