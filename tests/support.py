@@ -42,8 +42,11 @@ def write_distribution(
 #: Environment variables ``run_cli`` can set for an in-process run (read when the command
 #: runs, not at import; no kill points, no plugin paths): any other runs a subprocess.
 IN_PROCESS_ENV = frozenset({"ETFORGE_NO_CACHE", "ETFORGE_CACHE_DIR", "COLUMNS"})
-#: Commands that stay subprocesses: several models compile in worker processes.
-SUBPROCESS_ONLY = frozenset({"--manifest", "--jobs", "--ray-address", "--runtime", "--on"})
+#: Commands that stay subprocesses: several models compile in worker processes. A device run
+#: (``run --on``, ``verify --runtime``) builds firmware and runs QEMU in child processes either
+#: way: in this process it saves the torch import, ~4 of its ~4.5 CPU s on a cached image
+#: (issue 47); docs/firmware.md's two device commands stay end to end (tests/test_docs.py).
+SUBPROCESS_ONLY = frozenset({"--manifest", "--jobs", "--ray-address"})
 
 
 def run_cli(

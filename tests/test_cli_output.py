@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from rich.table import Table
 
-from support import REPO
+from support import REPO, cli_in_process
 
 #: Piped output's width when $COLUMNS does not say (cli.PIPED_WIDTH).
 WIDTH = 100
@@ -141,6 +141,10 @@ def test_records_wrap_between_words_only() -> None:
     assert table_records(pairs, 60).splitlines() == ["verify", "max |ours - float|: 0.126"]
 
 
+#: The usage error run as ``python -m etforge`` (the others run in this process).
+USAGE_END_TO_END = ("compile", "x.py:build", "--target", "imxrt700", "--option", "turbo=1", "-o", "o")
+
+
 @pytest.mark.parametrize(
     "args",
     [
@@ -158,8 +162,12 @@ def test_records_wrap_between_words_only() -> None:
     ],
     ids=lambda a: " ".join(a[:4]),
 )
-def test_usage_errors_exit_2(args: tuple[str, ...], tmp_path: Path) -> None:
-    proc = _etforge(*args, cwd=tmp_path, env=_env(tmp_path))
+def test_usage_errors_exit_2(args: tuple[str, ...], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    if args == USAGE_END_TO_END:  # as a shell runs it
+        proc = _etforge(*args, cwd=tmp_path, env=_env(tmp_path))
+    else:  # click's usage errors are the same in this process (issue 47: a program each before)
+        monkeypatch.chdir(tmp_path)
+        proc = cli_in_process(*args)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
     assert len(errors) == 1, proc.stderr
@@ -174,9 +182,8 @@ def test_readme_lists_only_options_the_cli_has() -> None:
         options = set(re.findall(r"--[a-z][a-z-]*", usage))
         if not options:
             continue
-        helptext = subprocess.run(
-            [sys.executable, "-m", "etforge", command, "--help"], capture_output=True, text=True, timeout=300
-        ).stdout
+        # click writes the same help in this process (issue 47: a program per command before)
+        helptext = cli_in_process(command, "--help").stdout
         missing = [o for o in options if o not in helptext]
         assert not missing, f"README's etforge {command} lists {missing}, which the CLI does not have"
         checked += 1

@@ -28,7 +28,12 @@ ORDER = [
 #: The doc commands run as ``python -m etforge`` processes, end to end, as a reader types them; the
 #: others run through ``support.run_cli`` (in this process unless they start worker processes, run
 #: firmware or need an environment), which saves a torch import per command (issue 47).
-END_TO_END = {("getting-started.md", "etforge compile zoo:cifarnet --target imxrt700cm -o out")}
+END_TO_END = {
+    ("getting-started.md", "etforge compile zoo:cifarnet --target imxrt700cm -o out"),
+    # the device commands' end-to-end runs (tests elsewhere run them in process)
+    ("firmware.md", "etforge run fw-out --on qemu-m33 --samples 2"),
+    ("firmware.md", "etforge verify fw-out --runtime qemu-m33 --samples 2"),
+}
 BLOCK = re.compile(r"^```(\w+)\n(.*?)^```", re.S | re.M)
 
 

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from etforge.testing import check_op
+from etforge.testing import OpCheck, OpCheckError, check_op
 
 torch.manual_seed(0)
 
@@ -133,18 +134,36 @@ CASES: dict[str, tuple[Callable[[], torch.nn.Module], tuple[torch.Tensor, ...]]]
 }
 
 
+@functools.cache
+def _float32(name: str) -> OpCheck | Exception:
+    """The case's converters on float32 tensors against eager torch, checked once for both tests
+    of the case: ``check_op``'s own float form of an int8 check (``float_check``) is this check
+    with looser bounds (``FLOAT_FORM_ATOL``, ``FLOAT_FORM_SPAN_RTOL``, no delegation required)
+    on the same module and input, so running it again per int8 test only repeated a lowering
+    (issue 47). The outcome, a failure included, is kept as it came."""
+    factory, inputs = CASES[name]
+    torch.manual_seed(1)
+    try:
+        return check_op(factory(), inputs, target="litert", quantize=False, rtol=1e-5, atol=1e-5)
+    except Exception as exc:  # each test of the case re-raises it
+        return exc
+
+
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_int8(name: str) -> None:
     factory, inputs = CASES[name]
     torch.manual_seed(1)
-    check_op(factory(), inputs, target="litert", quantize=True, max_steps=1.0)
+    check_op(factory(), inputs, target="litert", quantize=True, max_steps=1.0, float_check=False)
+    floats = _float32(name)  # the float form (a wrong constant hides inside one int8 step)
+    if isinstance(floats, Exception):
+        raise OpCheckError(f"float form: {floats}") from floats
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_float32(name: str) -> None:
-    factory, inputs = CASES[name]
-    torch.manual_seed(1)
-    check_op(factory(), inputs, target="litert", quantize=False, rtol=1e-5, atol=1e-5)
+    floats = _float32(name)
+    if isinstance(floats, Exception):
+        raise floats
 
 
 def test_check_op_measures_on_an_input_the_observers_did_not_see() -> None:
