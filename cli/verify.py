@@ -290,11 +290,14 @@ def _verify_on_host(out: Any, script: dict[str, Any] | None, checks: dict[str, A
     ExecuTorch's imports are deferred as compile defers them (``core.common.lazy_imports``),
     and the package inits a host run does without besides (``HOST_DEFERRED_INITS``, each CPU
     backend's ``host_deferred_inits``: the Arm backend's MX formats, the CPU library's passes);
-    ExecuTorch's parse of its Edge-dialect YAML comes from the cache (``cache_edge_dialect_yaml``)."""
+    ExecuTorch's parse of its Edge-dialect YAML comes from the cache (``cache_edge_dialect_yaml``);
+    torchao's package inits are deferred too (``runtime.verification.deferred_imports``)."""
     from etforge.core.common.lazy_imports import HOST_DEFERRED_INITS
     from etforge.core.registry.manager import registry
+    from etforge.runtime.verification import deferred_imports
     from etforge.runtime.verification.verify_steps import Steps
 
+    deferred_imports.defer()  # first: ExecuTorch's imports read torchao
     cpu_inits = (p for b in registry().cpu_backends.values() for p in b.host_deferred_inits)
     defer_stack_imports((*HOST_DEFERRED_INITS, *cpu_inits))
 
