@@ -1,7 +1,8 @@
-"""verify defers torchao's package inits (runtime/verification/deferred_imports.py): ExecuTorch
-still finds the ops it reads, the verification passes with torchao's ``__init__`` unrun, and a
-program with an op only that ``__init__`` registers still loads (the init run in full, the
-load tried again)."""
+"""verify defers torchao's package inits and Inductor's decomposition table
+(runtime/verification/deferred_imports.py): ExecuTorch still finds the ops it reads, the
+verification passes with torchao's ``__init__`` unrun and the table unbuilt, a read of the table
+finds torchao's decompositions in it, and a program with an op only that ``__init__`` registers
+still loads (the init run in full, the load tried again)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,9 @@ def _report() -> None:
     where = os.environ.get("ETFORGE_TEST_TORCHAO_OUT")
     if where:
         with open(where, "w") as f:
-            f.write(",".join(sorted(m for m in sys.modules if m.startswith("torchao"))))
+            names = sorted(m for m in sys.modules if m.startswith("torchao"))
+            held = sys.modules.get("torch._inductor.decomposition")
+            f.write(",".join([*names, "decompositions:" + type(held).__name__]))
 
 atexit.register(_report)
 """
@@ -46,6 +49,8 @@ def test_verify_passes_with_torchaos_init_unrun(tmp_path: Path) -> None:
     assert "torchao.quantization.quant_primitives" in imported  # the ops ExecuTorch reads
     # the optimizers, the quantization API: what torchao's and torchao.quantization's __init__ import
     assert not {"torchao.optim", "torchao.quantization.quant_api", "torchao.dtypes"} & imported, imported
+    # Inductor's decomposition table never built: torchao's registrations kept by the stand-in
+    assert "decompositions:_Decompositions" in imported, imported
 
 
 EXPORT = """
@@ -74,6 +79,46 @@ ep = deferred_imports.load_program(sys.argv[1])
 assert "swizzle_mm" in str(ep.graph) and type(sys.modules["torchao"]).__name__ == "module"
 print("ok")
 """
+
+
+TABLE = """
+import sys
+import torch
+
+if sys.argv[1] == "deferred":
+    from etforge.runtime.verification import deferred_imports
+
+    deferred_imports.defer()
+    assert type(sys.modules["torch._inductor.decomposition"]).__name__ == "_Decompositions"
+else:  # as without verify's deferral: torchao's ops registered on the real module
+    import torchao.quantization.quant_primitives  # noqa: F401
+from torch._inductor.decomposition import decompositions  # a read: the real module
+
+assert type(sys.modules["torch._inductor.decomposition"]).__name__ == "module"
+assert torch._inductor.decomposition is sys.modules["torch._inductor.decomposition"]
+for key in sorted(decompositions, key=str):
+    fn = decompositions[key]
+    print(key, getattr(fn, "__module__", ""), getattr(fn, "__qualname__", type(fn).__name__))
+"""
+
+
+def test_inductors_decomposition_table_read_after_the_deferral_is_the_same(tmp_path: Path) -> None:
+    """Inductor's decomposition table, read after the stand-in held it while torchao registered
+    its ops, is the table built without the deferral: the same ops, torchao's own functions."""
+    pytest.importorskip("torchao")
+
+    def table(mode: str) -> str:
+        proc = subprocess.run(
+            [sys.executable, "-c", TABLE, mode], capture_output=True, text=True, timeout=600
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return proc.stdout
+
+    deferred = table("deferred")
+    assert (
+        "torchao.quantize_affine.default torchao.quantization.quant_primitives _quantize_affine" in deferred
+    )
+    assert deferred == table("plain")
 
 
 def test_a_program_with_an_op_only_torchaos_init_registers_loads(tmp_path: Path) -> None:
