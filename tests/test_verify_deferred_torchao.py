@@ -2,7 +2,8 @@
 (runtime/verification/deferred_imports.py): ExecuTorch still finds the ops it reads, the
 verification passes with torchao's ``__init__`` unrun and the table unbuilt, a read of the table
 finds torchao's decompositions in it, and a program with an op only that ``__init__`` registers
-still loads (the init run in full, the load tried again)."""
+still loads (the init run in full, the load tried again). What verify's imports allocated is
+frozen as they end (cli/verify.py)."""
 
 from __future__ import annotations
 
@@ -130,3 +131,38 @@ def test_a_program_with_an_op_only_torchaos_init_registers_loads(tmp_path: Path)
         )
         assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().endswith("ok"), proc.stdout
+
+
+COLLECTOR = """
+import gc, sys
+import etforge.runtime.verification.verify as run
+from etforge.cli import main
+
+seen = {}
+real = run.verify
+
+def verify(*args, **kwargs):  # the host verification's start: the imports are done
+    seen["frozen"], seen["collecting"] = gc.get_freeze_count(), gc.isenabled()
+    return real(*args, **kwargs)
+
+run.verify = verify
+main(["verify", sys.argv[1], "--samples", "2"], standalone_mode=False)
+# what verify's imports allocated was frozen as they ended, the collector back on for the run
+assert seen["frozen"] > 100_000 and seen["collecting"], seen
+assert gc.isenabled()
+print("ok")
+"""
+
+
+def test_verify_freezes_what_its_imports_allocated(tmp_path: Path) -> None:
+    """The objects verify's imports made (torchao's ops, Dynamo, Inductor, ExecuTorch) live to
+    the end: frozen as the imports end, the young collections of the run no longer scan them."""
+    out = tmp_path / "out"
+    proc = run_cli("compile", f"{MODEL}:small", "--target", "cortex-m33", "-o", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    proc = subprocess.run(
+        [sys.executable, "-c", COLLECTOR, str(out)], capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), (
+        proc.stdout[-2000:] + proc.stderr[-3000:]
+    )
