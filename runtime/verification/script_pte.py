@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from etforge.core.common.errors import EtforgeError
-from etforge.core.front.load import load_program
+from etforge.runtime.verification.deferred_imports import load_program
 
 
 def verify_script_pte(

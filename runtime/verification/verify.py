@@ -23,7 +23,6 @@ from torch.export import ExportedProgram
 from etforge.core.build import output
 from etforge.core.common.errors import EtforgeError
 from etforge.core.common.threads import one_thread
-from etforge.core.front.load import load_program
 from etforge.core.litert import payload
 from etforge.core.registry.manager import Registry, registry
 from etforge.runtime.execution import kernel_memo, litert_run
@@ -35,6 +34,7 @@ from etforge.runtime.verification.ahead import Ahead
 from etforge.runtime.verification.beside import Beside
 from etforge.runtime.verification.constant_fold import folded
 from etforge.runtime.verification.constant_nodes import ConstantNodes
+from etforge.runtime.verification.deferred_imports import load_program
 from etforge.runtime.verification.exact_batched import exact_leaves_all
 from etforge.runtime.verification.exact_sums import Sums
 from etforge.runtime.verification.inputs import seeded_inputs
