@@ -46,7 +46,7 @@ IN_PROCESS_ENV = frozenset({"ETFORGE_NO_CACHE", "ETFORGE_CACHE_DIR", "COLUMNS"})
 #: (``run --on``, ``verify --runtime``) builds firmware and runs QEMU in child processes either
 #: way: in this process it saves the torch import, ~4 of its ~4.5 CPU s on a cached image
 #: (issue 47); docs/firmware.md's two device commands stay end to end (tests/test_docs.py).
-SUBPROCESS_ONLY = frozenset({"--manifest", "--jobs", "--ray-address"})
+SUBPROCESS_ONLY = frozenset({"--manifest", "--jobs", "--ray"})
 
 
 def run_cli(
