@@ -5,12 +5,13 @@ computes with LiteRT's reference kernels for the partitions."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
 
 from etforge.core.common.errors import EtforgeError
-from etforge.runtime.firmware import conformance, device, sources, tflm
+from etforge.runtime.firmware import build, conformance, device, sources, tflm
 
 from support import THIRD_PARTY, run_cli
 
@@ -106,3 +107,32 @@ def _arenas_are_the_compile_time_figures(out: Path, arenas: list[tuple[int, int]
     parts = json.loads((out / "report.json").read_text())["memory"]["npu_partitions"]
     assert [size for size, _ in arenas] == [p["fallback_arena_bytes"] for p in parts]
     assert all(0 < used <= size < (1 << 20) for size, used in arenas), arenas
+
+
+def _forced_image(out: Path, partitions: list[tuple[str, bytes]]) -> build.Image:
+    """``out``'s image with its partitions in TFLM, built now (an earlier run's is removed)."""
+    img = build.build_image(out, partitions=partitions, arena_shrink=16)
+    if "image" not in img.built:
+        with build._locked(build.cache_root() / "images" / f"{img.key}.lock"):
+            shutil.rmtree(img.elf.parent)
+        img = build.build_image(out, partitions=partitions, arena_shrink=16)
+    assert "image" in img.built
+    return img
+
+
+def test_the_delegate_compiles_once_for_every_program(cifarnet: Path, tmp_path: Path) -> None:
+    """The TFLM delegate's compile line is the same for every program: the program's resolver
+    and arenas are its generated ``etforge_tflm_ops.cpp``, compiled with the kernels. Images of
+    the program in two other directories (another generated include directory each) reuse the
+    delegate object the library tree holds (issue 47: it was compiled again for every image,
+    ~4 CPU s of TFLM's headers each)."""
+    _, interp = device._load(cifarnet)
+    parts = device.host_only_partitions(cifarnet, interp)
+    tree = build.cache_root() / f"libs-{build.library_key(sources.locate())}" / "build"
+    stats = []
+    for name in ("a", "b"):
+        out = shutil.copytree(cifarnet, tmp_path / name)
+        _forced_image(out, parts)
+        (obj,) = (tree / "CMakeFiles" / "et_tflm_delegate.dir").rglob("tflm_delegate.cpp.obj")
+        stats.append((obj.stat().st_ino, obj.stat().st_mtime_ns))
+    assert stats[0] == stats[1], "the second program's image compiled the delegate again"
