@@ -144,14 +144,19 @@ SHARED_LIBRARIES = ("core", "prim_ops", "ops", "cmsis_nn", "kernels", "tflm", "t
 
 
 def _compile_lines(build_dir: Path, prefix: str) -> dict[str, str]:
-    """Each shared library's flags.make (flags, defines, includes) with the build directory
-    written ``@``: what ccache hashes of a compile line besides the source."""
+    """Each shared library's flags.make (flags, defines, includes, and the precompiled header
+    its sources include: TFLM's, cmake/etforge.cmake) with the build directory written ``@``:
+    what ccache hashes of a compile line besides the source."""
     found = {}
     for name in SHARED_LIBRARIES:
         f = build_dir / "CMakeFiles" / f"{prefix}_{name}.dir" / "flags.make"
         if f.is_file():
-            lines = [ln for ln in f.read_text().splitlines() if ln and not ln.startswith("#")]
-            found[name] = "\n".join(lines).replace(str(build_dir), "@")
+            text = f.read_text()
+            lines = [ln for ln in text.splitlines() if ln and not ln.startswith("#")]
+            pch = sorted(
+                {ln.split(" = ", 1)[1] for ln in text.splitlines() if ln.startswith("# PCH options:")}
+            )
+            found[name] = "\n".join(lines + pch).replace(str(build_dir), "@")
     return found
 
 
@@ -227,6 +232,8 @@ def test_qemu_example_npu_targets_in_tflm(
     assert "etforge: tflm partition 0 arena" in stdout
     shared = _assert_compiles_like_etforge_run(build_dir)
     assert {"tflm", "tflm_kernels", "cmsis_nn_int"} <= set(shared)  # TFLM's compile lines compared too
+    lines = _compile_lines(build_dir, "firmware_etforge")
+    assert all("cmake_pch.hxx" in lines[n] for n in ("tflm", "tflm_kernels")), lines  # ETFORGE_TFLM_PCH
 
 
 def test_npu_program_needs_the_opt_in(npu_outs: dict[tuple[str, str], Path], tmp_path: Path) -> None:
