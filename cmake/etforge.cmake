@@ -373,7 +373,7 @@ set(_ETFORGE_TFLM_PCH_HEADERS
 # the PCH) are the same in every build tree, so a compiler cache serves all of them.
 function(_etforge_tflm_pch lib cfg opt)
   string(REPLACE "${CMAKE_BINARY_DIR}" "@" _flags
-    "${opt};${CMAKE_CXX_FLAGS};${ETFORGE_RT_CPU_FLAGS};${ETFORGE_RT_TFLM_DEFINITIONS};${ETFORGE_RT_TFLM_INCLUDE_DIRS}")
+    "${opt};${ETFORGE_RT_CPU_FLAGS};${ETFORGE_RT_TFLM_DEFINITIONS};${ETFORGE_RT_TFLM_INCLUDE_DIRS}")
   string(MD5 _hash "${_flags}")
   string(SUBSTRING "${_hash}" 0 10 _hash)
   string(REPLACE "-" "" _o "${opt}")
