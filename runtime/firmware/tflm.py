@@ -85,28 +85,30 @@ KERNELS: dict[str, tuple[str, tuple[str, ...]]] = {
 KERNEL_SUPPORT = ("kernel_util", "micro_tensor_utils")
 
 _M = "tensorflow/lite/micro"
-#: The TFLM interpreter, allocator and the TFLite shared code it compiles.
+#: The TFLM interpreter, allocator and the TFLite shared code it compiles: what an image links.
+#: Not compiled (no object of the interpreter, of any kernel in ``KERNELS`` or of the delegate
+#: refers to a symbol they define; issue 47): cortex_m_generic/micro_time.cc, micro_profiler.cc,
+#: system_setup.cc, memory_planner/non_persistent_buffer_planner_shim.cc,
+#: kernels/internal/runtime_shape.cc, kernels/internal/reference/portable_tensor_utils.cc and both
+#: tensor_utils.cc. The CMake package's users compile the same list (``cmake_lists``).
 CORE = tuple(
     [f"{_M}/{f}" for f in (
-        "cortex_m_generic/debug_log.cc", "cortex_m_generic/micro_time.cc", "flatbuffer_utils.cc",
+        "cortex_m_generic/debug_log.cc", "flatbuffer_utils.cc",
         "memory_helpers.cc", "micro_allocation_info.cc", "micro_allocator.cc", "micro_context.cc",
         "micro_interpreter.cc", "micro_interpreter_context.cc", "micro_interpreter_graph.cc",
-        "micro_log.cc", "micro_op_resolver.cc", "micro_profiler.cc", "micro_resource_variable.cc",
-        "micro_utils.cc", "system_setup.cc",
+        "micro_log.cc", "micro_op_resolver.cc", "micro_resource_variable.cc", "micro_utils.cc",
         "arena_allocator/non_persistent_arena_buffer_allocator.cc",
         "arena_allocator/persistent_arena_buffer_allocator.cc",
         "arena_allocator/single_arena_buffer_allocator.cc", "memory_planner/greedy_memory_planner.cc",
-        "memory_planner/linear_memory_planner.cc", "memory_planner/non_persistent_buffer_planner_shim.cc",
+        "memory_planner/linear_memory_planner.cc",
         "tflite_bridge/flatbuffer_conversions_bridge.cc", "tflite_bridge/micro_error_reporter.cc",
     )]
     + [
-        "tensorflow/lite/kernels/kernel_util.cc", "tensorflow/lite/kernels/internal/runtime_shape.cc",
+        "tensorflow/lite/kernels/kernel_util.cc",
         "tensorflow/lite/kernels/internal/portable_tensor_utils.cc",
         "tensorflow/lite/kernels/internal/tensor_ctypes.cc",
-        "tensorflow/lite/kernels/internal/reference/portable_tensor_utils.cc",
         "tensorflow/lite/kernels/internal/common.cc", "tensorflow/lite/kernels/internal/quantization_util.cc",
-        "tensorflow/lite/kernels/internal/tensor_utils.cc", "tensorflow/lite/core/api/flatbuffer_conversions.cc",
-        "tensorflow/lite/core/api/tensor_utils.cc", "tensorflow/lite/core/c/common.cc",
+        "tensorflow/lite/core/api/flatbuffer_conversions.cc", "tensorflow/lite/core/c/common.cc",
         "tensorflow/compiler/mlir/lite/schema/schema_utils.cc",
         "tensorflow/compiler/mlir/lite/core/api/error_reporter.cc",
     ]
