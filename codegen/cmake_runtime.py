@@ -143,7 +143,7 @@ def write_runtime_cmake(
 ) -> None:
     """Write ``out`` (set() commands) for the runtime of ``ptes``' programs. A program with
     delegates is refused unless ``cpu_partitions`` and its partitions are host-only LiteRT
-    ones, which then run in TFLM on the CPU (``etforge_tflm_ops.h`` in ``include_dir``)."""
+    ones, which then run in TFLM on the CPU (``etforge_tflm_ops.cpp`` in ``include_dir``)."""
     from etforge.runtime.firmware import sources
 
     src = sources.locate(executorch_src, cmsis_nn_src)
@@ -182,11 +182,9 @@ def _tflm_lists(
     from etforge.plugins.targets.tflm_arena import arena_bytes
 
     part_ops = sorted({op for _, model in parts for op in tflm.partition_ops(model)})
-    header = tflm.resolver_header(part_ops, [arena_bytes(model) for _, model in parts])
-    write_if_changed(include_dir / "etforge_tflm_ops.h", header)
-    lists = tflm.cmake_lists(tsrc, nn, part_ops)
-    lists["TFLM_INCLUDE_DIRS"] = [*lists["TFLM_INCLUDE_DIRS"], str(include_dir)]
-    return lists
+    ops_source = tflm.resolver_source(part_ops, [arena_bytes(model) for _, model in parts])
+    write_if_changed(include_dir / tflm.OPS_SOURCE, ops_source)
+    return tflm.cmake_lists(tsrc, nn, part_ops, include_dir)
 
 
 def _host_only_partitions(pte: Path) -> list[tuple[str, bytes]]:

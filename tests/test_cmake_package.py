@@ -164,15 +164,15 @@ def _ninja_flags(build_dir: Path) -> dict[str, dict[str, set[str]]]:
 
 def _compile_lines(build_dir: Path, prefix: str) -> dict[str, str]:
     """Each shared library's compile variables (flags, defines, includes: flags.make in a
-    Makefile tree, build.ninja in a Ninja tree) with the build directory written ``@``: what
-    ccache hashes of a compile line besides the source."""
+    Makefile tree, build.ninja in a Ninja tree; with the precompiled header a source includes,
+    TFLM's: cmake/etforge.cmake) with the build directory written ``@``: what ccache hashes of a
+    compile line besides the source."""
     ninja = _ninja_flags(build_dir) if (build_dir / "build.ninja").is_file() else {}
     found = {}
     for name in SHARED_LIBRARIES:
         f = build_dir / "CMakeFiles" / f"{prefix}_{name}.dir" / "flags.make"
         if f.is_file():
-            lines = [_FLAG.match(ln) for ln in f.read_text().splitlines() if ln and not ln.startswith("#")]
-            flags = {m.group(1): {m.group(2) or ""} for m in lines if m}
+            flags = _make_flags(f.read_text())
         elif f"{prefix}_{name}" in ninja:
             flags = ninja[f"{prefix}_{name}"]
         else:
@@ -180,6 +180,20 @@ def _compile_lines(build_dir: Path, prefix: str) -> dict[str, str]:
         text = "\n".join(f"{k} = {' | '.join(sorted(v))}" for k, v in sorted(flags.items()))
         found[name] = text.replace(str(build_dir), "@")
     return found
+
+
+def _make_flags(text: str) -> dict[str, set[str]]:
+    """A Makefile tree's flags.make as ``_ninja_flags`` names a target's variables: a source's
+    precompiled-header options (``# PCH options:``, a CMake list) follow its language's flags,
+    as they do on the source's line in build.ninja."""
+    lines = [_FLAG.match(ln) for ln in text.splitlines() if ln and not ln.startswith("#")]
+    flags = {m.group(1): {m.group(2) or ""} for m in lines if m}
+    pch = {
+        ln.split(" = ", 1)[1].replace(";", " ") for ln in text.splitlines() if ln.startswith("# PCH options:")
+    }
+    for key in [k for k in flags if k.endswith("_FLAGS")] if pch else []:
+        flags[key] = {f"{v} {p}".strip() for v in flags[key] for p in pch}
+    return flags
 
 
 def _assert_compiles_like_etforge_run(build_dir: Path) -> list[str]:
@@ -254,6 +268,8 @@ def test_qemu_example_npu_targets_in_tflm(
     assert "etforge: tflm partition 0 arena" in stdout
     shared = _assert_compiles_like_etforge_run(build_dir)
     assert {"tflm", "tflm_kernels", "cmsis_nn_int"} <= set(shared)  # TFLM's compile lines compared too
+    lines = _compile_lines(build_dir, "firmware_etforge")
+    assert all("cmake_pch.hxx" in lines[n] for n in ("tflm", "tflm_kernels")), lines  # ETFORGE_TFLM_PCH
 
 
 def test_npu_program_needs_the_opt_in(npu_outs: dict[tuple[str, str], Path], tmp_path: Path) -> None:

@@ -5,12 +5,14 @@ computes with LiteRT's reference kernels for the partitions."""
 
 from __future__ import annotations
 
+import re
+import shutil
 from pathlib import Path
 
 import pytest
 
 from etforge.core.common.errors import EtforgeError
-from etforge.runtime.firmware import conformance, device, sources, tflm
+from etforge.runtime.firmware import build, conformance, device, sources, tflm
 
 from support import THIRD_PARTY, run_cli
 
@@ -106,3 +108,46 @@ def _arenas_are_the_compile_time_figures(out: Path, arenas: list[tuple[int, int]
     parts = json.loads((out / "report.json").read_text())["memory"]["npu_partitions"]
     assert [size for size, _ in arenas] == [p["fallback_arena_bytes"] for p in parts]
     assert all(0 < used <= size < (1 << 20) for size, used in arenas), arenas
+
+
+def _forced_image(out: Path, partitions: list[tuple[str, bytes]]) -> build.Image:
+    """``out``'s image with its partitions in TFLM, built now (an earlier run's is removed)."""
+    img = build.build_image(out, partitions=partitions, arena_shrink=16)
+    if "image" not in img.built:
+        with build._locked(build.cache_root() / "images" / f"{img.key}.lock"):
+            shutil.rmtree(img.elf.parent)
+        img = build.build_image(out, partitions=partitions, arena_shrink=16)
+    assert "image" in img.built
+    return img
+
+
+def test_the_delegate_compiles_once_for_every_program(cifarnet: Path, tmp_path: Path) -> None:
+    """The TFLM delegate's compile line is the same for every program: the program's resolver
+    and arenas are its generated ``etforge_tflm_ops.cpp``, compiled with the kernels. An image
+    of the program in another directory (another generated include directory than the library
+    tree's last image had) reuses the delegate object the tree holds (issue 47: it was compiled
+    again for every image, ~4 CPU s of TFLM's headers each)."""
+    _, interp = device._load(cifarnet)
+    parts = device.host_only_partitions(cifarnet, interp)
+    where = build.cache_root() / f"libs-{build.library_key(sources.locate())}" / "build" / "CMakeFiles"
+
+    def delegate() -> list[tuple[int, int]]:
+        return [(o.stat().st_ino, o.stat().st_mtime_ns) for o in where.glob("et_tflm_delegate.dir/**/*.obj")]
+
+    if not delegate():  # no TFLM image built in this tree yet
+        _forced_image(shutil.copytree(cifarnet, tmp_path / "first"), parts)
+    before = delegate()
+    _forced_image(shutil.copytree(cifarnet, tmp_path / "moved"), parts)
+    assert before and delegate() == before, "the program's image compiled the delegate again"
+
+
+def test_every_interpreter_source_links(cifarnet: Path) -> None:
+    """``tflm.CORE`` is what an image links: the linker takes every one of its objects from the
+    interpreter's archive into cifarnet's image (runner.map), so no source is compiled for
+    nothing (issue 47: 8 of 37 were)."""
+    _, interp = device._load(cifarnet)
+    img = build.build_image(cifarnet, partitions=device.host_only_partitions(cifarnet, interp))
+    text = (img.elf.parent / "runner.map").read_text()
+    members = text.split("Archive member included", 1)[1].split("Discarded input sections", 1)[0]
+    linked = set(re.findall(r"libet_tflm\.a\(([^)]+)\.obj\)", members))
+    assert {Path(f).name for f in tflm.CORE} - linked == set()

@@ -243,7 +243,7 @@ RUNTIME_GEN = Path("etforge-gen", "firmware", "runtime")
 
 def runtime_dir(tree: Path) -> Path:
     """The tree's generated runtime directory: ``include/`` (the sources' include root) and
-    the TFLM resolver header ``etforge_tflm_ops.h``."""
+    the TFLM resolver ``etforge_tflm_ops.cpp`` (``tflm.resolver_source``)."""
     return tree / "build" / RUNTIME_GEN
 
 
@@ -368,7 +368,7 @@ def build_image(
     if arena_shrink:
         defs.append(f"ETFORGE_ARENA_SHRINK={int(arena_shrink)}")
     lists: dict[str, list[str]] = {"KERNEL_SOURCES": [str(src.executorch / k) for k in kernels]}
-    ops_header = ""
+    ops_source = ""
     tflm_stamp: Path | None = None
     if partitions:
         from etforge.plugins.targets.tflm_arena import arena_bytes
@@ -376,11 +376,10 @@ def build_image(
 
         tsrc = tflm.locate_tflm()
         part_ops = sorted({op for _, model in partitions for op in tflm.partition_ops(model)})
-        ops_header = tflm.resolver_header(part_ops, [arena_bytes(model) for _, model in partitions])
+        ops_source = tflm.resolver_source(part_ops, [arena_bytes(model) for _, model in partitions])
         tkey = tflm.library_key(tsrc, src.cmsis_nn)
         tflm_stamp = lib / f".tflm-{tkey}"
-        lists.update(tflm.cmake_lists(tsrc, src.cmsis_nn, part_ops))
-        lists["TFLM_INCLUDE_DIRS"].append(str(runtime_dir(lib)))
+        lists.update(tflm.cmake_lists(tsrc, src.cmsis_nn, part_ops, runtime_dir(lib)))
         defs += ["ETFORGE_ALLOW_HOST_ONLY", "ETFORGE_TFLM_PARTITIONS", f"ETFORGE_TFLM_KEY={tkey}"]
     image_lists = cmake_runtime.render_lists(lists) + cmake_runtime.render_lists(
         {"GEN": [str(gen.resolve())], "DEFINITIONS": defs}, prefix="ETFORGE_IMAGE_"
@@ -389,7 +388,7 @@ def build_image(
     for f in (header, registration, *(files_dir() / n for n in _RUNNER_FILES)):
         h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
     if partitions:
-        h.update((files_dir() / "tflm_delegate.cpp").read_bytes() + ops_header.encode())
+        h.update((files_dir() / "tflm_delegate.cpp").read_bytes() + ops_source.encode())
     h.update("\0".join(kernels + defs).encode() + image_lists.replace(str(gen.resolve()), "").encode())
     key = h.hexdigest()[:20]
     img = root / "images" / key
@@ -398,8 +397,8 @@ def build_image(
     with _locked(root / "images" / f"{key}.lock"):
         if not elf.is_file():
             with _locked(root / f"libs-{lib_key}.lock"):  # one image at a time in the library tree
-                if ops_header:
-                    cmake_runtime.write_if_changed(runtime_dir(lib) / "etforge_tflm_ops.h", ops_header)
+                if ops_source:
+                    cmake_runtime.write_if_changed(runtime_dir(lib) / tflm.OPS_SOURCE, ops_source)
                 _configure(src, lib, image_lists)
                 progress = ""
                 if tflm_stamp is not None and not tflm_stamp.is_file():
@@ -412,8 +411,8 @@ def build_image(
                     if progress and "libraries" not in built:
                         built.append("libraries")
                 img.mkdir(parents=True, exist_ok=True)
-                if ops_header:
-                    (img / "etforge_tflm_ops.h").write_text(ops_header)
+                if ops_source:
+                    (img / tflm.OPS_SOURCE).write_text(ops_source)
                 shutil.copyfile(lib / "build" / "runner.map", img / "runner.map")
                 shutil.copyfile(lib / "build" / "runner.elf", img / "runner.elf.tmp")
                 (img / "runner.elf.tmp").replace(elf)  # written last: a complete image

@@ -14,8 +14,9 @@ runs each partition in TFLM with CMSIS-NN kernels *on the CPU* — not the NPU; 
 * FlatBuffers: TFLM's translation units see its patched 25.9.23 headers with the namespace
   renamed (``-Dflatbuffers=etforge_tflm_flatbuffers``), ExecuTorch's its 25.2.10: two
   versions in one image, no symbol shared between them.
-* The op resolver holds exactly the builtin ops the partitions use (``etforge_tflm_ops.h``,
-  generated per image). ``cmake_lists`` is what the CMake package's ``etforge_tflm_libraries``
+* The op resolver holds exactly the builtin ops the partitions use (``etforge_tflm_ops.cpp``,
+  generated per image, compiled with the kernels; the delegate itself is the same for every
+  image). ``cmake_lists`` is what the CMake package's ``etforge_tflm_libraries``
   compiles, for ``etforge run``'s image (in its library tree: the interpreter once, each
   kernel on first use) and for a user's firmware (``etforge_add_runtime``,
   ``ETFORGE_CPU_PARTITIONS``) alike.
@@ -84,28 +85,30 @@ KERNELS: dict[str, tuple[str, tuple[str, ...]]] = {
 KERNEL_SUPPORT = ("kernel_util", "micro_tensor_utils")
 
 _M = "tensorflow/lite/micro"
-#: The TFLM interpreter, allocator and the TFLite shared code it compiles.
+#: The TFLM interpreter, allocator and the TFLite shared code it compiles: what an image links.
+#: Not compiled (no object of the interpreter, of any kernel in ``KERNELS`` or of the delegate
+#: refers to a symbol they define; issue 47): cortex_m_generic/micro_time.cc, micro_profiler.cc,
+#: system_setup.cc, memory_planner/non_persistent_buffer_planner_shim.cc,
+#: kernels/internal/runtime_shape.cc, kernels/internal/reference/portable_tensor_utils.cc and both
+#: tensor_utils.cc. The CMake package's users compile the same list (``cmake_lists``).
 CORE = tuple(
     [f"{_M}/{f}" for f in (
-        "cortex_m_generic/debug_log.cc", "cortex_m_generic/micro_time.cc", "flatbuffer_utils.cc",
+        "cortex_m_generic/debug_log.cc", "flatbuffer_utils.cc",
         "memory_helpers.cc", "micro_allocation_info.cc", "micro_allocator.cc", "micro_context.cc",
         "micro_interpreter.cc", "micro_interpreter_context.cc", "micro_interpreter_graph.cc",
-        "micro_log.cc", "micro_op_resolver.cc", "micro_profiler.cc", "micro_resource_variable.cc",
-        "micro_utils.cc", "system_setup.cc",
+        "micro_log.cc", "micro_op_resolver.cc", "micro_resource_variable.cc", "micro_utils.cc",
         "arena_allocator/non_persistent_arena_buffer_allocator.cc",
         "arena_allocator/persistent_arena_buffer_allocator.cc",
         "arena_allocator/single_arena_buffer_allocator.cc", "memory_planner/greedy_memory_planner.cc",
-        "memory_planner/linear_memory_planner.cc", "memory_planner/non_persistent_buffer_planner_shim.cc",
+        "memory_planner/linear_memory_planner.cc",
         "tflite_bridge/flatbuffer_conversions_bridge.cc", "tflite_bridge/micro_error_reporter.cc",
     )]
     + [
-        "tensorflow/lite/kernels/kernel_util.cc", "tensorflow/lite/kernels/internal/runtime_shape.cc",
+        "tensorflow/lite/kernels/kernel_util.cc",
         "tensorflow/lite/kernels/internal/portable_tensor_utils.cc",
         "tensorflow/lite/kernels/internal/tensor_ctypes.cc",
-        "tensorflow/lite/kernels/internal/reference/portable_tensor_utils.cc",
         "tensorflow/lite/kernels/internal/common.cc", "tensorflow/lite/kernels/internal/quantization_util.cc",
-        "tensorflow/lite/kernels/internal/tensor_utils.cc", "tensorflow/lite/core/api/flatbuffer_conversions.cc",
-        "tensorflow/lite/core/api/tensor_utils.cc", "tensorflow/lite/core/c/common.cc",
+        "tensorflow/lite/core/api/flatbuffer_conversions.cc", "tensorflow/lite/core/c/common.cc",
         "tensorflow/compiler/mlir/lite/schema/schema_utils.cc",
         "tensorflow/compiler/mlir/lite/core/api/error_reporter.cc",
     ]
@@ -174,26 +177,35 @@ def partition_ops(model: bytes) -> list[str]:
     return sorted(ops)
 
 
-def resolver_header(ops: list[str], arenas: list[int] | None = None) -> str:
-    """``etforge_tflm_ops.h``: the resolver's size, the ops registered in it, and each
-    partition's TFLM arena in program order (``plugins/targets/tflm_arena.py``, computed from
-    the partition at compile time, as report.json and etforge_model.h state it)."""
+#: The generated per-program translation unit (``resolver_source``), compiled into the kernels library.
+OPS_SOURCE = "etforge_tflm_ops.cpp"
+
+
+def resolver_source(ops: list[str], arenas: list[int] | None = None) -> str:
+    """``etforge_tflm_ops.cpp``: the resolver holding exactly the builtin ops the partitions use,
+    and each partition's TFLM arena in program order (``plugins/targets/tflm_arena.py``, computed
+    from the partition at compile time, as report.json and etforge_model.h state it). It is the
+    one per-program part: ``files/tflm_delegate.cpp`` reads it through ``etforge_tflm_resolver``
+    and the two arrays, so the delegate's compile is the same for every program (compiled once)
+    and this small file compiles with the kernels' flags and precompiled headers."""
     missing = [o for o in ops if o not in KERNELS]
     if missing:
         raise EtforgeError(
             f"LiteRT op(s) {', '.join(missing)}: no TFLM kernel in etforge's TFLM build (tflm.KERNELS)"
         )
-    calls = "".join(f"  r.{KERNELS[o][0]}();  // {o}\n" for o in ops)
+    calls = "".join(f"    r.{KERNELS[o][0]}();  // {o}\n" for o in ops)
     sizes = [int(a) for a in (arenas or [])]
     return (
         "// Generated by etforge (runtime/firmware/tflm.py): the LiteRT ops this program's partitions use.\n"
-        "#pragma once\n"
-        f"#define ETFORGE_TFLM_NUM_OPS {max(1, len(ops))}\n"
-        f"#define ETFORGE_TFLM_NUM_PARTITIONS {len(sizes)}\n"
+        '#include "tensorflow/lite/micro/micro_mutable_op_resolver.h"\n\n'
+        f"extern const unsigned etforge_tflm_num_partitions = {len(sizes)};\n"
         "// TFLM arena per partition (bytes, program order): etforge's compile-time bound\n"
-        f"static const unsigned etforge_tflm_arena_bytes[{max(1, len(sizes))}] = "
-        f"{{{', '.join(map(str, sizes)) or '0'}}};\n"
-        "template <typename R>\ninline void etforge_tflm_add_ops(R& r) {\n" + calls + "}\n"
+        f"extern const unsigned etforge_tflm_arena_bytes[{max(1, len(sizes))}] = "
+        f"{{{', '.join(map(str, sizes)) or '0'}}};\n\n"
+        "const tflite::MicroOpResolver& etforge_tflm_resolver() {\n"
+        f"  static tflite::MicroMutableOpResolver<{max(1, len(ops))}> r;\n"
+        "  static bool added = false;\n"
+        "  if (!added) {\n" + calls + "    added = true;\n  }\n  return r;\n}\n"
     )
 
 
@@ -227,14 +239,15 @@ def files_dir() -> Path:
     return fd()
 
 
-def cmake_lists(src: TflmSources, nn: Path, ops: list[str]) -> dict[str, list[str]]:
+def cmake_lists(src: TflmSources, nn: Path, ops: list[str], gen: Path) -> dict[str, list[str]]:
     """What the CMake package's ``etforge_tflm_libraries`` compiles (cmake/etforge.cmake): the
-    interpreter, the kernels of ``ops``, every integer CMSIS-NN source of the image's one
-    CMSIS-NN tree, the delegate, and TFLM's defines and include directories."""
+    interpreter, the kernels of ``ops`` with the program's ``gen/etforge_tflm_ops.cpp``
+    (``resolver_source``), every integer CMSIS-NN source of the image's one CMSIS-NN tree, the
+    delegate, and TFLM's defines and include directories."""
     d = src.deps
     return {
         "TFLM_CORE_SOURCES": [str(src.tflm / f) for f in CORE],
-        "TFLM_KERNEL_SOURCES": [str(src.tflm / f) for f in kernel_sources(ops)],
+        "TFLM_KERNEL_SOURCES": [str(src.tflm / f) for f in kernel_sources(ops)] + [str(gen / OPS_SOURCE)],
         "TFLM_NN_SOURCES": [str(nn / f) for f in cmsis_nn_int_sources(nn)],
         "TFLM_DELEGATE_SOURCES": [str(files_dir() / "tflm_delegate.cpp")],
         "TFLM_DEFINITIONS": list(DEFINITIONS),

@@ -20,10 +20,15 @@
 #include <cstring>
 #include <new>
 
-#include "etforge_tflm_ops.h"  // generated: the ops the partitions use (tflm.py)
 #include "tensorflow/lite/micro/micro_interpreter.h"
-#include "tensorflow/lite/micro/micro_mutable_op_resolver.h"
+#include "tensorflow/lite/micro/micro_op_resolver.h"
 #include "tensorflow/lite/schema/schema_generated.h"
+
+// The program's part, generated (tflm.py resolver_source: etforge_tflm_ops.cpp, compiled with
+// the TFLM kernels): this file is then the same for every program and compiles once.
+extern const unsigned etforge_tflm_num_partitions;
+extern const unsigned etforge_tflm_arena_bytes[];  // per partition, program order
+const tflite::MicroOpResolver& etforge_tflm_resolver();
 
 #define ETFORGE_TFLM_MAX_IO 8
 #define ETFORGE_TFLM_MAX_DIMS 8
@@ -138,7 +143,7 @@ class TflmPartitions final : public BackendInterface {
     if (((uintptr_t)model & 15) != 0) return Error::DelegateInvalidCompatibility;
     // the interpreter reads the weights in place: `processed` is kept
     part->index = g_partitions++;  // ExecuTorch initialises delegates in program order
-    if (part->index >= ETFORGE_TFLM_NUM_PARTITIONS) return Error::DelegateInvalidCompatibility;
+    if (part->index >= (int)etforge_tflm_num_partitions) return Error::DelegateInvalidCompatibility;
     const unsigned arena_bytes = etforge_tflm_arena_bytes[part->index];  // computed at compile time
     part->arena = (uint8_t*)memalign(16, arena_bytes);
 #ifdef ETFORGE_TFLM_SELF_REGISTER
@@ -147,10 +152,7 @@ class TflmPartitions final : public BackendInterface {
     void* mem = a->allocate(sizeof(tflite::MicroInterpreter), alignof(tflite::MicroInterpreter));
 #endif
     if (part->arena == nullptr || mem == nullptr) return Error::DelegateMemoryAllocationFailed;
-    static tflite::MicroMutableOpResolver<ETFORGE_TFLM_NUM_OPS> resolver;
-    static bool added = false;
-    if (!added) { etforge_tflm_add_ops(resolver); added = true; }
-    part->interp = new (mem) tflite::MicroInterpreter(tflite::GetModel(model), resolver, part->arena,
+    part->interp = new (mem) tflite::MicroInterpreter(tflite::GetModel(model), etforge_tflm_resolver(), part->arena,
                                                       arena_bytes);
     if (part->interp->AllocateTensors() != kTfLiteOk) {
       ET_LOG(Error, "EtforgeNpuBackend (TFLM on the CPU): partition %d: AllocateTensors failed in the "
