@@ -411,6 +411,7 @@ def build_image(
                     if progress and "libraries" not in built:
                         built.append("libraries")
                 img.mkdir(parents=True, exist_ok=True)
+                (img / "image.cmake").write_text(image_lists)  # how the tree was configured for it
                 if ops_source:
                     (img / tflm.OPS_SOURCE).write_text(ops_source)
                 shutil.copyfile(lib / "build" / "runner.map", img / "runner.map")
