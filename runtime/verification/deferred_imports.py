@@ -114,6 +114,10 @@ def undefer() -> bool:
     return ran
 
 
+#: The programs loaded again after :func:`undefer` in this verify (told in its notes).
+LOADED_AFTER_UNDEFER: list[str] = []
+
+
 def load_program(path: Any) -> Any:
     """``core.front.load.load_program``; where it fails while an ``__init__`` is deferred (an
     op only that ``__init__`` registers), loaded again after :func:`undefer`."""
@@ -124,4 +128,6 @@ def load_program(path: Any) -> Any:
     except RuntimeError:  # torch.export.load's, an op it could not resolve among them
         if not undefer():
             raise
-        return load(path)
+        program = load(path)
+        LOADED_AFTER_UNDEFER.append(str(path))
+        return program

@@ -28,7 +28,7 @@ from etforge.core.registry.manager import Registry, registry
 from etforge.runtime.execution import kernel_memo, litert_run
 from etforge.runtime.execution.host import run_program
 from etforge.runtime.execution.pte_interpreter import PteInterpreter
-from etforge.runtime.verification import exact_pass
+from etforge.runtime.verification import deferred_imports, exact_pass
 from etforge.runtime.verification.accuracy import DEFAULT_MAX_ACCURACY_DROP, Labeled, evaluate
 from etforge.runtime.verification.ahead import Ahead
 from etforge.runtime.verification.beside import Beside
@@ -261,6 +261,7 @@ def _per_op(found: list[OpParity]) -> tuple[list[dict[str, Any]], list[dict[str,
 
 def _programs(out: Path, report: dict[str, Any]) -> tuple[ExportedProgram, ExportedProgram | None]:
     """(float program, quantized program) of a compile's outputs."""
+    deferred_imports.LOADED_AFTER_UNDEFER.clear()
     float_ep = load_program(out / output.FLOAT_PROGRAM)
     qep = load_program(out / output.QUANTIZED_PROGRAM) if report["quantized"] else None
     return float_ep, qep
@@ -820,6 +821,10 @@ def compare(
     result.sim_per_sample_nodes = dict(sim_state.per_sample)
     if sim_state.note:
         result.notes.append(sim_state.note)
+    for path in deferred_imports.LOADED_AFTER_UNDEFER:
+        result.notes.append(
+            f"{Path(path).name}: loaded again after torchao's package init ran in full (an op only it registers)"
+        )
     if q_fn is not None and check.primary is not None:
         result.reference_spread_top1, result.top1_vs_exact = top1_spread, top1_exact
     if scale and q_fn is not None:
