@@ -31,7 +31,9 @@ def _quantize(
     q.round_()
     if not (isinstance(zero_point, (int, float)) and zero_point == 0):
         q.add_(zero_point)
-    return q.clamp_(qmin, qmax).to(dtype)
+    # out of place: torch.vmap has a batching rule for clamp, none for clamp_ with number bounds
+    # (its fallback runs each sample alone and warns); the same IEEE values
+    return q.clamp(qmin, qmax).to(dtype)
 
 
 def _channel(v: Any, x: torch.Tensor, axis: int) -> Any:
