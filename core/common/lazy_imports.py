@@ -41,18 +41,27 @@ from typing import Any
 POST_GRAD = "torch._inductor.fx_passes.post_grad"
 
 
-class _Deferred(types.ModuleType):
-    """Stands in for a module until an attribute of it is read."""
+class Deferred(types.ModuleType):
+    """Stands in for a module until an attribute of it is read (:func:`install_stand_in`)."""
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):
             raise AttributeError(name)
-        return getattr(_load(self.__name__), name)
+        return getattr(load(self.__name__), name)
 
 
-def _load(name: str) -> types.ModuleType:
+def install_stand_in(stand_in: Deferred) -> None:
+    """Put ``stand_in`` where its module would be: in ``sys.modules`` and on its (imported) parent."""
+    parent_name, _, child = stand_in.__name__.rpartition(".")
+    parent = importlib.import_module(parent_name)
+    sys.modules[stand_in.__name__] = stand_in
+    setattr(parent, child, stand_in)
+
+
+def load(name: str) -> types.ModuleType:
+    """The real module ``name``: a stand-in in its place is taken out first, then it is imported."""
     held = sys.modules.get(name)
-    if isinstance(held, _Deferred):
+    if isinstance(held, Deferred):
         del sys.modules[name]
         parent, _, child = name.rpartition(".")
         if getattr(sys.modules.get(parent), child, None) is held:
@@ -84,24 +93,21 @@ def _decompose_auto_functionalized(graph: Any) -> Any:
     """ExecuTorch calls it on every program; most have nothing for it and never load it."""
     if _nothing_to_decompose(graph):
         return None
-    return _load(POST_GRAD).decompose_auto_functionalized(graph)
+    return load(POST_GRAD).decompose_auto_functionalized(graph)
 
 
 def defer_inductor_post_grad() -> bool:
     """Defer Inductor's post-grad passes; True when the stand-in is in place."""
     if POST_GRAD in sys.modules:
-        return isinstance(sys.modules[POST_GRAD], _Deferred)
-    parent_name, _, child = POST_GRAD.rpartition(".")
+        return isinstance(sys.modules[POST_GRAD], Deferred)
+    stand_in = Deferred(POST_GRAD)
+    stand_in.decompose_auto_functionalized = _decompose_auto_functionalized  # type: ignore[attr-defined]
     try:
         if importlib.util.find_spec(POST_GRAD) is None:
             return False
-        parent = importlib.import_module(parent_name)
+        install_stand_in(stand_in)
     except ImportError:
         return False
-    stand_in = _Deferred(POST_GRAD)
-    stand_in.decompose_auto_functionalized = _decompose_auto_functionalized  # type: ignore[attr-defined]
-    sys.modules[POST_GRAD] = stand_in
-    setattr(parent, child, stand_in)
     return True
 
 
@@ -144,6 +150,16 @@ class _DeferredInit(types.ModuleType):
             return importlib.import_module(f"{self.__name__}.{name}")
         _run_init(self)
         return getattr(self, name)  # now a plain module: its own ``__getattr__`` (PEP 562) too
+
+
+def run_deferred_init(name: str) -> bool:
+    """Run the deferred ``__init__`` of package ``name`` now (every name it binds, every op it
+    registers); False when that package is not a deferred one (already run, or never deferred)."""
+    module = sys.modules.get(name)
+    if not isinstance(module, _DeferredInit):
+        return False
+    _run_init(module)  # the stand-in becomes the package, as on a name read
+    return True
 
 
 def _is_submodule(package: types.ModuleType, name: str) -> bool:

@@ -23,6 +23,8 @@ import types
 from collections.abc import Callable
 from typing import Any
 
+from etforge.core.common import lazy_imports
+
 #: torchao's packages whose ``__init__`` verify defers (in this order: parent first).
 VERIFY_DEFERRED_INITS = ("torchao", "torchao.quantization")
 #: What those ``__init__`` s import that registers ops ExecuTorch reads at import.
@@ -31,12 +33,12 @@ _OPS = "torchao.quantization.quant_primitives"
 DECOMPOSITIONS = "torch._inductor.decomposition"
 
 
-class _Decompositions(types.ModuleType):
+class _Decompositions(lazy_imports.Deferred):
     """Stands in for Inductor's decomposition module while nothing reads it but torchao's op
     registration: its import builds torch's whole core-ATen decomposition table (0.13 CPU s),
     which only an Inductor compile reads, and verify compiles nothing. The decompositions
     registered meanwhile are kept, and registered in the real module when anything reads it
-    (any other attribute imports it, as ``lazy_imports``' stand-in for post-grad does)."""
+    (any other attribute imports it: ``lazy_imports.Deferred``)."""
 
     def __init__(self) -> None:
         super().__init__(DECOMPOSITIONS)
@@ -57,16 +59,10 @@ class _Decompositions(types.ModuleType):
 
 def _real_decompositions() -> types.ModuleType:
     """The real decomposition module in the stand-in's place, with what it kept registered."""
-    import importlib
-
     held = sys.modules.get(DECOMPOSITIONS)
+    real = lazy_imports.load(DECOMPOSITIONS)
     if not isinstance(held, _Decompositions):
-        return importlib.import_module(DECOMPOSITIONS)
-    del sys.modules[DECOMPOSITIONS]
-    parent = sys.modules.get("torch._inductor")
-    if parent is not None and parent.__dict__.get("decomposition") is held:
-        delattr(parent, "decomposition")
-    real = importlib.import_module(DECOMPOSITIONS)
+        return real
     for ops, fn in held._etforge_pending:
         # built after the ops were defined, the table holds torch's generic decomposition of
         # each (a CompositeImplicitAutograd op): the registration made before it replaces it
@@ -83,19 +79,15 @@ def defer() -> list[str]:
     import importlib
     import importlib.util
 
-    from etforge.core.common.lazy_imports import defer_package_inits
-
     try:
         if importlib.util.find_spec("torchao") is None:
             return []
     except (ImportError, ValueError):
         return []
-    deferred = defer_package_inits(VERIFY_DEFERRED_INITS)
+    deferred = lazy_imports.defer_package_inits(VERIFY_DEFERRED_INITS)
     if deferred:
         if DECOMPOSITIONS not in sys.modules:
-            parent = importlib.import_module("torch._inductor")  # (Dynamo imports it anyway)
-            stand_in = sys.modules[DECOMPOSITIONS] = _Decompositions()
-            parent.decomposition = stand_in  # type: ignore[attr-defined]
+            lazy_imports.install_stand_in(_Decompositions())  # (its parent: Dynamo imports it anyway)
         importlib.import_module(_OPS)
     return deferred
 
@@ -103,15 +95,8 @@ def defer() -> list[str]:
 def undefer() -> bool:
     """Run each deferred ``__init__`` of ``VERIFY_DEFERRED_INITS`` in full (every op the
     library registers); True if one was still deferred."""
-    from etforge.core.common import lazy_imports
-
-    ran = False
-    for name in VERIFY_DEFERRED_INITS:
-        module = sys.modules.get(name)
-        if isinstance(module, lazy_imports._DeferredInit):
-            lazy_imports._run_init(module)  # the stand-in becomes the package, as on a name read
-            ran = True
-    return ran
+    ran = [lazy_imports.run_deferred_init(name) for name in VERIFY_DEFERRED_INITS]
+    return any(ran)
 
 
 #: The programs loaded again after :func:`undefer` in this verify (told in its notes).

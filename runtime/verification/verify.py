@@ -34,7 +34,6 @@ from etforge.runtime.verification.ahead import Ahead
 from etforge.runtime.verification.beside import Beside
 from etforge.runtime.verification.constant_fold import folded
 from etforge.runtime.verification.constant_nodes import ConstantNodes
-from etforge.runtime.verification.deferred_imports import load_program
 from etforge.runtime.verification.exact_batched import exact_leaves_all
 from etforge.runtime.verification.exact_sums import Sums
 from etforge.runtime.verification.inputs import seeded_inputs
@@ -262,8 +261,8 @@ def _per_op(found: list[OpParity]) -> tuple[list[dict[str, Any]], list[dict[str,
 def _programs(out: Path, report: dict[str, Any]) -> tuple[ExportedProgram, ExportedProgram | None]:
     """(float program, quantized program) of a compile's outputs."""
     deferred_imports.LOADED_AFTER_UNDEFER.clear()
-    float_ep = load_program(out / output.FLOAT_PROGRAM)
-    qep = load_program(out / output.QUANTIZED_PROGRAM) if report["quantized"] else None
+    float_ep = deferred_imports.load_program(out / output.FLOAT_PROGRAM)
+    qep = deferred_imports.load_program(out / output.QUANTIZED_PROGRAM) if report["quantized"] else None
     return float_ep, qep
 
 
