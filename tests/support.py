@@ -79,6 +79,37 @@ def run_cli(
     )
 
 
+#: ``sitecustomize`` of a child interpreter (``run_cli_recording_modules``): at exit, writes each
+#: module the process imported, with its type's name (``module``, or a stand-in's class).
+_MODULES_PROBE = r"""
+import atexit, os, sys
+
+def _report() -> None:
+    where = os.environ.get("ETFORGE_TEST_MODULES_OUT")
+    if where:
+        with open(where, "w") as f:
+            f.write("".join(f"{name}\t{type(m).__name__}\n" for name, m in sorted(sys.modules.items())))
+
+atexit.register(_report)
+"""
+
+
+def run_cli_recording_modules(
+    tmp: Path, *args: str, env: dict[str, str] | None = None
+) -> tuple[subprocess.CompletedProcess[str], dict[str, str]]:
+    """``etforge ARGS`` as a process of its own, and the modules it had imported at exit (name ->
+    type name; a deferred package or module shows its stand-in's class): what a test of which
+    imports a command does without reads."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    probe, out = tmp / "probe", tmp / "modules"
+    probe.mkdir(exist_ok=True)
+    (probe / "sitecustomize.py").write_text(_MODULES_PROBE)
+    out.unlink(missing_ok=True)
+    proc = run_cli(*args, env={**(env or {}), "ETFORGE_TEST_MODULES_OUT": str(out)}, pythonpath=probe)
+    modules = dict(line.split("\t") for line in out.read_text().splitlines()) if out.is_file() else {}
+    return proc, modules
+
+
 def compile_each(models: list[str], target: str, root: Path) -> dict[str, Path]:
     """``etforge compile MODEL... --target TARGET -o ROOT``'s output directories (model -> its
     ``ROOT/<model>/<target>``), each job's own command (``core.batch.run.plan``, what a batch

@@ -16,7 +16,7 @@ import torch
 
 from etforge.core.cache.store import BuildCache, build_key
 
-from support import REPO, run_cli
+from support import REPO, run_cli, run_cli_recording_modules
 
 MODEL = str(REPO / "tests" / "models" / "user_models.py") + ":small"
 
@@ -225,19 +225,8 @@ def build():
     return net.eval(), (torch.randn(1, 3, 4, 4, generator=g),), calib
 """
 
-#: Loaded first by the interpreter (PYTHONPATH): writes which heavy stacks the process imported.
-PROBE = """
-import atexit, os, sys
-
-def _report() -> None:
-    where = os.environ.get("ETFORGE_TEST_MODULES_OUT")
-    if where:
-        heavy = ("torch", "executorch", "torchao", "ai_edge_litert")
-        with open(where, "w") as f:
-            f.write(",".join(m for m in heavy if m in sys.modules))
-
-atexit.register(_report)
-"""
+#: The stacks a cache hit has no need to import.
+HEAVY = ("torch", "executorch", "torchao", "ai_edge_litert")
 
 #: Longer than direct mode's allowance for coarse file times (50 ms): a file written this
 #: long before a recording started is not taken as changed during it.
@@ -258,9 +247,6 @@ class _Direct:
 
     def __init__(self, tmp: Path) -> None:
         self.tmp = tmp
-        self.probe = tmp / "probe"
-        self.probe.mkdir()
-        (self.probe / "sitecustomize.py").write_text(PROBE)
         self.model = tmp / "net.py"
         self.model.write_text(DIRECT_MODEL)
         _weights(tmp / "weights.pt", 1.0)
@@ -268,20 +254,15 @@ class _Direct:
 
     def compile(self) -> tuple[subprocess.CompletedProcess[str], dict[str, bytes], list[str]]:
         self.runs += 1
-        out, modules = self.tmp / f"out{self.runs}", self.tmp / f"modules{self.runs}"
-        env = {
-            "ETFORGE_NO_CACHE": "0",
-            "ETFORGE_CACHE_DIR": str(self.tmp / "cache"),
-            "ETFORGE_TEST_MODULES_OUT": str(modules),
-        }
+        out = self.tmp / f"out{self.runs}"
+        env = {"ETFORGE_NO_CACHE": "0", "ETFORGE_CACHE_DIR": str(self.tmp / "cache")}
         spec = f"{self.model}:build"
-        proc = run_cli(
-            "compile", spec, "--target", "imxrt700cm", "-o", str(out), "--cache", "direct",
-            env=env, pythonpath=self.probe,
+        proc, modules = run_cli_recording_modules(
+            self.tmp / "probe", "compile", spec, "--target", "imxrt700cm", "-o", str(out), "--cache", "direct",
+            env=env,
         )  # fmt: skip
         assert proc.returncode == 0, proc.stdout + proc.stderr
-        imported = [m for m in modules.read_text().split(",") if m]
-        return proc, _files(out), imported
+        return proc, _files(out), [m for m in HEAVY if m in modules]
 
 
 def _direct_manifests(cache_dir: Path) -> list[Path]:

@@ -13,45 +13,24 @@ from pathlib import Path
 
 import pytest
 
-from support import REPO, run_cli
+from support import REPO, run_cli, run_cli_recording_modules
 
 MODEL = str(REPO / "tests" / "models" / "user_models.py")
-
-#: Loaded first by the interpreter (PYTHONPATH): writes whether torchao's __init__ ran.
-PROBE = """
-import atexit, os, sys
-
-def _report() -> None:
-    where = os.environ.get("ETFORGE_TEST_TORCHAO_OUT")
-    if where:
-        with open(where, "w") as f:
-            names = sorted(m for m in sys.modules if m.startswith("torchao"))
-            held = sys.modules.get("torch._inductor.decomposition")
-            f.write(",".join([*names, "decompositions:" + type(held).__name__]))
-
-atexit.register(_report)
-"""
 
 
 def test_verify_passes_with_torchaos_init_unrun(tmp_path: Path) -> None:
     out = tmp_path / "out"
     proc = run_cli("compile", f"{MODEL}:small", "--target", "imxrt700cm", "-o", str(out))
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    probe = tmp_path / "probe"
-    probe.mkdir()
-    (probe / "sitecustomize.py").write_text(PROBE)
-    modules = tmp_path / "modules"
-    proc = run_cli(
-        "verify", str(out), "--samples", "2",
-        env={"ETFORGE_TEST_TORCHAO_OUT": str(modules)}, pythonpath=probe, subprocess_only=True,
-    )  # fmt: skip
+    proc, imported = run_cli_recording_modules(tmp_path / "probe", "verify", str(out), "--samples", "2")
     assert proc.returncode == 0 and "verify passed" in proc.stdout, proc.stdout + proc.stderr
-    imported = set(modules.read_text().split(","))
     assert "torchao.quantization.quant_primitives" in imported  # the ops ExecuTorch reads
     # the optimizers, the quantization API: what torchao's and torchao.quantization's __init__ import
-    assert not {"torchao.optim", "torchao.quantization.quant_api", "torchao.dtypes"} & imported, imported
+    ran = {"torchao.optim", "torchao.quantization.quant_api", "torchao.dtypes"} & imported.keys()
+    assert not ran, ran
     # Inductor's decomposition table never built: torchao's registrations kept by the stand-in
-    assert "decompositions:_Decompositions" in imported, imported
+    held = imported.get("torch._inductor.decomposition")
+    assert held == "_Decompositions", held
 
 
 EXPORT = """

@@ -11,22 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from support import REPO, run_cli
+from support import REPO, run_cli, run_cli_recording_modules
 
 MODEL = str(REPO / "tests" / "models" / "user_models.py")
-
-#: Loaded first by the interpreter (PYTHONPATH): writes which of these modules the process imported.
-PROBE = """
-import atexit, os, sys
-
-def _report() -> None:
-    where = os.environ.get("ETFORGE_TEST_MODULES_OUT")
-    if where:
-        with open(where, "w") as f:
-            f.write(",".join(sorted(m for m in sys.modules if m.startswith("executorch."))))
-
-atexit.register(_report)
-"""
 
 #: Modules of the Arm backend's MX-format extension and TOSA dialect, and of the Cortex-M passes:
 #: verify runs none of them (before, the Arm ``__init__`` and the passes package imported them).
@@ -53,17 +40,9 @@ def outputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def test_verify_leaves_unused_package_inits_unrun(
     outputs: dict[str, Path], target: str, tmp_path: Path
 ) -> None:
-    probe = tmp_path / "probe"
-    probe.mkdir()
-    (probe / "sitecustomize.py").write_text(PROBE)
-    modules = tmp_path / "modules"
-    proc = run_cli(
-        "verify", str(outputs[target]), "--samples", "2",
-        env={"ETFORGE_TEST_MODULES_OUT": str(modules)}, pythonpath=probe, subprocess_only=True,
-    )  # fmt: skip
+    proc, imported = run_cli_recording_modules(tmp_path, "verify", str(outputs[target]), "--samples", "2")
     assert proc.returncode == 0 and "verify passed" in proc.stdout, proc.stdout + proc.stderr
     assert "unreadable" not in proc.stdout, proc.stdout  # the saved program was read, not lowered again
-    imported = set(modules.read_text().split(","))
     # the program's CPU ops are cortex_m:: ones: their library was registered, alone
     assert "executorch.backends.cortex_m.ops.operators" in imported
     assert not [m for m in NOT_RUN if m in imported], [m for m in NOT_RUN if m in imported]
