@@ -115,9 +115,12 @@ class Table:
                 row[2] += newest.get(FORKED, 0)
 
     @staticmethod
-    def _tsv(rows: dict[str, list[float]]) -> str:
-        ordered = sorted(rows.items(), key=lambda kv: (-kv[1][0], kv[0]))
-        return "".join(f"{s:.2f}\t{n}\t{f}\t{name}\n" for name, (s, n, f) in ordered)
+    def _ordered(rows: dict[str, list[float]]) -> list[tuple[str, list[float]]]:
+        """Costliest first (then by name)."""
+        return sorted(rows.items(), key=lambda kv: (-kv[1][0], kv[0]))
+
+    def _tsv(self, rows: dict[str, list[float]]) -> str:
+        return "".join(f"{s:.2f}\t{n}\t{f}\t{name}\n" for name, (s, n, f) in self._ordered(rows))
 
     @pytest.hookimpl(trylast=True)
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
@@ -137,7 +140,7 @@ class Table:
         terminalreporter.write_line(
             f"{'CPU s':>8}  {'share':>5}  {'progs':>5}  {'forks':>5}  file (>= {MIN_SHOWN:.0f} CPU s)"
         )
-        for name, (seconds, started, forked) in sorted(self.files.items(), key=lambda kv: (-kv[1][0], kv[0])):
+        for name, (seconds, started, forked) in self._ordered(self.files):
             if seconds >= MIN_SHOWN:
                 terminalreporter.write_line(
                     f"{seconds:8.1f}  {100 * seconds / total:4.1f}%  {started:5d}  {forked:5d}  {name}"
