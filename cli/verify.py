@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import gc
 import json
 import sys
 from collections.abc import Iterator
@@ -293,27 +292,19 @@ def _verify_on_host(out: Any, script: dict[str, Any] | None, checks: dict[str, A
     backend's ``host_deferred_inits``: the Arm backend's MX formats, the CPU library's passes);
     ExecuTorch's parse of its Edge-dialect YAML comes from the cache (``cache_edge_dialect_yaml``);
     torchao's package inits are deferred too (``runtime.verification.deferred_imports``)."""
+    from etforge.core.common import process_memory
     from etforge.core.common.lazy_imports import HOST_DEFERRED_INITS
     from etforge.core.registry.manager import registry
     from etforge.runtime.verification import deferred_imports
     from etforge.runtime.verification.verify_steps import Steps
 
     cpu_inits = tuple(p for b in registry().cpu_backends.values() for p in b.host_deferred_inits)
-    # What these imports allocate (torchao's ops pull in Dynamo and Inductor; ExecuTorch) lives to
-    # the end: with the collector on, young collections scanned it (0.16-0.18 CPU s on
-    # MobileNetV2-96); frozen as they end, it is scanned no more. The cycles they leave (~9,000
-    # objects, 7 MB: closures, typing aliases) are frozen with it, as settle() freezes the loads'.
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
+    # what these imports allocate (torchao's ops pull in Dynamo and Inductor; ExecuTorch) lives
+    # to the end: not scanned by the collector meanwhile, frozen as they end
+    with process_memory.settled_imports():
         deferred_imports.defer()  # first: ExecuTorch's imports read torchao
         defer_stack_imports((*HOST_DEFERRED_INITS, *cpu_inits))
         import executorch.exir  # noqa: F401  (the files step's first import)
-
-        gc.freeze()
-    finally:
-        if collecting:
-            gc.enable()
 
     with console.status("verify: starting") if not quiet else contextlib.nullcontext() as status:
         steps = Steps(ended=_settle_after_load)

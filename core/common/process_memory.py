@@ -15,7 +15,9 @@ heap), and every one is safe to skip.
 
 from __future__ import annotations
 
+import contextlib
 import gc
+from collections.abc import Iterator
 from typing import Any
 
 #: Young-generation threshold: a collection per 50,000 net allocations instead of 700, and
@@ -32,6 +34,22 @@ def tune_collector() -> None:
 def settle() -> None:
     """After a stage that imported modules: its objects live to the end, never scan them."""
     gc.freeze()
+
+
+@contextlib.contextmanager
+def settled_imports() -> Iterator[None]:
+    """An import stage with no collection in it, then :func:`settle`: what the imports allocate
+    lives to the end, so a young collection scanning it meanwhile finds nothing to free (verify's
+    imports: 0.16-0.18 CPU s on MobileNetV2-96, 0.02-0.03 so). The cycles the imports leave
+    (closures, typing aliases) are frozen with the rest. The collector is back as it was after."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+        settle()
+    finally:
+        if collecting:
+            gc.enable()
 
 
 def release() -> None:
