@@ -151,3 +151,17 @@ def test_every_interpreter_source_links(cifarnet: Path) -> None:
     members = text.split("Archive member included", 1)[1].split("Discarded input sections", 1)[0]
     linked = set(re.findall(r"libet_tflm\.a\(([^)]+)\.obj\)", members))
     assert {Path(f).name for f in tflm.CORE} - linked == set()
+
+
+def test_missing_tflm_tree_is_told_before_building_anything(
+    cifarnet: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without TFLM's sources an image with partitions is refused at once, naming the variable,
+    not after the minutes a cold library build takes (a fresh cache stays empty)."""
+    monkeypatch.delenv(tflm.ENV_TFLM, raising=False)
+    _, interp = device._load(cifarnet)
+    parts = device.host_only_partitions(cifarnet, interp)
+    root = tmp_path / "cache"
+    with pytest.raises(EtforgeError, match=r"needs TensorFlow Lite Micro's sources: set \$ETFORGE_TFLM_SRC"):
+        build.build_image(cifarnet, partitions=parts, root=root)
+    assert not root.exists() or not any(root.iterdir())

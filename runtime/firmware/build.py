@@ -360,6 +360,10 @@ def build_image(
     src = locate(executorch_src, cmsis_nn_src)
     root = root or cache_root()
     t0 = time.monotonic()
+    if partitions:  # a missing TFLM tree is told before minutes of library builds, not after
+        from etforge.runtime.firmware import tflm
+
+        tsrc = tflm.locate_tflm()
     lib, lib_key, lib_built = build_libraries(src, root)
     ops = kernel_sources(src.executorch, selected_operators(gen / "selected_operators.yaml"))
     in_lib = set(_lib_utils(src))
@@ -372,9 +376,7 @@ def build_image(
     tflm_stamp: Path | None = None
     if partitions:
         from etforge.plugins.targets.tflm_arena import arena_bytes
-        from etforge.runtime.firmware import tflm
 
-        tsrc = tflm.locate_tflm()
         part_ops = sorted({op for _, model in partitions for op in tflm.partition_ops(model)})
         ops_source = tflm.resolver_source(part_ops, [arena_bytes(model) for _, model in partitions])
         tkey = tflm.library_key(tsrc, src.cmsis_nn)
