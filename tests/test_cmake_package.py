@@ -201,6 +201,7 @@ def _assert_compiles_like_etforge_run(build_dir: Path, out: Path | None = None) 
     image tree with the same compile line, relative to its build directory, so a compiler cache (ccache with
     conftest's base directory) compiles each object once for both (issue 47: a cold CI run
     compiled them twice, with -O3 -DNDEBUG and another include path in the example)."""
+    from etforge.codegen.cmake_runtime import cmake_quote
     from etforge.runtime.firmware import build, sources
 
     src = sources.locate(ET_SRC, NN_SRC)
@@ -211,17 +212,22 @@ def _assert_compiles_like_etforge_run(build_dir: Path, out: Path | None = None) 
         ours = _compile_lines(lib / "build", "et")
         if out is not None and set(example) - set(ours):
             # a Ninja tree's build.ninja holds the last image's targets only (a Makefile tree
-            # keeps every target's flags.make): configured again as it was for ``out``'s image
-            # (the image.cmake its build left), if another program's image came after it
-            # (or the same program's from another directory: the libraries' flags are the tree's)
-            gen = str((out / "codegen").resolve())
+            # keeps every target's flags.make): configured again as for an image with TFLM
+            # partitions (the image.cmake its build left; the libraries' flags are the tree's,
+            # whatever the program), its program's generated directory (gone with an earlier
+            # session's temporary files) replaced by ``out``'s
+            ops = str(build.runtime_dir(lib))  # an image of this tree (its TFLM resolver is there)
             lists = sorted(
-                (gen not in t, t)
-                for f in (build.cache_root() / "images").glob("*/image.cmake")
-                if "TFLM_CORE_SOURCES" in (t := f.read_text())
+                t for f in (build.cache_root() / "images").glob("*/image.cmake")
+                if "TFLM_CORE_SOURCES" in (t := f.read_text()) and ops in t
+            )  # fmt: skip
+            assert lists, f"no image with TFLM partitions of {lib} in {build.cache_root()}"
+            gen = cmake_quote(str((out / "codegen").resolve()))  # as render_lists writes it
+            text, n = re.subn(
+                r'(set\(ETFORGE_IMAGE_GEN\s+)"(?:[^"\\]|\\.)*"', lambda m: m.group(1) + gen, lists[0]
             )
-            assert lists, f"no image with TFLM partitions in {build.cache_root()}"
-            build._configure(src, lib, lists[0][1])
+            assert n == 1, lists[0]
+            build._configure(src, lib, text)
             ours = _compile_lines(lib / "build", "et")
     shared = sorted(set(ours) & set(example))
     assert {"core", "ops", "cmsis_nn"} <= set(shared), (sorted(ours), sorted(example))
