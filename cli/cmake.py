@@ -7,13 +7,19 @@ from pathlib import Path
 
 import click
 
-from etforge.codegen.cmake_runtime import cmake_dir
-
 
 @click.command("cmake-dir")
 def cmake_dir_cmd() -> None:
     """Print the directory for find_package(etforge CONFIG): pass it as -Detforge_DIR=..."""
     click.echo(str(cmake_dir()))
+
+
+def cmake_dir() -> Path:
+    """``codegen.cmake_runtime.cmake_dir``, imported when called: ``etforge.codegen``'s package
+    init imports the generator (jinja2, yaml), which no other command's start-up needs."""
+    from etforge.codegen.cmake_runtime import cmake_dir as package_dir
+
+    return package_dir()
 
 
 @click.command("cmake-runtime", hidden=True)
