@@ -14,6 +14,9 @@ process (a Python loop that never sleeps, started first and stopped after) and t
 its CPU seconds beside it to alone (the goal: <= 1.2: no thread of verify's spins for a core
 the other process holds). Wall times follow the machine's load; the ratios come from one run.
 Each ratio is printed against its goal (issue 47: verify ÷ compile <= 1.0, busy ÷ alone <= 1.2).
+``--threads``: verify run once more with each thread's CPU seconds counted as it ends (the
+main thread's at the exit; ``THREADS`` below), printed by thread name: which of them a cut
+would shorten (the main thread is the wall time's path, the others run beside it).
 ``--seconds-goal FILE.py:factory``: that model (timm's mobilevit_xxs in issue 47; timm is not
 a dependency, so it comes as a factory) compiled for cortex-m33 and verified on 32 samples, its
 verify seconds (wall, CPU) against the goal of 60.
@@ -32,6 +35,40 @@ import time
 from pathlib import Path
 
 BUSY = "while True:\n    pass\n"
+#: ``python -m etforge`` with each thread's CPU seconds (user + system, ``RUSAGE_THREAD``) written
+#: to the file in ``ETFORGE_BENCH_THREADS`` as JSON: the threads as each ends, the main thread
+#: at ``os._exit`` (``cli.run`` leaves by it); nothing else of the command changes.
+THREADS = r"""
+import json, os, resource, sys, threading
+
+spent = []
+
+def cpu():
+    r = resource.getrusage(resource.RUSAGE_THREAD)
+    return r.ru_utime + r.ru_stime
+
+def counted(run):
+    def wrapper(self):
+        try:
+            run(self)
+        finally:
+            spent.append([self.name, cpu()])
+    return wrapper
+
+threading.Thread.run = counted(threading.Thread.run)
+leave = os._exit
+
+def exit_counted(code):
+    with open(os.environ["ETFORGE_BENCH_THREADS"], "w") as f:
+        json.dump([["main", cpu()], *spent], f)
+    leave(code)
+
+os._exit = exit_counted
+sys.argv = ["etforge", *sys.argv[1:]]
+from etforge.cli import run
+
+run()
+"""
 #: The goals (issue 47): verify's CPU (and wall) seconds over the compile's; busy over alone;
 #: a real model's verify seconds on cortex-m33.
 RATIO_GOAL, BUSY_GOAL, SECONDS_GOAL = 1.0, 1.2, 60.0
@@ -58,12 +95,23 @@ def etforge(*args: str) -> list[str]:
     return [sys.executable, "-m", "etforge", *args]
 
 
+def by_thread(args: list[str], env: dict[str, str], record: Path) -> str:
+    """One more run of ``etforge ARGS`` with its CPU seconds per thread (``THREADS``)."""
+    _, cpu, _ = timed([sys.executable, "-c", THREADS, *args], {**env, "ETFORGE_BENCH_THREADS": str(record)})
+    threads = json.loads(record.read_text())
+    counted = sum(s for _, s in threads)
+    return f"verify's CPU s by thread (another run: {cpu:.1f} CPU s, {counted:.1f} counted): " + ", ".join(
+        f"{name} {s:.2f}" for name, s in threads
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="mobilenet_v2_96")
     parser.add_argument("--targets", default="imxrt700cm,cortex-m33")
     parser.add_argument("--samples", type=int, default=32)
     parser.add_argument("--busy", action="store_true", help="verify again beside one busy process")
+    parser.add_argument("--threads", action="store_true", help="verify's CPU seconds per thread")
     parser.add_argument(
         "--seconds-goal", metavar="FILE.py:factory", help="a model whose verify must take <= 60 s"
     )
@@ -107,6 +155,8 @@ def main() -> None:
                     "    verify's steps (s): " + ", ".join(f"{k} {v:.1f}" for k, v in seconds.items()),
                     flush=True,
                 )
+                if args.threads:
+                    print("    " + by_thread(check[3:], env, Path(tmp) / "threads.json"), flush=True)
         if args.seconds_goal:
             out = str(Path(tmp) / "seconds-goal")
             c_wall, c_cpu, _ = timed(
