@@ -115,10 +115,18 @@ for i, (argv, out, err) in enumerate(commands):
     sys.stderr.flush()
     pid = os.fork()
     if pid == 0:
-        for fd, path in ((1, out), (2, err)):
-            os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), fd)
-        sys.argv = ["etforge", *argv]
-        run()  # exits the child
+        try:
+            for fd, path in ((1, out), (2, err)):
+                os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), fd)
+            sys.argv = ["etforge", *argv]
+            run()  # exits the child
+        except BaseException:
+            import traceback
+
+            traceback.print_exc()
+        finally:  # never back into this loop: a child that did not exit is a failure
+            sys.stderr.flush()
+            os._exit(70)
     running[pid] = i
 while running:
     pid, status = os.wait()
