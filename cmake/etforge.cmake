@@ -336,6 +336,11 @@ function(_etforge_tflm_libraries prefix self_register)
   if(ETFORGE_TFLM_PCH)
     _etforge_tflm_pch(${prefix}_tflm ${cfg} -Os)
     _etforge_tflm_pch(${prefix}_tflm_kernels ${cfg} -O2)
+    # a source that never includes schema_generated.h compiles faster than the PCH loads
+    # (runtime/firmware/tflm.py pch_sources); the same object either way
+    if(ETFORGE_RT_TFLM_NO_PCH_SOURCES)
+      set_source_files_properties(${ETFORGE_RT_TFLM_NO_PCH_SOURCES} PROPERTIES SKIP_PRECOMPILE_HEADERS ON)
+    endif()
   endif()
   add_library(${prefix}_cmsis_nn_int STATIC ${ETFORGE_RT_TFLM_NN_SOURCES})
   target_compile_options(${prefix}_cmsis_nn_int PRIVATE ${ETFORGE_RT_CPU_FLAGS} -O2 -ffunction-sections -fdata-sections)
