@@ -341,6 +341,7 @@ def cmake_lists(src: TflmSources, nn: Path, ops: list[str], gen: Path) -> dict[s
         "TFLM_NO_PCH_SOURCES": [s for s in core + kernels if s not in with_pch],
         "TFLM_NN_SOURCES": [str(nn / f) for f in cmsis_nn_int_sources(nn)],
         "TFLM_DELEGATE_SOURCES": [str(files_dir() / "tflm_delegate.cpp")],
+        "TFLM_REGISTER_SOURCES": [str(files_dir() / "tflm_delegate_register.cpp")],
         "TFLM_DEFINITIONS": list(DEFINITIONS),
         "TFLM_INCLUDE_DIRS": includes,
     }
