@@ -17,7 +17,6 @@ anything is built.
 from __future__ import annotations
 
 import shutil
-import struct
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -117,31 +116,11 @@ def _load(out: Path) -> tuple[dict[str, Any], Any]:
 
 
 def host_only_partitions(out: Path, interp: Any) -> list[tuple[str, bytes]]:
-    """(partition name, LiteRT flatbuffer) of each delegate; a delegate that is not a host-only
-    LiteRT partition (Neutron microcode) is refused: QEMU has no NPU."""
-    from executorch.exir.schema import DataLocation
+    """(partition name, LiteRT flatbuffer) of each delegate of ``interp``'s method; Neutron
+    microcode is refused (``tflm.host_only_partitions``)."""
+    from etforge.runtime.firmware import tflm
 
-    from etforge.core.litert import payload
-
-    parts = []
-    for i, d in enumerate(interp.plan.delegates):
-        raw = (
-            bytes(interp.program.backend_delegate_data[d.processed.index].data)
-            if d.processed.location == DataLocation.INLINE
-            else b""
-        )
-        try:
-            blob = payload.unpack(raw)
-        except (ValueError, KeyError, UnicodeDecodeError, struct.error):
-            blob = None
-        if blob is None or blob.format != payload.FORMAT_LITERT_HOST:
-            kind = "not an etforge payload" if blob is None else f"format {blob.format!r}"
-            raise EtforgeError(
-                f"{out}: delegate {i} ({d.id}, {kind}) is Neutron NPU code: QEMU has no NPU, and only "
-                "host-only LiteRT partitions run on the CPU (--cpu-partitions)"
-            )
-        parts.append((blob.partition, blob.data))
-    return parts
+    return tflm.host_only_partitions(out, interp.program, interp.plan)
 
 
 def _check_runnable(

@@ -27,8 +27,11 @@ from __future__ import annotations
 import filecmp
 import hashlib
 import os
+import re
+import struct
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from etforge.core.common.errors import EtforgeError
 
@@ -145,6 +148,35 @@ def locate_tflm(tflm_src: str | Path | None = None, deps: str | Path | None = No
     return TflmSources(t, d)
 
 
+def host_only_partitions(out: Path, program: Any, plan: Any) -> list[tuple[str, bytes]]:
+    """(partition name, LiteRT flatbuffer) of each delegate of ``plan`` (an execution plan of
+    ``program``, ExecuTorch's schema ``Program`` or the torch-free view of
+    ``core/serialize/pte_read.py``: a CMake configure needs no torch); a delegate that is not a
+    host-only LiteRT partition (Neutron microcode) is refused: QEMU has no NPU."""
+    from etforge.core.litert import payload
+    from etforge.core.serialize.pte_read import INLINE
+
+    parts = []
+    for i, d in enumerate(plan.delegates):
+        raw = (
+            bytes(program.backend_delegate_data[d.processed.index].data)
+            if d.processed.location == INLINE
+            else b""
+        )
+        try:
+            blob = payload.unpack(raw)
+        except (ValueError, KeyError, UnicodeDecodeError, struct.error):
+            blob = None
+        if blob is None or blob.format != payload.FORMAT_LITERT_HOST:
+            kind = "not an etforge payload" if blob is None else f"format {blob.format!r}"
+            raise EtforgeError(
+                f"{out}: delegate {i} ({d.id}, {kind}) is Neutron NPU code: QEMU has no NPU, and only "
+                "host-only LiteRT partitions run on the CPU (--cpu-partitions)"
+            )
+        parts.append((blob.partition, blob.data))
+    return parts
+
+
 def identical_cmsis_nn(a: Path, b: Path) -> bool:
     """Whether two CMSIS-NN trees have the same ``Include/`` and ``Source/`` files, byte for byte."""
 
@@ -239,24 +271,80 @@ def files_dir() -> Path:
     return fd()
 
 
+#: The header that makes a TFLM source worth the precompiled header (cmake/etforge.cmake
+#: ``ETFORGE_TFLM_PCH``): ~26k lines, 3 of the ~3.4 CPU s of a source that includes it. Loading
+#: the ~250 MB PCH costs ~1.3 CPU s per source, so a source that never reaches this header
+#: (``debug_log.cc``, the memory planners, TFLite's ``kernel_util.cc``: 0.0-0.5 CPU s alone)
+#: compiles without it (issue 47: 13 of the 40 the first image compiles).
+PCH_HEADER = "tensorflow/lite/schema/schema_generated.h"
+_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*([<"])([^>"]+)[>"]', re.MULTILINE)
+
+
+def _includes(path: Path, roots: list[Path], memo: dict[Path, list[Path]]) -> list[Path]:
+    """The files ``path`` includes that exist, resolved as the compiler does (``"..."`` next to
+    the includer first, then ``roots``): every ``#include``, inside ``#if`` or not."""
+    if path not in memo:
+        found = []
+        for kind, name in _INCLUDE.findall(path.read_text(errors="replace")):
+            where = ([path.parent] if kind == '"' else []) + roots
+            hit = next((d / name for d in where if (d / name).is_file()), None)
+            if hit is not None:
+                found.append(hit.resolve())
+        memo[path] = found
+    return memo[path]
+
+
+def _reaches(source: Path, roots: list[Path], target: Path, memo: dict[Path, list[Path]]) -> bool:
+    """Whether ``source`` includes ``target``, directly or through the headers it includes
+    (over-approximated, as ``_includes``: a source is taken out of the PCH only when it cannot
+    need it)."""
+    todo, seen = [source.resolve()], set()
+    while todo:
+        path = todo.pop()
+        if path == target:
+            return True
+        if path not in seen:
+            seen.add(path)
+            todo.extend(_includes(path, roots, memo))
+    return False
+
+
+def pch_sources(sources: list[str], include_dirs: list[str]) -> list[str]:
+    """Of ``sources`` (absolute), those that reach ``PCH_HEADER`` (compiled with the PCH); a
+    source not on disk yet (the generated resolver) is counted as one that does."""
+    roots = [Path(d) for d in include_dirs]
+    target = next(((d / PCH_HEADER).resolve() for d in roots if (d / PCH_HEADER).is_file()), None)
+    memo: dict[Path, list[Path]] = {}
+    return [
+        s for s in sources
+        if target is None or not Path(s).is_file() or _reaches(Path(s), roots, target, memo)
+    ]  # fmt: skip
+
+
 def cmake_lists(src: TflmSources, nn: Path, ops: list[str], gen: Path) -> dict[str, list[str]]:
     """What the CMake package's ``etforge_tflm_libraries`` compiles (cmake/etforge.cmake): the
     interpreter, the kernels of ``ops`` with the program's ``gen/etforge_tflm_ops.cpp``
     (``resolver_source``), every integer CMSIS-NN source of the image's one CMSIS-NN tree, the
     delegate, and TFLM's defines and include directories."""
     d = src.deps
+    core = [str(src.tflm / f) for f in CORE]
+    kernels = [str(src.tflm / f) for f in kernel_sources(ops)] + [str(gen / OPS_SOURCE)]
+    includes = [
+        str(src.tflm), str(d / "flatbuffers/include"), str(d / "gemmlowp"), str(d / "ruy"),
+        str(d / "cmsis/Cortex_DFP/Device/ARMCM33/Include"), str(d / "cmsis/CMSIS/Core/Include"),
+        str(nn), str(nn / "Include"), str(files_dir() / "tflm_shim"),
+    ]  # fmt: skip
+    with_pch = set(pch_sources(core + kernels, includes))
     return {
-        "TFLM_CORE_SOURCES": [str(src.tflm / f) for f in CORE],
-        "TFLM_KERNEL_SOURCES": [str(src.tflm / f) for f in kernel_sources(ops)] + [str(gen / OPS_SOURCE)],
+        "TFLM_CORE_SOURCES": core,
+        "TFLM_KERNEL_SOURCES": kernels,
+        "TFLM_NO_PCH_SOURCES": [s for s in core + kernels if s not in with_pch],
         "TFLM_NN_SOURCES": [str(nn / f) for f in cmsis_nn_int_sources(nn)],
         "TFLM_DELEGATE_SOURCES": [str(files_dir() / "tflm_delegate.cpp")],
+        "TFLM_REGISTER_SOURCES": [str(files_dir() / "tflm_delegate_register.cpp")],
         "TFLM_DEFINITIONS": list(DEFINITIONS),
-        "TFLM_INCLUDE_DIRS": [
-            str(src.tflm), str(d / "flatbuffers/include"), str(d / "gemmlowp"), str(d / "ruy"),
-            str(d / "cmsis/Cortex_DFP/Device/ARMCM33/Include"), str(d / "cmsis/CMSIS/Core/Include"),
-            str(nn), str(nn / "Include"), str(files_dir() / "tflm_shim"),
-        ],
-    }  # fmt: skip
+        "TFLM_INCLUDE_DIRS": includes,
+    }
 
 
 def library_key(src: TflmSources, nn: Path) -> str:

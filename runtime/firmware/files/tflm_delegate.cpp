@@ -37,6 +37,8 @@ using namespace executorch::runtime;
 
 namespace {
 
+bool g_state_on_heap = false;  // set by etforge_tflm_register (below)
+
 struct Orders {
   int count = 0;
   int rank[ETFORGE_TFLM_MAX_IO] = {};
@@ -124,15 +126,11 @@ class TflmPartitions final : public BackendInterface {
 
   Result<DelegateHandle*> init(BackendInitContext& context, FreeableBuffer* processed,
                                ArrayRef<CompileSpec>) const override {
-#ifdef ETFORGE_TFLM_SELF_REGISTER
-    // a firmware's C API sizes its method pool for ExecuTorch alone: the stand-in's state goes
-    // on the heap with its arena
-    (void)context;
-    Partition* part = static_cast<Partition*>(memalign(alignof(Partition), sizeof(Partition)));
-#else
+    // a firmware's C API sizes its method pool for ExecuTorch alone: there the stand-in's state
+    // goes on the heap with its arena (g_state_on_heap); etforge's runner gives it pool memory
     auto* a = context.get_runtime_allocator();
-    Partition* part = a->allocateInstance<Partition>();
-#endif
+    Partition* part = g_state_on_heap ? static_cast<Partition*>(memalign(alignof(Partition), sizeof(Partition)))
+                                      : a->allocateInstance<Partition>();
     if (part == nullptr) return Error::DelegateMemoryAllocationFailed;
     new (part) Partition();
     const uint8_t* model = unpack((const uint8_t*)processed->data(), processed->size(), part);
@@ -146,11 +144,8 @@ class TflmPartitions final : public BackendInterface {
     if (part->index >= (int)etforge_tflm_num_partitions) return Error::DelegateInvalidCompatibility;
     const unsigned arena_bytes = etforge_tflm_arena_bytes[part->index];  // computed at compile time
     part->arena = (uint8_t*)memalign(16, arena_bytes);
-#ifdef ETFORGE_TFLM_SELF_REGISTER
-    void* mem = memalign(alignof(tflite::MicroInterpreter), sizeof(tflite::MicroInterpreter));
-#else
-    void* mem = a->allocate(sizeof(tflite::MicroInterpreter), alignof(tflite::MicroInterpreter));
-#endif
+    void* mem = g_state_on_heap ? memalign(alignof(tflite::MicroInterpreter), sizeof(tflite::MicroInterpreter))
+                                : a->allocate(sizeof(tflite::MicroInterpreter), alignof(tflite::MicroInterpreter));
     if (part->arena == nullptr || mem == nullptr) return Error::DelegateMemoryAllocationFailed;
     part->interp = new (mem) tflite::MicroInterpreter(tflite::GetModel(model), etforge_tflm_resolver(), part->arena,
                                                       arena_bytes);
@@ -191,10 +186,10 @@ class TflmPartitions final : public BackendInterface {
     auto* part = static_cast<Partition*>(handle);
     part->interp->~MicroInterpreter();
     free(part->arena);
-#ifdef ETFORGE_TFLM_SELF_REGISTER
-    free(part->interp);
-    free(part);
-#endif
+    if (g_state_on_heap) {
+      free(part->interp);
+      free(part);
+    }
   }
 };
 
@@ -202,15 +197,14 @@ TflmPartitions g_backend;
 
 }  // namespace
 
-#ifdef ETFORGE_TFLM_SELF_REGISTER
-// A firmware of the CMake package (etforge_add_runtime, ETFORGE_CPU_PARTITIONS): registered
-// before main, so the C API finds the backend when it loads the program.
-namespace {
-const bool g_registered = register_backend(Backend{"EtforgeNpuBackend", &g_backend}) == Error::Ok;
-}  // namespace
-#else
-// etforge's QEMU runner calls this after registering the program's kernels.
-extern "C" int etforge_register_delegates(void) {
+// Registers the backend; state_on_heap: where init puts each partition's state (above). A
+// firmware of the CMake package (etforge_add_runtime, ETFORGE_CPU_PARTITIONS) calls it with 1
+// before main (tflm_delegate_register.cpp, a static initializer: the C API finds the backend
+// when it loads the program), so this file compiles the same for both (one object).
+extern "C" int etforge_tflm_register(int state_on_heap) {
+  g_state_on_heap = state_on_heap != 0;
   return register_backend(Backend{"EtforgeNpuBackend", &g_backend}) == Error::Ok ? 0 : 1;
 }
-#endif
+
+// etforge's QEMU runner calls this after registering the program's kernels.
+extern "C" int etforge_register_delegates(void) { return etforge_tflm_register(0); }
