@@ -82,17 +82,21 @@ def _memoized(
 
 def _lazy_annotations() -> Callable[[], None]:
     """``OperatorBase.py_impl`` recompiled from torch's source with postponed annotations (it
-    reads no annotation); returns what puts torch's own back."""
+    reads no annotation), at torch's own line numbers (tracebacks, ``inspect``); returns what
+    puts the one it replaced back. Installed twice (nested), it recompiles torch's original."""
     import torch._ops as ops
 
-    original = ops.OperatorBase.__dict__["py_impl"]
-    source = textwrap.dedent(inspect.getsource(original))
+    replaced = ops.OperatorBase.__dict__["py_impl"]
+    original = getattr(replaced, "_torch_original", replaced)
+    lines, first = inspect.getsourcelines(original)
+    source = "\n" * (first - 1) + textwrap.dedent("".join(lines))
     code = compile(source, inspect.getsourcefile(original) or "<py_impl>", "exec",
                    flags=__future__.annotations.compiler_flag, dont_inherit=True)  # fmt: skip
     defined: dict[str, Any] = {}
     exec(code, vars(ops), defined)  # torch's own module globals: the same names, live
+    defined["py_impl"]._torch_original = original
     ops.OperatorBase.py_impl = defined["py_impl"]
-    return lambda: setattr(ops.OperatorBase, "py_impl", original)
+    return lambda: setattr(ops.OperatorBase, "py_impl", replaced)
 
 
 def _install() -> Callable[[], None]:
