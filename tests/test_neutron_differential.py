@@ -176,6 +176,37 @@ def test_same_placement_as_upstream(
         assert ours == theirs, f"{case.id} ({path}): etforge {ours}, upstream {theirs} {up.get('error', '')}"
 
 
+def test_memo_changes_no_collection_or_decomposition() -> None:
+    """cia_memo (both sides run under it) changes what torch collects and decomposes in
+    nothing, sees an op registered after its first collection, and puts torch back."""
+    import torch._export.utils as export_utils
+    import torch._ops
+    from torch.export import exported_program
+
+    class Probe(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.gelu(x).flatten(1) @ x.flatten(1).T
+
+    ep = torch.export.export(Probe(), (torch.randn(2, 3, 4),))
+    own = export_utils._collect_all_valid_cia_ops(), ep.run_decompositions().graph_module.code
+    py_impl, collect = torch._ops.OperatorBase.py_impl, exported_program._collect_all_valid_cia_ops
+    lib = torch.library.Library("etforge_memo_probe", "DEF")
+    try:
+        with cia_memo.memoized():
+            memo = exported_program._collect_all_valid_cia_ops(), ep.run_decompositions().graph_module.code
+            lib.define("twice(Tensor x) -> Tensor")
+            lib.impl("twice", lambda x: x + x, "CompositeImplicitAutograd")
+            later = exported_program._collect_all_valid_cia_ops()
+    finally:
+        lib._destroy()
+    assert memo == own
+    assert {str(op) for op in later - memo[0]} == {"etforge_memo_probe.twice.default"}
+    assert (torch._ops.OperatorBase.py_impl, exported_program._collect_all_valid_cia_ops) == (
+        py_impl,
+        collect,
+    )
+
+
 def test_differences_are_documented() -> None:
     text = DOC.read_text()
     section = text[text.index("## Differences from upstream") :]

@@ -10,6 +10,7 @@ rewrites, the channels-last layout on Cortex-M targets and a Linear kept whole f
 from __future__ import annotations
 
 import dataclasses
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +27,16 @@ from etforge.recipes import BACKEND, EtforgeRecipeType, member_name, recipe_type
 
 
 def _recipe_pte(name: str, **kwargs: object) -> bytes:
+    """The recipe's ``.pte`` for target ``name``: made once per target and options in this
+    process (test_verify_takes_the_recipes_pte reads the ones the equality test made; a run
+    that raises is not kept, so a failing recipe fails every test that asks for it)."""
+    return _recipe_pte_once(name, tuple(sorted(kwargs.items())))
+
+
+@functools.cache
+def _recipe_pte_once(name: str, kwargs: tuple[tuple[str, object], ...]) -> bytes:
     model, _, calib = _model()
-    recipe = ExportRecipe.get_recipe(EtforgeRecipeType[member_name(name)], **kwargs)
+    recipe = ExportRecipe.get_recipe(EtforgeRecipeType[member_name(name)], **dict(kwargs))
     return export(model, calib, recipe).get_pte_buffer()
 
 
