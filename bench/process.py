@@ -60,24 +60,33 @@ def build():
     return model, example
 """
 
+#: One child process: its exit code, wall seconds, peak RSS (KB) and CPU seconds (user + system
+#: of it and of every descendant it waited for).
 MEASURE = r"""
 import resource, subprocess, sys, time
 start = time.perf_counter()
 rc = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE).returncode
 wall = time.perf_counter() - start
-print(rc, wall, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
+usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+print(rc, wall, usage.ru_maxrss, usage.ru_utime + usage.ru_stime)
 """
+
+
+def measure_process(argv: list[str], env: dict[str, str]) -> tuple[float, float, float]:
+    """(wall seconds, peak RSS MB, CPU seconds) of one child process."""
+    proc = subprocess.run(
+        [sys.executable, "-c", MEASURE, *argv], capture_output=True, text=True, env=env, check=True
+    )
+    rc, wall, rss_kb, cpu = proc.stdout.split()
+    if rc != "0":
+        raise SystemExit(f"{argv[:4]} failed: {proc.stderr[-2000:]}")
+    return float(wall), int(rss_kb) / 1024, float(cpu)
 
 
 def measure(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
     """(wall seconds, peak RSS MB) of one child process."""
-    proc = subprocess.run(
-        [sys.executable, "-c", MEASURE, *argv], capture_output=True, text=True, env=env, check=True
-    )
-    rc, wall, rss_kb = proc.stdout.split()
-    if rc != "0":
-        raise SystemExit(f"{argv[:4]} failed: {proc.stderr[-2000:]}")
-    return float(wall), int(rss_kb) / 1024
+    wall, rss, _ = measure_process(argv, env)
+    return wall, rss
 
 
 def bench_env(tmp: Path) -> dict[str, str]:

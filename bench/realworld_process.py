@@ -34,9 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import subprocess  # noqa: E402
-
-from process import bench_env  # noqa: E402  (bench/process.py)
+from process import bench_env, measure_process  # noqa: E402  (bench/process.py)
 
 TESTS = Path(__file__).resolve().parents[1] / "tests"
 FAMILIES = (
@@ -69,27 +67,10 @@ os._exit(0)
 """
 
 
-#: One child process: its exit code, wall seconds and CPU seconds (user + system of it and
-#: of every descendant it waited for).
-MEASURE = r"""
-import resource, subprocess, sys, time
-start = time.perf_counter()
-rc = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE).returncode
-wall = time.perf_counter() - start
-usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-print(rc, wall, usage.ru_utime + usage.ru_stime)
-"""
-
-
 def measure(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
     """(wall seconds, CPU seconds) of one child process."""
-    proc = subprocess.run(
-        [sys.executable, "-c", MEASURE, *argv], capture_output=True, text=True, env=env, check=True
-    )
-    rc, wall, cpu = proc.stdout.split()
-    if rc != "0":
-        raise SystemExit(f"{argv[:4]} failed: {proc.stderr[-2000:]}")
-    return float(wall), float(cpu)
+    wall, _, cpu = measure_process(argv, env)
+    return wall, cpu
 
 
 def main() -> None:
