@@ -2,8 +2,11 @@
 
 Each job is one ``etforge compile`` child process, so one model that fails (or crashes the
 interpreter) cannot stop the others, and each job writes its own complete output directory
-through the same atomic path a single compile uses. Locally the jobs run on a pool of
-processes; ``--ray ADDRESS`` runs the same jobs as Ray tasks (Ray is an optional extra), with
+through the same atomic path a single compile uses. Locally the jobs are forked from one server
+process that made a compile's imports once (``run_local``; a fresh subprocess each where
+``os.fork`` is missing): the isolation holds because the server never loads a model or runs a
+job itself, so each job starts from the same state a fresh child reaches after its imports and
+whatever it changes (its modules, torch's settings, a crash) dies with its process. ``--ray ADDRESS`` runs the same jobs as Ray tasks (Ray is an optional extra), with
 the output directories shipped back to the caller as archives and one build cache directory
 handed to every worker.
 """
@@ -453,8 +456,9 @@ def run_ray(
     machine). Measured and left as they are: Ray's start-up, 12 trivial tasks and shutdown
     cost 4.2 CPU s (seven Python processes importing Ray) and its idle daemons about 0.5 CPU s
     per 20 s, small beside a job's ~4 CPU s compile; Ray counts the cores as ``--jobs`` does,
-    one task per core. Each job stays a child ``etforge compile`` rather than running inside
-    the Ray worker (which would save the child's start-up) for the isolation ``--jobs`` has:
+    one task per core. Each job stays a fresh child ``etforge compile`` (not forked from a
+    preloaded server as ``--jobs``'s are) rather than running inside the Ray worker (which
+    would save the child's start-up) for the isolation ``--jobs`` has:
     a model that crashes the interpreter, two model files of one module name, or torch's
     process-wide state must not leak from one job into the next.
     """
