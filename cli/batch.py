@@ -81,6 +81,8 @@ def compile_many(
                 say("error", f"{r.job.model} → {r.job.target}: {r.message}")
     else:
         print_table(table)
+    if not ray_address and batch.NO_FORK_NOTE:
+        say("note", batch.NO_FORK_NOTE)  # each job paid torch's import: told, once
     console.print(f"{sum(r.ok for r in results)} of {len(results)} compiled into {out}")
     if not all(r.ok for r in results):
         sys.exit(1)

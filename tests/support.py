@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
-import json
 import os
 import subprocess
 import sys
@@ -78,87 +77,6 @@ def run_cli(
     return subprocess.run(
         [python, "-m", "etforge", *args], capture_output=True, text=True, env=env, timeout=600
     )
-
-
-#: A fresh interpreter (``run_cli_forked``) that makes a compile's imports in the order a compile
-#: makes them (``cli/compile.py``: torch, the registration-source lookup, the front end, the
-#: deferred stack imports, the compile session), then forks one child per command, at most
-#: ``jobs`` at a time, each running the CLI's ``run()``: every child starts where a fresh
-#: ``etforge compile`` is once its imports are done -- the environment and ``sys.path`` of its
-#: start, none of the model's modules imported -- without importing torch and ExecuTorch again.
-_FORK_SERVER = r"""
-import json, os, sys
-
-if sys.path[0] == "":  # as `python -m etforge`: the working directory, absolute
-    sys.path[0] = os.getcwd()
-import torch
-from etforge.core.common.registration_source import record_sources_cheaply
-
-record_sources_cheaply()
-from etforge.core.front.export import front_end
-from etforge.core.front.load import load_calibration, load_model
-from etforge.cli.common import defer_stack_imports
-
-defer_stack_imports()
-from etforge.core.build.report import build_report
-from etforge.core.build.session import CompileSession
-from etforge.core.serialize.program_writer import ProgramWriter
-from etforge.cli import run
-
-commands, jobs = json.loads(sys.argv[1]), int(sys.argv[2])
-running, codes = {}, {}
-for i, (argv, out, err) in enumerate(commands):
-    while len(running) >= jobs:
-        pid, status = os.wait()
-        codes[running.pop(pid)] = os.waitstatus_to_exitcode(status)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            for fd, path in ((1, out), (2, err)):
-                os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), fd)
-            sys.argv = ["etforge", *argv]
-            run()  # exits the child
-        except BaseException:
-            import traceback
-
-            traceback.print_exc()
-        finally:  # never back into this loop: a child that did not exit is a failure
-            sys.stderr.flush()
-            os._exit(70)
-    running[pid] = i
-while running:
-    pid, status = os.wait()
-    codes[running.pop(pid)] = os.waitstatus_to_exitcode(status)
-print(json.dumps([codes[i] for i in range(len(commands))]))
-"""
-
-
-def run_cli_forked(
-    tmp: Path, commands: list[list[str]], env: dict[str, str] | None = None, jobs: int = 2
-) -> list[subprocess.CompletedProcess[str]]:
-    """Each of ``commands`` (``etforge ARGS``) in a process of its own, forked from one fresh
-    interpreter started with ``env`` (``_FORK_SERVER``): what a batch's child processes prove
-    about a compile in a fresh process (its start-up environment, nothing of another model
-    imported), at one torch and ExecuTorch import for all of them (issue 47: 2-3 CPU s each).
-    The batch path itself stays end to end (test_batch.py, test_no_cache.py)."""
-    tmp.mkdir(parents=True, exist_ok=True)
-    files = [(str(tmp / f"{i}.out"), str(tmp / f"{i}.err")) for i in range(len(commands))]
-    spec = json.dumps([[argv, out, err] for argv, (out, err) in zip(commands, files, strict=True)])
-    proc = subprocess.run(
-        [sys.executable, "-c", _FORK_SERVER, spec, str(jobs)],
-        capture_output=True,
-        text=True,
-        env={**os.environ, **(env or {}), "COLUMNS": "200"},
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    codes = json.loads(proc.stdout.strip().splitlines()[-1])
-    return [
-        subprocess.CompletedProcess(["etforge", *argv], code, Path(out).read_text(), Path(err).read_text())
-        for argv, code, (out, err) in zip(commands, codes, files, strict=True)
-    ]
 
 
 #: ``sitecustomize`` of a child interpreter (``run_cli_recording_modules``): at exit, writes each

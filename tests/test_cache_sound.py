@@ -10,9 +10,9 @@ mode must give the bytes ``--no-cache`` gives, not the first build's.
 
 Every case builds ``net(value)`` from the value its input holds, so the truth after the change
 is one ``--no-cache`` compile of ``net(2.5)`` (in this process), not seven more compiles in
-worker processes. Each cached compile runs in a process of its own, started in the world's
-environment and forked after a compile's imports (``support.run_cli_forked``), not a batch
-child that imports torch and ExecuTorch anew (issue 47: 21 of them cost ~70 CPU s).
+worker processes. Each cached compile is a batch job (``compile A B ... --jobs 2``): a process
+of its own, started in the world's environment and forked from the batch's server after a
+compile's imports (issue 47: 21 fresh children cost ~70 CPU s).
 """
 
 from __future__ import annotations
@@ -28,9 +28,7 @@ from pathlib import Path
 
 import torch
 
-from etforge.core.batch.run import plan
-
-from support import run_cli, run_cli_forked
+from support import run_cli
 
 #: The tiny model every case builds: a seeded Linear whose weights are shifted by ``value``.
 NET = """
@@ -196,8 +194,8 @@ class _World:
         return (out / "model.pte").read_bytes(), cache
 
     def compile(self, out: str) -> Path:
-        """Every case compiled in a process of its own started in this world's environment
-        (``run_cli_forked``: what a batch's child processes prove, one torch import for all)."""
+        """Every case compiled as a job of one batch started in this world's environment (each
+        job a process of its own, forked from the batch's server after a compile's imports)."""
         env = {
             "ETFORGE_NO_CACHE": "0",
             "ETFORGE_CACHE_DIR": str(self.tmp / "cache"),
@@ -208,10 +206,8 @@ class _World:
             ),
         }
         specs = [f"{self.models / name}.py:build" for name in CASES]
-        jobs = plan(specs, ["imxrt700cm"], [], self.tmp / out)
-        procs = run_cli_forked(self.tmp / f"{out}.logs", [job.argv() for job in jobs], env=env)
-        for job, proc in zip(jobs, procs, strict=True):
-            assert proc.returncode == 0, f"{job.model}\n{proc.stdout}{proc.stderr}"
+        proc = run_cli("compile", *specs, "-o", str(self.tmp / out), "--jobs", "2", env=env)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
         return self.tmp / out
 
 

@@ -2,8 +2,11 @@
 
 Each job is one ``etforge compile`` child process, so one model that fails (or crashes the
 interpreter) cannot stop the others, and each job writes its own complete output directory
-through the same atomic path a single compile uses. Locally the jobs run on a pool of
-processes; ``--ray ADDRESS`` runs the same jobs as Ray tasks (Ray is an optional extra), with
+through the same atomic path a single compile uses. Locally the jobs are forked from one server
+process that made a compile's imports once (``run_local``; a fresh subprocess each where
+``os.fork`` is missing): the isolation holds because the server never loads a model or runs a
+job itself, so each job starts from the same state a fresh child reaches after its imports and
+whatever it changes (its modules, torch's settings, a crash) dies with its process. ``--ray ADDRESS`` runs the same jobs as Ray tasks (Ray is an optional extra), with
 the output directories shipped back to the caller as archives and one build cache directory
 handed to every worker.
 """
@@ -270,6 +273,21 @@ def _facts(out: Path) -> dict[str, Any]:
     }
 
 
+def _env(env: dict[str, str] | None) -> dict[str, str]:
+    return {**os.environ, **(env or {}), "COLUMNS": "100"}
+
+
+def _result(job: Job, code: int, seconds: float, stdout: str, stderr: str, out: str | None) -> JobResult:
+    """A finished child's JobResult: its last error line (and signal), or its report's facts."""
+    if code != 0:
+        why = _last_line(stderr) or _last_line(stdout) or f"exit code {code}"
+        if code < 0:
+            why = f"killed by signal {-code}: {why}"
+        return JobResult(job, False, seconds, why)
+    facts = {**_facts(Path(out or job.out)), "cached": "from the build cache" in stdout}
+    return JobResult(job, True, seconds, "ok", facts)
+
+
 def run_job(job: Job, env: dict[str, str] | None = None, out: str | None = None) -> JobResult:
     """One job as a child ``etforge compile`` process."""
     start = time.perf_counter()
@@ -278,24 +296,42 @@ def run_job(job: Job, env: dict[str, str] | None = None, out: str | None = None)
         capture_output=True,
         text=True,
         errors="backslashreplace",  # a child naming a non-UTF-8 path prints its raw bytes
-        env={**os.environ, **(env or {}), "COLUMNS": "100"},
+        env=_env(env),
         stdin=subprocess.DEVNULL,
     )
     seconds = time.perf_counter() - start
-    if proc.returncode != 0:
-        why = _last_line(proc.stderr) or _last_line(proc.stdout) or f"exit code {proc.returncode}"
-        if proc.returncode < 0:
-            why = f"killed by signal {-proc.returncode}: {why}"
-        return JobResult(job, False, seconds, why)
-    facts = {**_facts(Path(out or job.out)), "cached": "from the build cache" in proc.stdout}
-    return JobResult(job, True, seconds, "ok", facts)
+    return _result(job, proc.returncode, seconds, proc.stdout, proc.stderr, out)
+
+
+#: Why a local batch runs each job as a subprocess of its own (no ``os.fork`` here), or None:
+#: the batch summary says it, once.
+NO_FORK_NOTE = (
+    None
+    if hasattr(os, "fork")
+    else "this platform has no os.fork: each job is a fresh `etforge compile` process (imports torch anew)"
+)
 
 
 def run_local(
     jobs: Sequence[Job], workers: int | None = None, on_done: Callable[[JobResult], None] | None = None
 ) -> list[JobResult]:
-    """Run every job in parallel child processes (``workers``: default one per core)."""
+    """Run every job in parallel child processes (``workers``: default one per core).
+
+    Each job is a child forked from one server process (``cli/batch_server.py``) that was
+    started as a job's own ``python -m etforge`` child would be and has made a compile's imports
+    (torch, ExecuTorch, the compile stack: ~3-4 CPU s a job saved) and nothing else: every job
+    still runs in a process of its own, so a crash, a model's modules and torch's process-wide
+    state end with it. Without ``os.fork`` (:data:`NO_FORK_NOTE`) each job is a fresh
+    subprocess."""
     workers = max(1, min(workers or os.cpu_count() or 1, len(jobs)))
+    if NO_FORK_NOTE is not None:
+        return _run_subprocesses(jobs, workers, on_done)
+    return _run_forked(jobs, workers, on_done)
+
+
+def _run_subprocesses(
+    jobs: Sequence[Job], workers: int, on_done: Callable[[JobResult], None] | None
+) -> list[JobResult]:
     results: dict[int, JobResult] = {}
     with ThreadPoolExecutor(max_workers=workers) as pool:
         futures = {pool.submit(run_job, job): i for i, job in enumerate(jobs)}
@@ -305,6 +341,69 @@ def run_local(
             if on_done:
                 on_done(res)
     return [results[i] for i in range(len(jobs))]
+
+
+#: Prefix of the fork server's result lines (``cli/batch_server.py``'s ``RESULT``).
+_RESULT = "etforge-batch-job "
+
+
+def _run_forked(
+    jobs: Sequence[Job], workers: int, on_done: Callable[[JobResult], None] | None
+) -> list[JobResult]:
+    """The jobs as children of one fork server; results reported in the jobs' order."""
+    results: dict[int, JobResult] = {}
+    with tempfile.TemporaryDirectory(prefix="etforge-batch-") as tmp:
+        logs = [(os.path.join(tmp, f"{i}.out"), os.path.join(tmp, f"{i}.err")) for i in range(len(jobs))]
+        spec = os.path.join(tmp, "jobs.json")
+        with open(spec, "w") as f:
+            json.dump(
+                {"workers": workers, "jobs": [[j.argv(), *log] for j, log in zip(jobs, logs, strict=True)]}, f
+            )
+        server_err = os.path.join(tmp, "server.err")
+        reported = 0
+
+        def report() -> None:
+            nonlocal reported
+            while reported in results:
+                if on_done:
+                    on_done(results[reported])
+                reported += 1
+
+        with open(server_err, "wb") as err:
+            server = subprocess.Popen(
+                [*_etforge_argv(), "--batch-fork-server", spec],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=err,
+                env=_env(None),
+                text=True,
+            )
+            assert server.stdout is not None
+            for line in server.stdout:
+                if not line.startswith(_RESULT):
+                    continue
+                done = json.loads(line[len(_RESULT) :])
+                i = done["i"]
+                out, errlog = (_read_log(p) for p in logs[i])
+                results[i] = _result(jobs[i], done["code"], done["seconds"], out, errlog, None)
+                report()
+            code = server.wait()
+        if len(results) < len(jobs):  # the server itself failed: every job it did not report
+            why = _last_line(_read_log(server_err)) or f"exit code {code}"
+            for i, job in enumerate(jobs):
+                results.setdefault(i, JobResult(job, False, 0.0, f"the batch's fork server failed: {why}"))
+            report()
+    return [results[i] for i in range(len(jobs))]
+
+
+def _read_log(path: str) -> str:
+    """A child's captured output as text (a non-UTF-8 path it printed: backslash escapes)."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError:
+        return ""
+    return data.decode("utf-8", errors="backslashreplace").replace("\r\n", "\n")
 
 
 def _ray_task(job_fields: dict[str, Any], env: dict[str, str]) -> tuple[dict[str, Any], bytes]:
@@ -357,8 +456,9 @@ def run_ray(
     machine). Measured and left as they are: Ray's start-up, 12 trivial tasks and shutdown
     cost 4.2 CPU s (seven Python processes importing Ray) and its idle daemons about 0.5 CPU s
     per 20 s, small beside a job's ~4 CPU s compile; Ray counts the cores as ``--jobs`` does,
-    one task per core. Each job stays a child ``etforge compile`` rather than running inside
-    the Ray worker (which would save the child's start-up) for the isolation ``--jobs`` has:
+    one task per core. Each job stays a fresh child ``etforge compile`` (not forked from a
+    preloaded server as ``--jobs``'s are) rather than running inside the Ray worker (which
+    would save the child's start-up) for the isolation ``--jobs`` has:
     a model that crashes the interpreter, two model files of one module name, or torch's
     process-wide state must not leak from one job into the next.
     """
