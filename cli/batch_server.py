@@ -18,8 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-#: Prefix of the server's result lines (anything else on its stdout is ignored).
-RESULT = "etforge-batch-job "
+from etforge.core.batch.run import RESULT
 
 
 def preload() -> None:

@@ -343,8 +343,9 @@ def _run_subprocesses(
     return [results[i] for i in range(len(jobs))]
 
 
-#: Prefix of the fork server's result lines (``cli/batch_server.py``'s ``RESULT``).
-_RESULT = "etforge-batch-job "
+#: Prefix of the fork server's result lines (``cli/batch_server.py`` writes them; anything else
+#: on its stdout is ignored).
+RESULT = "etforge-batch-job "
 
 
 def _run_forked(
@@ -380,9 +381,9 @@ def _run_forked(
             )
             assert server.stdout is not None
             for line in server.stdout:
-                if not line.startswith(_RESULT):
+                if not line.startswith(RESULT):
                     continue
-                done = json.loads(line[len(_RESULT) :])
+                done = json.loads(line[len(RESULT) :])
                 i = done["i"]
                 out, errlog = (_read_log(p) for p in logs[i])
                 results[i] = _result(jobs[i], done["code"], done["seconds"], out, errlog, None)
