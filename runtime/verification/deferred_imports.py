@@ -21,6 +21,7 @@ from __future__ import annotations
 import sys
 import types
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from etforge.core.common import lazy_imports
@@ -99,8 +100,20 @@ def undefer() -> bool:
     return any(ran)
 
 
-#: The programs loaded again after :func:`undefer` in this verify (told in its notes).
-LOADED_AFTER_UNDEFER: list[str] = []
+#: The programs loaded again after :func:`undefer` and not yet told (:func:`take_reload_notes`).
+_RELOADED: list[str] = []
+
+
+def take_reload_notes() -> list[str]:
+    """A note for each program :func:`load_program` loaded again since the last call, which
+    empties the list: every retry is told once, by the verification that follows it (a
+    script's ``--quantized`` program included, loaded before its ``verify`` starts)."""
+    notes = [
+        f"{Path(path).name}: loaded again after torchao's package init ran in full (an op only it registers)"
+        for path in _RELOADED
+    ]
+    _RELOADED.clear()
+    return notes
 
 
 def load_program(path: Any) -> Any:
@@ -114,5 +127,5 @@ def load_program(path: Any) -> Any:
         if not undefer():
             raise
         program = load(path)
-        LOADED_AFTER_UNDEFER.append(str(path))
+        _RELOADED.append(str(path))
         return program

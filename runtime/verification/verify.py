@@ -260,7 +260,6 @@ def _per_op(found: list[OpParity]) -> tuple[list[dict[str, Any]], list[dict[str,
 
 def _programs(out: Path, report: dict[str, Any]) -> tuple[ExportedProgram, ExportedProgram | None]:
     """(float program, quantized program) of a compile's outputs."""
-    deferred_imports.LOADED_AFTER_UNDEFER.clear()
     float_ep = deferred_imports.load_program(out / output.FLOAT_PROGRAM)
     qep = deferred_imports.load_program(out / output.QUANTIZED_PROGRAM) if report["quantized"] else None
     return float_ep, qep
@@ -820,10 +819,7 @@ def compare(
     result.sim_per_sample_nodes = dict(sim_state.per_sample)
     if sim_state.note:
         result.notes.append(sim_state.note)
-    for path in deferred_imports.LOADED_AFTER_UNDEFER:
-        result.notes.append(
-            f"{Path(path).name}: loaded again after torchao's package init ran in full (an op only it registers)"
-        )
+    result.notes.extend(deferred_imports.take_reload_notes())
     if q_fn is not None and check.primary is not None:
         result.reference_spread_top1, result.top1_vs_exact = top1_spread, top1_exact
     if scale and q_fn is not None:
