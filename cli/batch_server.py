@@ -23,22 +23,11 @@ from etforge.core.batch.run import RESULT
 
 def preload() -> None:
     """What every compile imports before it reads a model: the CLI (as any command), then
-    ``cli/compile.py``'s import stages in its order."""
-    import importlib
+    ``cli/compile.py``'s two import stages."""
+    from etforge.cli.compile import front_imports, stack_imports
 
-    for name in ("etforge.cli", "torch"):  # the CLI first, as any command; then compile's
-        importlib.import_module(name)
-    from etforge.core.common.registration_source import record_sources_cheaply
-
-    record_sources_cheaply()  # before the imports that register the fake kernels, as compile
-    import etforge.core.front.export  # noqa: F401
-    import etforge.core.front.load  # noqa: F401
-    from etforge.cli.common import defer_stack_imports
-
-    defer_stack_imports()
-    import etforge.core.build.report  # noqa: F401
-    import etforge.core.build.session  # noqa: F401
-    import etforge.core.serialize.program_writer  # noqa: F401
+    front_imports()
+    stack_imports()
 
 
 def _reseed() -> None:

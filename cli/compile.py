@@ -418,14 +418,31 @@ def _check_model_path(spec: str) -> None:
         raise EtforgeError(f"model file {path} does not exist")
 
 
+def front_imports() -> None:
+    """The ``import`` stage: torch, then the front end (also what a batch's fork server makes
+    before forking its jobs, ``cli/batch_server.py``)."""
+    import torch  # noqa: F401  (its import time is this stage)
+
+    from etforge.core.common.registration_source import record_sources_cheaply
+
+    record_sources_cheaply()  # before the imports that register ~300 fake kernels
+    import etforge.core.front.export  # noqa: F401
+    import etforge.core.front.load  # noqa: F401
+
+
+def stack_imports() -> None:
+    """The ``import executorch`` stage: ExecuTorch's stack (its unread package inits deferred)
+    and the compile session (also made by a batch's fork server)."""
+    defer_stack_imports()
+    import etforge.core.build.report  # noqa: F401
+    import etforge.core.build.session  # noqa: F401
+    import etforge.core.serialize.program_writer  # noqa: F401
+
+
 def _front_end(job: _Job, recording: contextlib.AbstractContextManager[Any]) -> tuple[Any, Any, Any]:
     """(the loaded model, its calibration, the exported front end), ``recording`` watching."""
     with _progress("import"):
-        import torch  # noqa: F401  (its import time is this stage)
-
-        from etforge.core.common.registration_source import record_sources_cheaply
-
-        record_sources_cheaply()  # before the imports that register ~300 fake kernels
+        front_imports()
         from etforge.core.front.export import front_end
         from etforge.core.front.load import load_calibration, load_model
     with recording:
@@ -482,7 +499,7 @@ def _compile_and_write(job: _Job, loaded: Any, calibration: Any, front: Any) -> 
     from etforge.core.build import output
 
     with _progress("import executorch"):
-        defer_stack_imports()
+        stack_imports()
         from etforge.core.build.report import build_report
         from etforge.core.build.session import CompileSession
         from etforge.core.serialize.program_writer import ProgramWriter
