@@ -91,3 +91,61 @@ def test_the_lowered_program_is_written_by_a_child_and_loads_back(tmp_path: Path
     writer.start_lowered(edge)
     with pytest.raises(EtforgeError, match=r"could not write lowered_edge\.exir into .*gone"):
         writer.finish()
+
+
+_STAND_IN_SCRIPT = """
+import sys
+from pathlib import Path
+
+import torch
+
+import etforge.core.serialize.program_writer as pw
+from etforge.core.serialize.inductor_stand_in import stand_in
+
+out = Path(sys.argv[1])
+model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(), torch.nn.Flatten()).eval()
+ep = torch.export.export(model, (torch.randn(1, 3, 6, 6),), strict=False)
+real_save = pw.save_program
+
+
+def save(program, path):  # what the child saw of torch._inductor.ir, then the real save
+    (path.parent / "seen").write_text(type(sys.modules.get("torch._inductor.ir")).__name__)
+    real_save(program, path)
+
+
+pw.save_program = save
+with pw.ProgramWriter(out, ("float.pt2", "quantized.pt2")) as writer:
+    writer.start(ep, None)
+    writer.finish()
+assert "torch._inductor.ir" not in sys.modules  # the parent never imported it
+with stand_in():
+    ir = sys.modules["torch._inductor.ir"]
+    assert not isinstance(ep, (ir.Buffer, ir.ReinterpretView)) and not isinstance(1, ir.TorchBindObject)
+    try:
+        ir.Buffer()
+    except TypeError:
+        pass
+    else:
+        raise AssertionError("a stand-in class was instantiated")
+assert "torch._inductor.ir" not in sys.modules  # gone after the block
+import torch._inductor.ir as real
+
+with stand_in():
+    assert sys.modules["torch._inductor.ir"] is real  # an imported module is kept
+real_save(ep, out / "inductor.pt2")  # written with the real module
+"""
+
+
+def test_a_child_writes_without_importing_inductor_and_the_same_bytes(tmp_path: Path) -> None:
+    """The serializers' ``import torch._inductor.ir`` is answered by the stand-in in a writer child
+    (half of its CPU on resnet18), and the file is byte for byte what the real module gives.
+    A fresh process: this one may have imported Inductor already."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "stand_in.py"
+    script.write_text(_STAND_IN_SCRIPT)
+    done = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (tmp_path / "seen").read_text() == "_StandIn"
+    assert (tmp_path / "float.pt2").read_bytes() == (tmp_path / "inductor.pt2").read_bytes()

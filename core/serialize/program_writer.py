@@ -9,7 +9,9 @@ while it lowers, the lowered Edge program, ``core.serialize.lowered_program``, w
 serializes the ``.pte``), and the parent waits for them before the output is swapped in. Where
 ``fork`` is missing (not POSIX) the parent writes them itself, at the end. A failed or killed
 child fails the compile naming the files; a rebuild (the kernel check decomposes and
-compiles again) cancels the children of programs that changed and starts new ones.
+compiles again) cancels the children of programs that changed and starts new ones. A child
+answers the serializers' Inductor import with a stand-in (``core.serialize.inductor_stand_in``:
+half of a child's CPU on resnet18); the parent, where other threads may compile, does not.
 """
 
 from __future__ import annotations
@@ -95,8 +97,11 @@ class ProgramWriter:
             try:
                 import torch
 
+                from etforge.core.serialize.inductor_stand_in import stand_in
+
                 torch.set_num_threads(1)  # the parent's thread pool does not survive a fork
-                save(program, self.out / name)
+                with stand_in():  # one thread here: the serializers' Inductor import answered
+                    save(program, self.out / name)
             except BaseException as exc:
                 # an OSError's errno is the exit status: the reason survives a disk too full
                 # to take the error file below
