@@ -138,7 +138,7 @@ real_save(ep, out / "inductor.pt2")  # written with the real module
 
 def test_a_child_writes_without_importing_inductor_and_the_same_bytes(tmp_path: Path) -> None:
     """The serializers' ``import torch._inductor.ir`` is answered by the stand-in in a writer child
-    (half of its CPU on resnet18), and the file is byte for byte what the real module gives.
+    (a quarter of its CPU on resnet18), and the file is byte for byte what the real module gives.
     A fresh process: this one may have imported Inductor already."""
     import subprocess
     import sys

@@ -11,7 +11,7 @@ serializes the ``.pte``), and the parent waits for them before the output is swa
 child fails the compile naming the files; a rebuild (the kernel check decomposes and
 compiles again) cancels the children of programs that changed and starts new ones. A child
 answers the serializers' Inductor import with a stand-in (``core.serialize.inductor_stand_in``:
-half of a child's CPU on resnet18); the parent, where other threads may compile, does not.
+a quarter of a child's CPU on resnet18); the parent, where other threads may compile, does not.
 """
 
 from __future__ import annotations
