@@ -7,6 +7,7 @@ are implemented once here, so a rule never touches observers.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -305,7 +306,9 @@ def _constant_min_max_observers(model: GraphModule) -> list[torch.nn.Module]:
 
 
 def convert(model: GraphModule) -> GraphModule:
-    """convert_pt2e, each observer's qparams computed once.
+    """convert_pt2e, each observer's qparams computed once, a histogram observer's search
+    with its bin scans on Python floats (``core/quantize/histogram``), and no dequantize
+    computed by the constant folding that discards it (``core/quantize/constant_fold``).
 
     torchao asks an activation observer for its qparams again for every bias derived from
     it; a histogram observer's answer is a search (~7 ms each), and the same every time.
@@ -313,11 +316,19 @@ def convert(model: GraphModule) -> GraphModule:
     from torchao.quantization.pt2e.observer import ObserverBase
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e
 
+    from etforge.core.quantize import histogram
+    from etforge.core.quantize.constant_fold import skip_discarded_dequantize
+
     observers = [m for m in model.modules() if isinstance(m, ObserverBase)]
     for observer in observers:
-        observer.calculate_qparams = _computed_once(observer.calculate_qparams)  # type: ignore[method-assign]
+        calculate = (
+            functools.partial(histogram.calculate_qparams, observer)
+            if histogram.ENABLED and histogram.exact_type(observer)
+            else observer.calculate_qparams
+        )
+        observer.calculate_qparams = _computed_once(calculate)  # type: ignore[method-assign]
     try:
-        with one_thread():
+        with one_thread(), skip_discarded_dequantize():
             return convert_pt2e(model)
     finally:
         for observer in observers:
