@@ -1,18 +1,20 @@
 """One ``etforge compile`` per session for an output several test files read (issue 47).
 
-Several files compile the same model for the same target with the same command only to read
-what it wrote: ``zoo:digits_cnn`` for cortex-m33 in test_firmware.py, test_firmware_build.py
-and test_cmake_package.py; the SDK double's ``user_models.py:small`` for imxrt700 (a process of
-its own, ~6 CPU s) in test_cmake.py, test_sdk_path.py and test_firmware_npu.py. The first run
-of a command in the session compiles into a directory every worker of the session sees (the
-parent of the xdist workers' temporary directories); each later run copies that output to its
-own ``-o`` directory, which the test may then change. The key is the command with its ``-o``
-value left out, the environment the command is given and every ``ETFORGE_*`` variable of this
-process; the files written do not name their directory (``test_shared_outputs.py`` checks; the
-command's messages do, and are rewritten to name the copy), and the code
-cannot change within one session, so a copy is what a compile would have written. Nothing is
-kept across sessions: a new session is a new directory. The commands a test is about (its
-output, its exit code, the cache, a batch) keep running themselves.
+Several files compile the same model for the same target with the same command only to read what
+it wrote: ``zoo:digits_cnn`` for cortex-m33 in five files (the firmware ones, the memory map's,
+the C API's); ``user_models.py:small`` for each target in test_compile_cli.py,
+test_verify_artifact.py, test_verify_imports.py, test_verify_deferred_torchao.py and
+test_cmake.py; the same with the SDK double for imxrt700 (a process of its own, ~8 CPU s) in
+test_cmake.py, test_sdk_path.py and test_firmware_npu.py. The first run of a command in the
+session compiles into a directory every worker of the session sees (the parent of the xdist
+workers' temporary directories); each later run copies that output to its own ``-o`` directory,
+which the test may then change. The key is the command with its ``-o`` value left out, the
+environment the command is given and every ``ETFORGE_*`` variable of this process; the files
+written do not name their directory (``test_shared_outputs.py`` checks; the command's messages
+do, and are rewritten to name the copy), and the code cannot change within one session, so a
+copy is what a compile would have written. Nothing is kept across sessions: a new session is a
+new directory. The commands a test is about (its output, its exit code, the cache, a batch) keep
+running themselves.
 """
 
 from __future__ import annotations
