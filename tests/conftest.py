@@ -103,7 +103,8 @@ SLOW_FILES |= frozenset(
 #: firmware builds (firmware_npu, firmware_build), a module fixture compiling every delegate kind
 #: (partition_identity) or a face detector end to end (report_cortex_m) -- 25 to 700 s a file.
 SLOW_FILES |= frozenset(
-    f"test_{name}.py" for name in ("firmware_build", "firmware_npu", "partition_identity", "report_cortex_m")
+    f"test_{name}.py"
+    for name in ("firmware_build", "firmware_npu", "partition_identity", "report_cortex_m", "shared_outputs")
 )
 
 
@@ -131,6 +132,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     from file_order import longest_first  # tests/file_order.py: the files that take minutes start first
 
     longest_first(items)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _shared_outputs(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The session's directory for outputs several files share (tests/shared_outputs.py): the
+    parent of the xdist workers' temporary directories (xdist makes each ``<session>/popen-gwN``),
+    else this process's own."""
+    import shared_outputs
+
+    base = tmp_path_factory.getbasetemp()
+    shared_outputs.ROOT[0] = (
+        base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    ) / "shared-outputs"
 
 
 @pytest.fixture

@@ -14,7 +14,9 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-#: Files whose tests take minutes on CI (``--durations``), longest first.
+#: Files whose tests take minutes on CI (``--durations``), longest first. test_fallbacks.py
+#: (~70 compiles, 67 CPU s cold) and test_firmware_npu.py (60) joined from stop 58's CPU table
+#: (tests/cpu_table.py): placed by their test count, either could start late and run on alone.
 HEAVY = (
     "test_cmake_package.py",
     "test_neutron_differential.py",
@@ -23,6 +25,8 @@ HEAVY = (
     "test_batch.py",
     "test_realworld.py",
     "test_device_conformance.py",
+    "test_fallbacks.py",
+    "test_firmware_npu.py",
     "test_firmware.py",
     "test_docs.py",
     "test_firmware_torchvision.py",

@@ -114,14 +114,19 @@ def compile_each(models: list[str], target: str, root: Path) -> dict[str, Path]:
     """``etforge compile MODEL... --target TARGET -o ROOT``'s output directories (model -> its
     ``ROOT/<model>/<target>``), each job's own command (``core.batch.run.plan``, what a batch
     child runs) in this process: a fixture that needs the programs, not the batch, saves a child
-    process -- a torch import, about 5 s of CPU -- per model (issue 47). The batch path itself is
-    tested end to end in test_batch.py, test_no_cache.py and test_cache_sound.py."""
+    process -- a torch import, about 5 s of CPU -- per model (issue 47); a job another file of the
+    session compiled already is a copy of its output (``shared_outputs.compile_once``). The batch
+    path itself is tested end to end in test_batch.py, test_no_cache.py and test_cache_sound.py."""
+    from shared_outputs import compile_once
+
     from etforge.core.batch.run import plan
 
     found = {}
     for model, job in zip(models, plan(models, [target], [], root), strict=True):
-        proc = run_cli(*job.argv())
-        assert proc.returncode == 0, f"{' '.join(job.argv())}\n{proc.stdout}{proc.stderr}"
+        argv = job.argv()
+        at = argv.index("-o")
+        proc = compile_once(*argv[1:at], *argv[at + 2 :], out=Path(job.out))
+        assert proc.returncode == 0, f"{' '.join(argv)}\n{proc.stdout}{proc.stderr}"
         found[model] = Path(job.out)
     return found
 

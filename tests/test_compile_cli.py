@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from shared_outputs import compile_once
 
 from support import REPO, run_cli, write_distribution
 
@@ -18,7 +19,7 @@ def compiled(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     outs = {}
     for target in ("imxrt700", "imxrt700cm"):
         out = tmp_path_factory.mktemp(target)
-        proc = run_cli("compile", f"{MODEL}:small", "--target", target, "-o", str(out))
+        proc = compile_once(f"{MODEL}:small", "--target", target, out=out)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         outs[target] = out
     return outs

@@ -9,12 +9,11 @@ import shutil
 from pathlib import Path
 
 import pytest
+from shared_outputs import compile_once
 
 from etforge.cli.cmake import cmake_dir
 from etforge.core.common.errors import EtforgeError
 from etforge.runtime.firmware import build, conformance, sources
-
-from support import run_cli
 
 pytestmark = pytest.mark.skipif(conformance.missing() is not None, reason=str(conformance.missing()))
 
@@ -22,7 +21,7 @@ pytestmark = pytest.mark.skipif(conformance.missing() is not None, reason=str(co
 @pytest.fixture(scope="module")
 def out(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("fwb")
-    proc = run_cli("compile", "zoo:digits_cnn", "--target", "cortex-m33", "-o", str(root))
+    proc = compile_once("zoo:digits_cnn", "--target", "cortex-m33", out=root)  # as test_firmware's
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return root
 

@@ -19,11 +19,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from shared_outputs import compile_once
 
 from etforge.core.common.errors import EtforgeError
 from etforge.runtime.firmware import conformance, device, tflm
 
-from support import REPO, run_cli
+from support import REPO
 
 
 def _missing() -> str | None:
@@ -164,8 +165,8 @@ def test_neutron_microcode_is_refused_before_building(tmp_path: Path) -> None:
     with ``--cpu-partitions`` it is refused, one line naming the delegate, before any build."""
     out = tmp_path / "npu"
     model = f"{REPO / 'tests' / 'models' / 'user_models.py'}:small"
-    compiled = run_cli(
-        "compile", model, "--target", "imxrt700", "-o", str(out),
+    compiled = compile_once(
+        model, "--target", "imxrt700", out=out,
         pythonpath=REPO / "tests" / "sdk_double", env={"ETFORGE_SDK_DOUBLE": "v1"},
     )  # fmt: skip
     assert compiled.returncode == 0, compiled.stdout + compiled.stderr

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from shared_outputs import compile_once
 
 from support import run_cli
 
@@ -26,7 +27,7 @@ holds = ["npu"]
 @pytest.fixture(scope="module")
 def out(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("mm") / "o"
-    proc = run_cli("compile", "zoo:digits_cnn", "--target", "cortex-m33", "-o", str(root))
+    proc = compile_once("zoo:digits_cnn", "--target", "cortex-m33", out=root)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return root
 

@@ -19,6 +19,7 @@ import flatbuffers
 import numpy as np
 import pytest
 from ai_edge_litert import schema_py_generated as schema
+from shared_outputs import compile_once
 
 from etforge.plugins.targets.eiq_neutron_sdk import pack_neutron_payload
 
@@ -96,7 +97,8 @@ def _multi_io_tflite() -> bytes:
 @pytest.fixture(scope="module")
 def sdk_compiled(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("sdk") / "out"
-    proc = _cli("compile", MODEL, "--target", "imxrt700", "-o", str(out), mode="v1")
+    # _cli's command and environment (one compile per session: tests/shared_outputs.py)
+    proc = compile_once(MODEL, "--target", "imxrt700", out=out, pythonpath=DOUBLE, env={MODE_ENV: "v1"})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return out
 

@@ -12,15 +12,16 @@ import sys
 from pathlib import Path
 
 import pytest
+from shared_outputs import compile_once
 
-from support import REPO, run_cli, run_cli_recording_modules
+from support import REPO, run_cli_recording_modules
 
 MODEL = str(REPO / "tests" / "models" / "user_models.py")
 
 
 def test_verify_passes_with_torchaos_init_unrun(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    proc = run_cli("compile", f"{MODEL}:small", "--target", "imxrt700cm", "-o", str(out))
+    proc = compile_once(f"{MODEL}:small", "--target", "imxrt700cm", out=out)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     proc, imported = run_cli_recording_modules(tmp_path / "probe", "verify", str(out), "--samples", "2")
     assert proc.returncode == 0 and "verify passed" in proc.stdout, proc.stdout + proc.stderr
@@ -140,7 +141,7 @@ def test_verify_freezes_what_its_imports_allocated(tmp_path: Path) -> None:
     """The objects verify's imports made (torchao's ops, Dynamo, Inductor, ExecuTorch) live to
     the end: frozen as the imports end, the young collections of the run no longer scan them."""
     out = tmp_path / "out"
-    proc = run_cli("compile", f"{MODEL}:small", "--target", "cortex-m33", "-o", str(out))
+    proc = compile_once(f"{MODEL}:small", "--target", "cortex-m33", out=out)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     proc = subprocess.run(
         [sys.executable, "-c", COLLECTOR, str(out)], capture_output=True, text=True, timeout=600

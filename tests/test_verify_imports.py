@@ -10,8 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from shared_outputs import compile_once
 
-from support import REPO, run_cli, run_cli_recording_modules
+from support import REPO, run_cli_recording_modules
 
 MODEL = str(REPO / "tests" / "models" / "user_models.py")
 
@@ -30,7 +31,7 @@ def outputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     outs = {}
     for target in ("imxrt700cm", "cortex-m33"):
         out = tmp_path_factory.mktemp(target)
-        proc = run_cli("compile", f"{MODEL}:small", "--target", target, "-o", str(out))
+        proc = compile_once(f"{MODEL}:small", "--target", target, out=out)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         outs[target] = out
     return outs
