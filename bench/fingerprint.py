@@ -14,7 +14,7 @@ that differ and exits 1 if any does.
 Nothing is skipped whole. ``report.json`` is hashed with its ``stages`` field removed: those are
 wall-clock seconds per stage, different on every run; and without the raw sha256 of the
 ``.pt2`` files in ``files_sha256``: ``quantized.pt2`` holds torch's node provenance, whose
-``graph_id`` is a memory address (two runs of one untouched tree differ there), so each
+``graph_id`` was a memory address before session 59 (two runs of one tree differed there), so each
 ``.pt2`` is hashed member by member with ``graph_id`` zeroed and its derived
 ``serialization_id`` left out (``--raw-pt2``: byte for byte). Every other field is kept. A compile that fails is fingerprinted by its exit code and
 error line, so a changed refusal shows too.

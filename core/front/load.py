@@ -6,7 +6,9 @@ Every failure names the file, the factory and what was wrong, without a tracebac
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import importlib.util
+import os
 import sys
 import threading
 from collections.abc import Iterator, Sequence
@@ -232,7 +234,9 @@ def _load_factory(spec: str, path: Path, factory: str) -> LoadedModel:
         raise EtforgeError(f"model {spec!r}: {path} is not a .py file")
     if not path.is_file():
         raise EtforgeError(f"model file {path} does not exist")
-    name = f"etforge_user_model_{abs(hash(str(path.resolve())))}"
+    # The module's name is recorded in the saved programs (each node's module stack): a digest
+    # of the path, not Python's per-process string hash, so two compiles write the same bytes.
+    name = f"etforge_user_model_{hashlib.sha256(os.fsencode(path.resolve())).hexdigest()[:16]}"
     module_spec = importlib.util.spec_from_file_location(name, path)
     assert module_spec is not None and module_spec.loader is not None
     mod = importlib.util.module_from_spec(module_spec)

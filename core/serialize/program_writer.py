@@ -38,8 +38,11 @@ def save_program(program: ExportedProgram, path: Path) -> None:
 
     import torch
 
+    from etforge.core.serialize.stable_provenance import numbered_graphs
+
     buf = io.BytesIO()
-    torch.export.save(program, buf)
+    with numbered_graphs(program):  # graph numbers, not addresses: the same bytes every run
+        torch.export.save(program, buf)
     with open(path, "wb") as f:
         f.write(buf.getbuffer())
 
