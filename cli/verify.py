@@ -291,18 +291,22 @@ def _verify_on_host(out: Any, script: dict[str, Any] | None, checks: dict[str, A
     and the package inits a host run does without besides (``HOST_DEFERRED_INITS``, each CPU
     backend's ``host_deferred_inits``: the Arm backend's MX formats, the CPU library's passes);
     ExecuTorch's parse of its Edge-dialect YAML comes from the cache (``cache_edge_dialect_yaml``);
-    torchao's package inits are deferred too (``runtime.verification.deferred_imports``)."""
+    torchao's package inits are deferred too (``runtime.verification.deferred_imports``), and
+    Dynamo's and Inductor's for a compile's output (``runtime.verification.deferred_dynamo``: a
+    script's ``.pte`` exports its model, which runs Dynamo)."""
     from etforge.core.common import process_memory
     from etforge.core.common.lazy_imports import HOST_DEFERRED_INITS
     from etforge.core.registry.manager import registry
-    from etforge.runtime.verification import deferred_imports
+    from etforge.runtime.verification import deferred_dynamo, deferred_imports
     from etforge.runtime.verification.verify_steps import Steps
 
     cpu_inits = tuple(p for b in registry().cpu_backends.values() for p in b.host_deferred_inits)
     # what these imports allocate (torchao's ops pull in Dynamo and Inductor; ExecuTorch) lives
     # to the end: not scanned by the collector meanwhile, frozen as they end
     with process_memory.settled_imports():
-        deferred_imports.defer()  # first: ExecuTorch's imports read torchao
+        if script is None:
+            deferred_dynamo.defer()  # first: before anything imports Dynamo or Inductor
+        deferred_imports.defer()  # ExecuTorch's imports read torchao
         defer_stack_imports((*HOST_DEFERRED_INITS, *cpu_inits))
         import executorch.exir  # noqa: F401  (the files step's first import)
 

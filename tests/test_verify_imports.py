@@ -2,8 +2,9 @@
 unrun (core/common/lazy_imports.py ``HOST_DEFERRED_INITS``, ``CpuBackend.host_deferred_inits``),
 while the op library a program names is registered and the verification passes.
 
-torch._dynamo, torch._inductor, sympy and torchao are imported by what verify runs
-(``torch.export.load``; the Edge-dialect verifier reading ``lowered_edge.exir``): not asserted here."""
+sympy and torchao are imported by what verify runs (``torch.export.load``; the Edge-dialect
+verifier reading ``lowered_edge.exir``): not asserted here; Dynamo's and Inductor's package inits
+stay unrun (tests/test_verify_deferred_dynamo.py)."""
 
 from __future__ import annotations
 

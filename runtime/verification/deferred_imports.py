@@ -88,7 +88,7 @@ def defer() -> list[str]:
     deferred = lazy_imports.defer_package_inits(VERIFY_DEFERRED_INITS)
     if deferred:
         if DECOMPOSITIONS not in sys.modules:
-            lazy_imports.install_stand_in(_Decompositions())  # (its parent: Dynamo imports it anyway)
+            lazy_imports.install_stand_in(_Decompositions())  # its parent may be a stand-in (deferred_dynamo)
         importlib.import_module(_OPS)
     return deferred
 

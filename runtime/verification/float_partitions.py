@@ -80,9 +80,10 @@ def stripped(ep: ExportedProgram) -> tuple[ExportedProgram, tuple[Any, ...]]:
         return arg
 
     def retype(node: torch.fx.Node, like: torch.Tensor) -> None:
-        node.meta["val"] = fake_mode.from_tensor(  # static: a symbol per dimension cost ~10 ms each
-            torch.empty_strided(like.shape, like.stride(), dtype=torch.float32), static_shapes=True
-        )
+        # made in the fake mode, static (a symbol per dimension cost ~10 ms each), not converted
+        # from a real tensor: that conversion imports Dynamo whole (``deferred_dynamo``)
+        with fake_mode:
+            node.meta["val"] = torch.empty_strided(like.shape, like.stride(), dtype=torch.float32)
 
     for dq in [n for n in graph.nodes if is_dequantize(n)]:
         src = dq.args[0]
