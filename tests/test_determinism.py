@@ -34,7 +34,13 @@ def _compile(out: Path, threads: str | None, model: str = "zoo:autoencoder", see
 def test_one_thread_and_the_default_give_the_same_bytes(tmp_path: Path) -> None:
     _compile(tmp_path / "one", "1")
     _compile(tmp_path / "default", None)  # every core (two or more here: the test needs them)
-    for name in ("model.pte", "partitions/etforge_0.tflite", "lowered_edge.exir", "float.pt2", "quantized.pt2"):
+    for name in (
+        "model.pte",
+        "partitions/etforge_0.tflite",
+        "lowered_edge.exir",
+        "float.pt2",
+        "quantized.pt2",
+    ):
         assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "default" / name).read_bytes(), name
 
 

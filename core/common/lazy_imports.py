@@ -22,11 +22,12 @@ full, once. No module of these packages registers an op or a backend the compile
 XNNPACK's ``BackendDetails`` appears once its ``__init__`` runs. ``etforge verify`` defers
 :data:`HOST_DEFERRED_INITS` and the packages its CPU backends name in
 ``CpuBackend.host_deferred_inits`` (a library's passes package, where the op library is all
-a host run needs). What verify cannot defer, measured: ``torch.export.load`` imports
-``torch._dynamo`` (its fake-tensor dispatch is wrapped in ``torch._dynamo.disable``; a
-``ShapeEnv`` imports ``torch._dynamo.utils``), ``torch._inductor`` (``pt2_archive`` and Dynamo's
-guards import it) and sympy; ExecuTorch's Edge-dialect verifier, which reading
-``lowered_edge.exir`` needs, imports ``executorch.exir.passes`` and with it torchao.
+a host run needs). ``torch._dynamo``'s and ``torch._inductor``'s package inits, which
+``torch.export.load`` reached, are deferred by verify too, with their own rules
+(``runtime/verification/deferred_dynamo.py``: a few submodules import alone, anything else
+runs both inits in Dynamo's order). What verify cannot defer, measured: sympy (a
+``ShapeEnv``), and ExecuTorch's Edge-dialect verifier, which reading ``lowered_edge.exir``
+needs, imports ``executorch.exir.passes`` and with it torchao.
 """
 
 from __future__ import annotations
