@@ -8,8 +8,6 @@ graph must never be among the skipped ones.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 
@@ -100,13 +98,9 @@ CASES: dict[str, tuple[type[torch.nn.Module], tuple[int, ...], dict[str, set[str
 
 
 @pytest.fixture
-def upstream() -> Iterator[None]:
+def upstream(monkeypatch: pytest.MonkeyPatch) -> None:
     """Run ExecuTorch's own pass manager and quantizer for the block."""
-    cortex_m_passes.SKIP = False
-    try:
-        yield
-    finally:
-        cortex_m_passes.SKIP = True
+    monkeypatch.setattr(cortex_m_passes, "SKIP", False)
 
 
 def _compile(name: str) -> tuple[bytes, dict[str, list[str]]]:

@@ -6,21 +6,14 @@ in a whole run this file compiles nothing of its own.
 
 from __future__ import annotations
 
-import filecmp
 from pathlib import Path
 
 import shared_outputs
 from shared_outputs import compile_once
 
+from etforge.runtime.firmware.tflm import same_tree
+
 ARGS = ("zoo:digits_cnn", "--target", "cortex-m33")
-
-
-def _same_tree(a: Path, b: Path) -> bool:
-    cmp = filecmp.dircmp(a, b)
-    if cmp.left_only or cmp.right_only or cmp.funny_files:
-        return False
-    _, mismatch, errors = filecmp.cmpfiles(a, b, cmp.common_files, shallow=False)
-    return not mismatch and not errors and all(_same_tree(a / d, b / d) for d in cmp.common_dirs)
 
 
 def test_a_shared_output_names_no_directory_and_each_test_gets_its_own_copy(tmp_path: Path) -> None:
@@ -33,14 +26,14 @@ def test_a_shared_output_names_no_directory_and_each_test_gets_its_own_copy(tmp_
     assert a.returncode == b.returncode == 0, a.stdout + a.stderr
     root = shared_outputs.ROOT[0]
     assert root is not None
-    (kept,) = [p.parent for p in root.glob("*/proc.json") if _same_tree(p.parent / "out", first)]
+    (kept,) = [p.parent for p in root.glob("*/proc.json") if same_tree(p.parent / "out", first)]
     named = [
         str(f.relative_to(kept))
         for f in (kept / "out").rglob("*")
         if f.is_file() and any(str(d).encode() in f.read_bytes() for d in (kept, root, root.parent))
     ]
     assert named == []
-    assert _same_tree(first, second) and not first.samefile(second)
+    assert same_tree(first, second) and not first.samefile(second)
     assert str(kept) not in a.stdout + b.stdout and str(second) in b.args
     (first / "model.pte").write_bytes(b"changed")  # a test may change its copy ...
     assert (second / "model.pte").read_bytes() != b"changed"  # ... and no other test sees it

@@ -10,7 +10,6 @@ delegate and its getitems) give the same ``.pte`` bytes either way.
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -92,13 +91,9 @@ def test_only_a_spec_pass_after_a_whole_re_trace_is_replaced() -> None:
 
 
 @pytest.fixture
-def upstream() -> Iterator[None]:
+def upstream(monkeypatch: pytest.MonkeyPatch) -> None:
     """ExecuTorch's own SpecPropPass everywhere for the block."""
-    spec_prop.SKIP = False
-    try:
-        yield
-    finally:
-        spec_prop.SKIP = True
+    monkeypatch.setattr(spec_prop, "SKIP", False)
 
 
 class Head(torch.nn.Module):

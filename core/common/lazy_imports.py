@@ -59,14 +59,20 @@ def install_stand_in(stand_in: Deferred) -> None:
     setattr(parent, child, stand_in)
 
 
-def load(name: str) -> types.ModuleType:
-    """The real module ``name``: a stand-in in its place is taken out first, then it is imported."""
+def take_out(name: str, kind: type[types.ModuleType]) -> None:
+    """Remove a stand-in of the stand-in class ``kind`` held for ``name`` (from ``sys.modules``
+    and from its parent), if one is there; anything else held there stays."""
     held = sys.modules.get(name)
-    if isinstance(held, Deferred):
+    if isinstance(held, kind):
         del sys.modules[name]
         parent, _, child = name.rpartition(".")
         if getattr(sys.modules.get(parent), child, None) is held:
             delattr(sys.modules[parent], child)
+
+
+def load(name: str) -> types.ModuleType:
+    """The real module ``name``: a stand-in in its place is taken out first, then it is imported."""
+    take_out(name, Deferred)
     return importlib.import_module(name)
 
 

@@ -177,17 +177,18 @@ def host_only_partitions(out: Path, program: Any, plan: Any) -> list[tuple[str, 
     return parts
 
 
+def same_tree(x: Path, y: Path) -> bool:
+    """Whether two directory trees hold the same names and the same file bytes."""
+    cmp = filecmp.dircmp(x, y)
+    if cmp.left_only or cmp.right_only or cmp.funny_files:
+        return False
+    _, mismatch, errors = filecmp.cmpfiles(x, y, cmp.common_files, shallow=False)
+    return not mismatch and not errors and all(same_tree(x / s, y / s) for s in cmp.common_dirs)
+
+
 def identical_cmsis_nn(a: Path, b: Path) -> bool:
     """Whether two CMSIS-NN trees have the same ``Include/`` and ``Source/`` files, byte for byte."""
-
-    def same(x: Path, y: Path) -> bool:
-        cmp = filecmp.dircmp(x, y)
-        if cmp.left_only or cmp.right_only or cmp.funny_files:
-            return False
-        _, mismatch, errors = filecmp.cmpfiles(x, y, cmp.common_files, shallow=False)
-        return not mismatch and not errors and all(same(x / s, y / s) for s in cmp.common_dirs)
-
-    return all(same(a / d, b / d) for d in ("Include", "Source"))
+    return all(same_tree(a / d, b / d) for d in ("Include", "Source"))
 
 
 def partition_ops(model: bytes) -> list[str]:

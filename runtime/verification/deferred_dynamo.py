@@ -37,6 +37,8 @@ import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from etforge.core.common.lazy_imports import take_out
+
 DYNAMO, INDUCTOR = "torch._dynamo", "torch._inductor"
 GUARDS, NON_STRICT = "torch._dynamo.guards", "torch._export.non_strict_utils"
 #: The submodules a verify imports, each importing nothing of Dynamo's tracer (found on
@@ -212,16 +214,6 @@ class _InitFirst(importlib.abc.MetaPathFinder):
         return spec
 
 
-def _take_out(name: str) -> None:
-    """Remove ``name``'s stand-in (from ``sys.modules`` and its parent), if one is there."""
-    held = sys.modules.get(name)
-    if isinstance(held, _Stand):
-        del sys.modules[name]
-        parent, _, child = name.rpartition(".")
-        if getattr(sys.modules.get(parent), child, None) is held:
-            delattr(sys.modules[parent], child)
-
-
 def run_in_full() -> None:
     """Run Dynamo's and then Inductor's ``__init__`` (the stand-ins taken out first): from now
     on both are as without the deferral."""
@@ -231,8 +223,8 @@ def run_in_full() -> None:
             return
         _running = True
         try:
-            _take_out(GUARDS)
-            _take_out(NON_STRICT)
+            take_out(GUARDS, _Stand)
+            take_out(NON_STRICT, _Stand)
             for name in (DYNAMO, INDUCTOR):
                 module = sys.modules[name]
                 if isinstance(module, _Package):
